@@ -1,0 +1,33 @@
+"""goodput: measure, model and schedule deep-learning training jobs by goodput.
+
+The public API (see DESIGN.md)::
+
+    from goodput import Observation, Profile, JobModel, GoodputTable, Cluster
+    from goodput.throughput import ThroughputParams, predict_step_time, fit_throughput
+    from goodput.efficiency import efficiency
+"""
+
+from .cluster import Cluster, NodePool
+from .errors import DataFormatError, UnknownGPUTypeError, ValidationError
+from .model import GoodputChoice, JobModel, Prediction
+from .observations import Observation, Profile, ProfileWriter
+from .table import GoodputTable, load_tables, save_tables
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "NodePool",
+    "DataFormatError",
+    "UnknownGPUTypeError",
+    "ValidationError",
+    "GoodputChoice",
+    "JobModel",
+    "Prediction",
+    "Observation",
+    "Profile",
+    "ProfileWriter",
+    "GoodputTable",
+    "load_tables",
+    "save_tables",
+]

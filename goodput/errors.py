@@ -1,0 +1,48 @@
+"""Exceptions raised at the library's boundaries.
+
+Every validation error is a :class:`ValueError` subclass that names the field
+and the offending value, so callers can catch ``ValueError`` and users can read
+what was wrong without a traceback dive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ValidationError(ValueError):
+    """A value failed validation.
+
+    Attributes:
+        field: the name of the argument or record field that was wrong.
+        value: the value that was given.
+        reason: what was expected instead.
+    """
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class UnknownGPUTypeError(ValidationError):
+    """A GPU type that the model, table or cluster has never heard of."""
+
+    def __init__(self, gpu_type: Any, known: list[str] | tuple[str, ...] = (), field: str = "gpu_type"):
+        known_text = ", ".join(sorted(known)) if known else "none"
+        super().__init__(field, gpu_type, f"unknown GPU type (known: {known_text})")
+
+
+class DataFormatError(ValidationError):
+    """A file (profile, CSV, JSON) holds a record that cannot be read.
+
+    ``line`` is 1-based, as an editor shows it; ``path`` is the file.
+    """
+
+    def __init__(self, path: Any, line: int | None, field: str, value: Any, reason: str) -> None:
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(field, value, reason)
+        self.args = (f"{where}: {field}={value!r}: {reason}",)

@@ -1,0 +1,87 @@
+"""Small, strict validators shared by every public constructor.
+
+They accept numpy scalars as well as Python numbers, reject ``bool`` where a
+number is meant (``True`` is an ``int`` in Python, never a batch size), and
+raise :class:`~goodput.errors.ValidationError` naming the field and value.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Any
+
+from .errors import ValidationError
+
+_GPU_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+
+
+def check_int(field: str, value: Any, minimum: int | None = None) -> int:
+    """Return ``value`` as an ``int``; it must be integral and at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise ValidationError(field, value, "expected an integer")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValidationError(field, value, f"must be >= {minimum}")
+    return value
+
+
+def check_float(
+    field: str,
+    value: Any,
+    *,
+    positive: bool = False,
+    nonnegative: bool = False,
+) -> float:
+    """Return ``value`` as a finite ``float`` (optionally > 0 or >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValidationError(field, value, "expected a real number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValidationError(field, value, "must be finite")
+    if positive and value <= 0.0:
+        raise ValidationError(field, value, "must be > 0")
+    if nonnegative and value < 0.0:
+        raise ValidationError(field, value, "must be >= 0")
+    return value
+
+
+def check_optional_float(field: str, value: Any, **kwargs: bool) -> float | None:
+    """Like :func:`check_float`, but ``None`` passes through."""
+    return None if value is None else check_float(field, value, **kwargs)
+
+
+def check_str(field: str, value: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(field, value, "expected a non-empty string")
+    return value
+
+
+def normalize_gpu_type(value: Any, field: str = "gpu_type") -> str:
+    """Lower-case a GPU type name and check it is a plain slug (``"a100"``, ``"rtx2080ti"``)."""
+    if not isinstance(value, str):
+        raise ValidationError(field, value, "expected a GPU type name such as 't4' or 'cpu'")
+    name = value.strip().lower()
+    if not _GPU_TYPE_PATTERN.match(name):
+        raise ValidationError(
+            field, value, "GPU type names are lower-case letters, digits, '_', '-' or '.' (e.g. 'a100')"
+        )
+    return name
+
+
+def check_bounds(field: str, value: Any) -> tuple[int, int] | None:
+    """A ``(low, high)`` pair of positive integers with ``low <= high``, or ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValidationError(field, value, "expected a (low, high) pair")
+    low = check_int(f"{field}[0]", value[0], minimum=1)
+    high = check_int(f"{field}[1]", value[1], minimum=1)
+    if low > high:
+        raise ValidationError(field, value, "low must be <= high")
+    return low, high

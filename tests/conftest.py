@@ -1,0 +1,35 @@
+"""Shared fixtures: the real measurements beside the checkout, skipped cleanly when absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from experiments.datasets import default_data_dir
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = default_data_dir()
+    if path is None:
+        pytest.skip("../shared/data is absent (set GOODPUT_DATA_DIR to point at it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pollux_traces(data_dir: Path) -> Path:
+    path = data_dir / "pollux" / "traces"
+    if not path.is_dir():
+        pytest.skip("pollux traces are absent")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in its own directory with its own MLflow store (``mlflow.db`` and ``mlruns/`` there)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MPLBACKEND", "Agg")
