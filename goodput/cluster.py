@@ -1,0 +1,157 @@
+"""A heterogeneous GPU cluster and Sia's configuration set.
+
+A cluster is a set of node pools, one per GPU type, each of ``nodes`` identical
+nodes with ``gpus_per_node`` GPUs. On the command line it is written
+``t4:6x4,a100:2x8`` (type:nodes x GPUs per node).
+
+Sia (Jayaram Subramanya et al., "Sia: Heterogeneity-aware, goodput-optimized
+ML-cluster scheduling", SOSP'23, §3.2) restricts each job to a small set of
+configurations per GPU type: 1, 2, 4, … GPUs within one node up to a full
+node, then whole nodes (2, 3, … nodes × GPUs per node).
+
+Example::
+
+    >>> cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    >>> len(cluster.configurations())
+    19
+    >>> cluster.configurations()[:4]
+    [('t4', 1, 1), ('t4', 1, 2), ('t4', 1, 4), ('t4', 2, 8)]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UnknownGPUTypeError, ValidationError
+from .validation import check_int, normalize_gpu_type
+
+__all__ = ["NodePool", "Cluster", "Configuration"]
+
+Configuration = tuple[str, int, int]  # (gpu_type, num_nodes, num_gpus)
+
+_SPEC_ITEM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """``nodes`` identical nodes of ``gpus_per_node`` GPUs of one type."""
+
+    gpu_type: str
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_type", normalize_gpu_type(self.gpu_type))
+        object.__setattr__(self, "nodes", check_int(f"{self.gpu_type}.nodes", self.nodes, minimum=1))
+        object.__setattr__(
+            self, "gpus_per_node", check_int(f"{self.gpu_type}.gpus_per_node", self.gpus_per_node, minimum=1)
+        )
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_ids(self) -> list[str]:
+        """Stable node names: ``"<type>-0"``, ``"<type>-1"``, …"""
+        return [f"{self.gpu_type}-{i}" for i in range(self.nodes)]
+
+    def configurations(self) -> list[Configuration]:
+        """Sia's set on this pool: 1, 2, 4, … GPUs in one node, then whole nodes."""
+        configs: list[Configuration] = []
+        gpus = 1
+        while gpus < self.gpus_per_node:
+            configs.append((self.gpu_type, 1, gpus))
+            gpus *= 2
+        configs.append((self.gpu_type, 1, self.gpus_per_node))
+        configs.extend((self.gpu_type, n, n * self.gpus_per_node) for n in range(2, self.nodes + 1))
+        return configs
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Node pools by GPU type; build with :meth:`from_dict` or :meth:`parse`."""
+
+    pools: tuple[NodePool, ...]
+
+    def __post_init__(self) -> None:
+        pools = tuple(self.pools)
+        if not pools:
+            raise ValidationError("cluster", pools, "needs at least one node pool")
+        for pool in pools:
+            if not isinstance(pool, NodePool):
+                raise ValidationError("pools", pool, "expected NodePool")
+        types = [p.gpu_type for p in pools]
+        duplicates = sorted({t for t in types if types.count(t) > 1})
+        if duplicates:
+            raise ValidationError("gpu_type", duplicates[0], "appears more than once in the cluster")
+        object.__setattr__(self, "pools", pools)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Mapping[str, Any]]) -> Cluster:
+        """``{"t4": {"nodes": 6, "gpus_per_node": 4}, ...}``"""
+        if not isinstance(spec, Mapping) or not spec:
+            raise ValidationError("cluster", spec, "expected {gpu_type: {'nodes': N, 'gpus_per_node': G}}")
+        pools = []
+        for gpu_type, entry in spec.items():
+            if not isinstance(entry, Mapping):
+                raise ValidationError(str(gpu_type), entry, "expected {'nodes': N, 'gpus_per_node': G}")
+            unknown = set(entry) - {"nodes", "gpus_per_node"}
+            if unknown:
+                key = sorted(unknown)[0]
+                raise ValidationError(f"{gpu_type}.{key}", entry[key], "unknown key (expected nodes, gpus_per_node)")
+            for key in ("nodes", "gpus_per_node"):
+                if key not in entry:
+                    raise ValidationError(f"{gpu_type}.{key}", None, "missing")
+            pools.append(NodePool(gpu_type, entry["nodes"], entry["gpus_per_node"]))
+        return cls(tuple(pools))
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """``"t4:6x4,a100:2x8"`` — type:nodes x GPUs per node, comma-separated."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValidationError("cluster", spec, "expected a spec such as 't4:6x4,a100:2x8'")
+        pools = []
+        for item in spec.split(","):
+            match = _SPEC_ITEM.match(item)
+            if not match:
+                raise ValidationError("cluster", item.strip(), "expected type:NODESxGPUS, e.g. 't4:6x4'")
+            gpu_type, nodes, gpus = match.groups()
+            pools.append(NodePool(gpu_type, int(nodes), int(gpus)))
+        return cls(tuple(pools))
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {p.gpu_type: {"nodes": p.nodes, "gpus_per_node": p.gpus_per_node} for p in self.pools}
+
+    def __str__(self) -> str:
+        return ",".join(f"{p.gpu_type}:{p.nodes}x{p.gpus_per_node}" for p in self.pools)
+
+    # ------------------------------------------------------------------ queries
+    def __iter__(self) -> Iterator[NodePool]:
+        return iter(self.pools)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return [p.gpu_type for p in self.pools]
+
+    def pool(self, gpu_type: str) -> NodePool:
+        name = normalize_gpu_type(gpu_type)
+        for pool in self.pools:
+            if pool.gpu_type == name:
+                return pool
+        raise UnknownGPUTypeError(gpu_type, self.gpu_types)
+
+    def capacity(self, gpu_type: str) -> int:
+        """GPUs of this type in the cluster."""
+        return self.pool(gpu_type).gpus
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    def configurations(self) -> list[Configuration]:
+        """Sia's configuration set, pool by pool: ``(gpu_type, num_nodes, num_gpus)``."""
+        return [c for pool in self.pools for c in pool.configurations()]

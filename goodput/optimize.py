@@ -1,0 +1,183 @@
+"""Choose the batch size, local batch and accumulation that maximise goodput.
+
+For an allocation (num_nodes, num_replicas), Pollux (OSDI'21, §4.1) evaluates
+goodput = throughput × statistical efficiency over candidate total batch sizes
+spaced geometrically between the smallest allowed and ``max_batch_size``, turns
+each into a per-replica micro-batch and a number of accumulation steps that
+respect the memory limit ``max_local_bsz``, and keeps the best. Everything here
+is vectorised over (candidates × allocations): one numpy expression evaluates
+them all.
+
+Example::
+
+    from goodput.throughput import ThroughputParams, predict_step_time
+    params = ThroughputParams(0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5)
+    limits = BatchLimits(init_batch_size=128, max_batch_size=4096, max_local_bsz=256)
+    best = optimize_goodput(lambda n, r, b, a: predict_step_time(params, n, r, b, a),
+                            lambda m: efficiency(1.0, 2.0, 128, m),
+                            num_nodes=[1, 1, 2], num_replicas=[1, 4, 8], limits=limits)
+    best.goodput, best.batch_size, best.local_bsz, best.accum_steps
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ValidationError
+from .validation import check_int
+
+__all__ = ["BatchLimits", "GoodputChoices", "candidate_batches", "optimize_goodput"]
+
+_EPS = 1e-8  # tolerance of ceil() on ratios that should be integral
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What a job allows its batch to be, in samples.
+
+    Attributes:
+        init_batch_size: the reference batch M0; the smallest total batch.
+        max_batch_size: the largest total batch (``None``: M0, i.e. strong scaling).
+        min_local_bsz: smallest per-replica micro-batch.
+        max_local_bsz: largest per-replica micro-batch (memory); ``None``: no limit.
+        accumulation: whether gradient accumulation may stretch the batch
+            beyond ``num_replicas * max_local_bsz``.
+    """
+
+    init_batch_size: int
+    max_batch_size: int | None = None
+    min_local_bsz: int = 1
+    max_local_bsz: int | None = None
+    accumulation: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        m0 = check_int("init_batch_size", self.init_batch_size, minimum=1)
+        set_(self, "init_batch_size", m0)
+        max_bs = m0 if self.max_batch_size is None else check_int("max_batch_size", self.max_batch_size, minimum=1)
+        if max_bs < m0:
+            raise ValidationError("max_batch_size", max_bs, f"must be >= init_batch_size ({m0})")
+        set_(self, "max_batch_size", max_bs)
+        set_(self, "min_local_bsz", check_int("min_local_bsz", self.min_local_bsz, minimum=1))
+        if self.max_local_bsz is not None:
+            high = check_int("max_local_bsz", self.max_local_bsz, minimum=1)
+            if high < self.min_local_bsz:
+                raise ValidationError("max_local_bsz", high, f"must be >= min_local_bsz ({self.min_local_bsz})")
+            set_(self, "max_local_bsz", high)
+        if not isinstance(self.accumulation, bool):
+            raise ValidationError("accumulation", self.accumulation, "expected True or False")
+
+
+@dataclass(frozen=True)
+class GoodputChoices:
+    """The best configuration for each allocation (arrays of one shape).
+
+    ``goodput`` is 0 (and the sizes 0) where no batch within the limits fits.
+    """
+
+    goodput: np.ndarray  # samples/s × efficiency
+    throughput: np.ndarray  # samples/s
+    efficiency: np.ndarray  # in (0, 1]
+    step_time: np.ndarray  # seconds of one optimizer step
+    batch_size: np.ndarray  # samples per optimizer step
+    local_bsz: np.ndarray  # samples per micro-batch per replica
+    accum_steps: np.ndarray  # extra micro-batches per step
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.goodput > 0
+
+
+def candidate_batches(
+    num_replicas: np.ndarray, limits: BatchLimits, num_candidates: int = 50
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate (batch_size, local_bsz, accum_steps, valid) arrays of shape (C, K).
+
+    ``num_replicas`` has shape (K,). Each column spans total batch sizes from
+    ``max(M0, num_replicas * min_local_bsz)`` to ``max_batch_size``
+    geometrically; a column whose lower end exceeds the upper one is invalid.
+    """
+    replicas = np.asarray(num_replicas, dtype=float)
+    m0, max_bs = float(limits.init_batch_size), float(limits.max_batch_size)
+    low = np.maximum(m0, replicas * limits.min_local_bsz)
+    count = 1 if max_bs == m0 else num_candidates
+    fractions = np.linspace(0.0, 1.0, count)[:, None]
+    high = np.maximum(low, max_bs)
+    target = np.exp(np.log(low) + fractions * (np.log(high) - np.log(low)))
+    local = target / replicas
+    max_local = float(limits.max_local_bsz) if limits.max_local_bsz is not None else np.inf
+    if limits.accumulation and np.isfinite(max_local):
+        accum = np.maximum(np.ceil(local / max_local - _EPS) - 1.0, 0.0)
+    else:
+        accum = np.zeros_like(local)
+    # Round the micro-batch up (Pollux), unless that overshoots max_batch_size
+    # and rounding down still reaches M0; only when no multiple of
+    # num_replicas * (accum_steps + 1) lies in [M0, max_batch_size] (e.g. strong
+    # scaling of M0 = 100 on 3 replicas) does the batch exceed the maximum, by
+    # less than one sample per micro-batch.
+    steps = replicas * (accum + 1.0)
+    micro_up = np.ceil(local / (accum + 1.0) - _EPS)
+    micro_down = np.floor(local / (accum + 1.0) + _EPS)
+    use_down = (steps * micro_up > max_bs) & (steps * micro_down >= m0) & (micro_down >= 1)
+    micro = np.where(use_down, micro_down, micro_up)
+    batch = steps * micro
+    valid = (micro >= limits.min_local_bsz) & (micro <= max_local) & (low <= max_bs)
+    return batch, micro, accum, valid
+
+
+def optimize_goodput(
+    step_time: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    efficiency: Callable[[np.ndarray], np.ndarray],
+    num_nodes: Any,
+    num_replicas: Any,
+    limits: BatchLimits,
+    num_candidates: int = 50,
+) -> GoodputChoices:
+    """Maximise goodput over batch configurations for each allocation.
+
+    Args:
+        step_time: vectorised ``(num_nodes, num_replicas, local_bsz,
+            accum_steps) -> seconds`` (arrays of shape (C, K)), e.g. a fitted
+            Pollux model or a :class:`~goodput.model.JobModel`'s mean.
+        efficiency: vectorised ``batch_size -> E`` (Pollux's statistical efficiency).
+        num_nodes, num_replicas: allocations, broadcast to shape (K,).
+        limits: the job's :class:`BatchLimits`.
+        num_candidates: total batch sizes tried per allocation.
+
+    Returns:
+        :class:`GoodputChoices` with one entry per allocation.
+    """
+    nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
+    replicas = np.atleast_1d(np.asarray(num_replicas, dtype=float))
+    nodes, replicas = np.broadcast_arrays(nodes, replicas)
+    if np.any(nodes < 1) or np.any(replicas < nodes):
+        raise ValidationError("num_replicas", num_replicas, "need 1 <= num_nodes <= num_replicas")
+    batch, micro, accum, valid = candidate_batches(replicas, limits, num_candidates)
+    shape = batch.shape
+    times = np.asarray(
+        step_time(np.broadcast_to(nodes, shape), np.broadcast_to(replicas, shape), micro, accum), dtype=float
+    )
+    eff = np.asarray(efficiency(np.maximum(batch, limits.init_batch_size)), dtype=float)
+    throughput = batch / times
+    goodput = np.where(valid & np.isfinite(throughput), throughput * eff, 0.0)
+    best = np.argmax(goodput, axis=0)
+    cols = np.arange(shape[1])
+    chosen = goodput[best, cols]
+    ok = chosen > 0
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        return np.where(ok, values[best, cols], 0.0)
+
+    return GoodputChoices(
+        goodput=chosen,
+        throughput=pick(throughput),
+        efficiency=pick(np.broadcast_to(eff, shape)),
+        step_time=pick(times),
+        batch_size=pick(batch).astype(int),
+        local_bsz=pick(micro).astype(int),
+        accum_steps=pick(accum).astype(int),
+    )

@@ -1,0 +1,249 @@
+"""Goodput tables: one job's goodput on each (GPU type, nodes, GPUs) configuration.
+
+A :class:`GoodputTable` is what a scheduler consumes. Its rows are usually
+Sia's configuration set (:meth:`goodput.cluster.Cluster.configurations`); its
+columns are::
+
+    gpu_type, num_nodes, num_gpus, goodput            required
+    batch_size, local_bsz, accum_steps, throughput,    when known
+    efficiency, step_time, std
+    normalized_goodput                                 derived
+
+``goodput`` is samples/s × statistical efficiency; 0 marks a configuration on
+which no batch within the job's limits fits. ``std`` is the standard deviation
+of goodput (same unit). ``normalized_goodput`` divides the row by the job's
+smallest positive goodput, so its minimum over feasible rows is 1 (Sia,
+SOSP'23 §3.3: the normalized goodput matrix). Tables are written atomically as
+CSV or JSON; :func:`save_tables` / :func:`load_tables` keep several jobs' tables
+in one JSON file (the input of ``goodput allocate``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import DataFormatError, ValidationError
+from .io import atomic_write_text
+from .validation import check_str, normalize_gpu_type
+
+__all__ = ["GoodputTable", "save_tables", "load_tables"]
+
+KEY_COLUMNS = ("gpu_type", "num_nodes", "num_gpus")
+REQUIRED_COLUMNS = (*KEY_COLUMNS, "goodput")
+OPTIONAL_COLUMNS = ("batch_size", "local_bsz", "accum_steps", "throughput", "efficiency", "step_time", "std")
+_INT_COLUMNS = ("num_nodes", "num_gpus", "batch_size", "local_bsz", "accum_steps")
+
+
+class GoodputTable:
+    """One job's goodput per configuration.
+
+    Args:
+        job: the job's name.
+        frame: a pandas DataFrame (or a list of row dicts) with at least
+            ``gpu_type, num_nodes, num_gpus, goodput``.
+        missing_gpu_types: GPU types the table could not cover (no
+            observations yet); kept so that nothing is dropped silently.
+
+    Example::
+
+        table = GoodputTable("cifar10", [
+            {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": 410.0},
+            {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 2, "goodput": 760.0},
+        ])
+        table.normalized()          # 1.0, 1.85...
+        table.to_csv("cifar10.csv")
+    """
+
+    def __init__(self, job: str, frame: Any, missing_gpu_types: Iterable[str] = ()) -> None:
+        self.job = check_str("job", job)
+        if not isinstance(frame, pd.DataFrame):
+            try:
+                frame = pd.DataFrame(list(frame))
+            except TypeError:
+                raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
+        self._frame = self._validated(frame)
+        self.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
+
+    # ------------------------------------------------------------------ validation
+    def _validated(self, frame: pd.DataFrame) -> pd.DataFrame:
+        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+        if missing:
+            raise ValidationError("columns", list(frame.columns), f"missing required column(s) {missing}")
+        unknown = [c for c in frame.columns if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
+        if unknown:
+            raise ValidationError("columns", unknown, f"unknown column(s); known: {REQUIRED_COLUMNS + OPTIONAL_COLUMNS}")
+        frame = frame.drop(columns=["normalized_goodput"], errors="ignore").reset_index(drop=True).copy()
+        frame["gpu_type"] = [normalize_gpu_type(v, f"{self.job}: gpu_type") for v in frame["gpu_type"]]
+        for column in frame.columns:
+            if column == "gpu_type":
+                continue
+            values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+            bad = ~np.isfinite(values) | (values < 0)
+            if column in ("num_nodes", "num_gpus"):
+                bad |= values < 1
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise ValidationError(
+                    f"{self.job}: {column}[{row}]", frame[column].iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
+                )
+            if column in _INT_COLUMNS:
+                if np.any(values != np.round(values)):
+                    row = int(np.flatnonzero(values != np.round(values))[0])
+                    raise ValidationError(f"{self.job}: {column}[{row}]", values[row], "must be an integer")
+                frame[column] = values.astype(int)
+            else:
+                frame[column] = values
+        over = frame["num_nodes"] > frame["num_gpus"]
+        if over.any():
+            row = int(np.flatnonzero(over.to_numpy())[0])
+            raise ValidationError(f"{self.job}: num_nodes[{row}]", int(frame["num_nodes"].iloc[row]), "exceeds num_gpus")
+        duplicated = frame.duplicated(list(KEY_COLUMNS))
+        if duplicated.any():
+            row = int(np.flatnonzero(duplicated.to_numpy())[0])
+            key = tuple(frame.loc[row, list(KEY_COLUMNS)])
+            raise ValidationError(f"{self.job}: configuration", key, "appears twice")
+        frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
+        return frame
+
+    # ------------------------------------------------------------------ access
+    @property
+    def frame(self) -> pd.DataFrame:
+        """A copy of the table as a DataFrame (with ``normalized_goodput``)."""
+        return self._frame.copy()
+
+    def __len__(self) -> int:
+        return len(self._frame)
+
+    def __repr__(self) -> str:
+        return f"GoodputTable(job={self.job!r}, rows={len(self)}, gpu_types={self.gpu_types})"
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(dict.fromkeys(self._frame["gpu_type"]))
+
+    def normalized(self) -> pd.Series:
+        """Goodput divided by the job's smallest positive goodput (0 stays 0)."""
+        return self._frame["normalized_goodput"].copy()
+
+    def configurations(self) -> list[tuple[str, int, int]]:
+        return [(g, int(n), int(k)) for g, n, k in self._frame[list(KEY_COLUMNS)].itertuples(index=False)]
+
+    def lookup(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any] | None:
+        """The row of one configuration as a dict, or ``None`` if the table lacks it."""
+        gpu = normalize_gpu_type(gpu_type)
+        f = self._frame
+        match = f[(f["gpu_type"] == gpu) & (f["num_nodes"] == num_nodes) & (f["num_gpus"] == num_gpus)]
+        if match.empty:
+            return None
+        return {k: _plain(v) for k, v in match.iloc[0].items()}
+
+    def best(self) -> dict[str, Any] | None:
+        """The row of highest goodput, or ``None`` if nothing is feasible."""
+        f = self._frame
+        if f.empty or not (f["goodput"] > 0).any():
+            return None
+        return {k: _plain(v) for k, v in f.loc[f["goodput"].idxmax()].items()}
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        rows = [{k: _plain(v) for k, v in row.items() if k != "normalized_goodput"} for row in self._frame.to_dict("records")]
+        out: dict[str, Any] = {"job": self.job, "rows": rows}
+        if self.missing_gpu_types:
+            out["missing_gpu_types"] = list(self.missing_gpu_types)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GoodputTable:
+        if not isinstance(data, Mapping) or "job" not in data or "rows" not in data:
+            raise ValidationError("table", data, "expected {'job': ..., 'rows': [...]}")
+        return cls(data["job"], pd.DataFrame(list(data["rows"]), columns=_columns_of(data["rows"])), data.get("missing_gpu_types", ()))
+
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> GoodputTable:
+        data = _read_json(path)
+        try:
+            return cls.from_dict(data)
+        except ValidationError as exc:
+            raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """CSV with a ``job`` column first (one table per file)."""
+        frame = self._frame.drop(columns=["normalized_goodput"])
+        frame.insert(0, "job", self.job)
+        return atomic_write_text(path, frame.to_csv(index=False))
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str]) -> GoodputTable:
+        frame = pd.read_csv(path)
+        if "job" not in frame.columns or frame["job"].nunique() != 1:
+            raise DataFormatError(path, None, "job", list(frame.get("job", [])), "expected one job per CSV")
+        job = str(frame["job"].iloc[0])
+        try:
+            return cls(job, frame.drop(columns=["job"]))
+        except ValidationError as exc:
+            raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+
+def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:
+    rows = list(rows)
+    if rows:
+        return None
+    return list(REQUIRED_COLUMNS)
+
+
+def _normalize(goodput: np.ndarray) -> np.ndarray:
+    positive = goodput[goodput > 0]
+    if positive.size == 0:
+        return np.zeros_like(goodput, dtype=float)
+    return np.where(goodput > 0, goodput / positive.min(), 0.0)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _read_json(path: str | os.PathLike[str]) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+
+
+def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], path: str | os.PathLike[str]) -> Path:
+    """Write several jobs' tables to one JSON file, atomically."""
+    items = list(tables.values()) if isinstance(tables, Mapping) else list(tables)
+    for item in items:
+        if not isinstance(item, GoodputTable):
+            raise ValidationError("tables", item, "expected GoodputTable values")
+    payload = {"tables": [t.to_dict() for t in items]}
+    return atomic_write_text(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
+
+
+def load_tables(path: str | os.PathLike[str]) -> dict[str, GoodputTable]:
+    """Read a file written by :func:`save_tables`: ``{job: GoodputTable}``."""
+    data = _read_json(path)
+    if not isinstance(data, Mapping) or not isinstance(data.get("tables"), list):
+        raise DataFormatError(path, None, "tables", type(data).__name__, "expected {'tables': [...]}")
+    out: dict[str, GoodputTable] = {}
+    for index, entry in enumerate(data["tables"]):
+        try:
+            table = GoodputTable.from_dict(entry)
+        except ValidationError as exc:
+            raise DataFormatError(path, None, f"tables[{index}].{exc.field}", exc.value, exc.reason) from None
+        if table.job in out:
+            raise DataFormatError(path, None, f"tables[{index}].job", table.job, "appears twice")
+        out[table.job] = table
+    return out
+

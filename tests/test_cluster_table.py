@@ -1,0 +1,131 @@
+"""Clusters, Sia's configuration set and goodput tables."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from goodput import Cluster, GoodputTable, ValidationError, load_tables, save_tables
+from goodput.errors import DataFormatError, UnknownGPUTypeError
+
+
+def test_sia_configuration_set_for_the_three_type_cluster():
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    configs = cluster.configurations()
+    assert len(configs) == 19
+    assert [c for c in configs if c[0] == "t4"] == [
+        ("t4", 1, 1), ("t4", 1, 2), ("t4", 1, 4), ("t4", 2, 8), ("t4", 3, 12), ("t4", 4, 16), ("t4", 5, 20), ("t4", 6, 24)
+    ]
+    assert [c for c in configs if c[0] == "a100"] == [("a100", 1, 1), ("a100", 1, 2), ("a100", 1, 4), ("a100", 1, 8), ("a100", 2, 16)]
+    assert cluster.total_gpus == 24 + 16 + 24
+    assert cluster.capacity("RTX2080TI") == 24
+
+
+def test_from_dict_equals_parse_and_round_trips():
+    spec = {"t4": {"nodes": 6, "gpus_per_node": 4}, "a100": {"nodes": 2, "gpus_per_node": 8}}
+    cluster = Cluster.from_dict(spec)
+    assert cluster == Cluster.parse("t4:6x4,a100:2x8")
+    assert str(cluster) == "t4:6x4,a100:2x8"
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+
+
+def test_non_power_of_two_node():
+    assert Cluster.parse("v100:2x6").configurations() == [("v100", 1, 1), ("v100", 1, 2), ("v100", 1, 4), ("v100", 1, 6), ("v100", 2, 12)]
+
+
+@pytest.mark.parametrize("spec", ["", "t4", "t4:6", "t4:0x4", "t4:6x0", "t4:6x4,t4:1x1", "T4 :6y4", "t4:-1x4"])
+def test_bad_specs_raise(spec):
+    with pytest.raises(ValidationError):
+        Cluster.parse(spec)
+
+
+def test_bad_dicts_raise():
+    with pytest.raises(ValidationError, match="gpus_per_node"):
+        Cluster.from_dict({"t4": {"nodes": 2}})
+    with pytest.raises(ValidationError, match="colour"):
+        Cluster.from_dict({"t4": {"nodes": 2, "gpus_per_node": 4, "colour": "red"}})
+    with pytest.raises(UnknownGPUTypeError):
+        Cluster.parse("t4:1x1").pool("h100")
+
+
+@given(st.dictionaries(st.sampled_from(["t4", "a100", "v100", "h100"]),
+                       st.tuples(st.integers(1, 16), st.integers(1, 16)), min_size=1))
+def test_property_configurations(spec):
+    cluster = Cluster.from_dict({k: {"nodes": n, "gpus_per_node": g} for k, (n, g) in spec.items()})
+    configs = cluster.configurations()
+    assert len(configs) == len(set(configs))
+    for gpu, nodes, gpus in configs:
+        pool = cluster.pool(gpu)
+        assert gpus <= pool.gpus and nodes <= pool.nodes
+        assert (nodes == 1 and gpus <= pool.gpus_per_node) or gpus == nodes * pool.gpus_per_node
+
+
+def rows():
+    return [
+        {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": 400.0, "std": 4.0},
+        {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 2, "goodput": 700.0, "std": 9.0},
+        {"gpu_type": "a100", "num_nodes": 1, "num_gpus": 1, "goodput": 1600.0, "std": 1.0},
+        {"gpu_type": "a100", "num_nodes": 2, "num_gpus": 16, "goodput": 0.0, "std": 0.0},
+    ]
+
+
+def test_normalized_goodput_row_minimum_is_one():
+    table = GoodputTable("job", rows())
+    norm = table.normalized()
+    assert norm[norm > 0].min() == pytest.approx(1.0)
+    assert norm.tolist() == pytest.approx([1.0, 1.75, 4.0, 0.0])
+    assert table.best()["gpu_type"] == "a100"
+    assert table.lookup("T4", 1, 2)["goodput"] == 700.0
+    assert table.lookup("t4", 2, 8) is None
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"goodput": float("nan")}, "goodput"),
+        ({"goodput": -1.0}, "goodput"),
+        ({"num_gpus": 0}, "num_gpus"),
+        ({"num_nodes": 3}, "num_nodes"),
+        ({"gpu_type": "T4?"}, "gpu_type"),
+        ({"num_gpus": 1.5}, "num_gpus"),
+    ],
+)
+def test_bad_rows_raise_naming_the_column(change, field):
+    data = rows()
+    data[1] = {**data[1], **change}
+    with pytest.raises(ValidationError, match=field):
+        GoodputTable("job", data)
+
+
+def test_duplicates_and_missing_columns_raise():
+    with pytest.raises(ValidationError, match="twice"):
+        GoodputTable("job", rows() + [rows()[0]])
+    with pytest.raises(ValidationError, match="goodput"):
+        GoodputTable("job", pd.DataFrame(rows()).drop(columns="goodput"))
+
+
+def test_json_csv_and_multi_table_round_trips(tmp_path):
+    table = GoodputTable("job", rows(), missing_gpu_types=["v100"])
+    back = GoodputTable.from_json(table.to_json(tmp_path / "t.json"))
+    pd.testing.assert_frame_equal(back.frame, table.frame)
+    assert back.missing_gpu_types == ("v100",)
+    back = GoodputTable.from_csv(table.to_csv(tmp_path / "t.csv"))
+    pd.testing.assert_frame_equal(back.frame, table.frame)
+    other = GoodputTable("other", rows()[:1])
+    loaded = load_tables(save_tables({"job": table, "other": other}, tmp_path / "all.json"))
+    assert set(loaded) == {"job", "other"}
+    pd.testing.assert_frame_equal(loaded["other"].frame, other.frame)
+
+
+def test_load_tables_reports_bad_files(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(DataFormatError, match="bad.json:1"):
+        load_tables(path)
+    path.write_text(json.dumps({"tables": [{"job": "a", "rows": [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": -5}]}]}))
+    with pytest.raises(DataFormatError, match=r"tables\[0\]"):
+        load_tables(path)

@@ -1,0 +1,109 @@
+"""Goodput optimisation over batch configurations, against brute-force enumeration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from goodput import ValidationError
+from goodput.efficiency import efficiency
+from goodput.optimize import BatchLimits, optimize_goodput
+from goodput.throughput import ThroughputParams, _step_time
+
+PARAMS = ThroughputParams(0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5)
+THETA = PARAMS.as_array()
+
+
+def step(n, r, b, a):
+    return _step_time(THETA, n, r, b, a)
+
+
+def brute_force(nodes, replicas, limits, grad=(1.0, 2.0)):
+    best = 0.0
+    max_local = limits.max_local_bsz or limits.max_batch_size
+    for local in range(limits.min_local_bsz, max_local + 1):
+        for accum in range(0, 64 if limits.accumulation else 1):
+            batch = replicas * local * (accum + 1)
+            if batch < limits.init_batch_size or batch > limits.max_batch_size:
+                continue
+            t = float(step(nodes, replicas, local, accum))
+            best = max(best, batch / t * efficiency(*grad, limits.init_batch_size, batch))
+    return best
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        BatchLimits(init_batch_size=32, max_batch_size=1024, max_local_bsz=64),
+        BatchLimits(init_batch_size=32, max_batch_size=1024, max_local_bsz=64, accumulation=False),
+        BatchLimits(init_batch_size=16, max_batch_size=512, min_local_bsz=8, max_local_bsz=128),
+    ],
+)
+@pytest.mark.parametrize("nodes, replicas", [(1, 1), (1, 2), (1, 4), (2, 8)])
+def test_matches_brute_force(limits, nodes, replicas):
+    best = optimize_goodput(step, lambda m: efficiency(1.0, 2.0, limits.init_batch_size, m), nodes, replicas, limits)
+    exact = brute_force(nodes, replicas, limits)
+    assert best.goodput[0] <= exact * (1 + 1e-9)
+    assert best.goodput[0] >= 0.98 * exact
+    batch, local, accum = int(best.batch_size[0]), int(best.local_bsz[0]), int(best.accum_steps[0])
+    assert batch == replicas * local * (accum + 1)
+    assert limits.init_batch_size <= batch <= limits.max_batch_size
+    assert limits.min_local_bsz <= local <= (limits.max_local_bsz or batch)
+    assert limits.accumulation or accum == 0
+
+
+@given(
+    m0=st.integers(1, 256),
+    factor=st.integers(1, 64),
+    max_local=st.integers(1, 512),
+    replicas=st.integers(1, 64),
+    accumulation=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_property_choice_respects_limits(m0, factor, max_local, replicas, accumulation):
+    limits = BatchLimits(init_batch_size=m0, max_batch_size=m0 * factor, max_local_bsz=max_local, accumulation=accumulation)
+    best = optimize_goodput(step, lambda m: efficiency(1.0, 5.0, m0, m), 1, replicas, limits)
+    if best.goodput[0] == 0:
+        # infeasible only when even one sample per replica overshoots, or memory caps the batch
+        assert replicas > limits.max_batch_size or (not accumulation and replicas * max_local < m0)
+        return
+    batch, local, accum = int(best.batch_size[0]), int(best.local_bsz[0]), int(best.accum_steps[0])
+    assert 1 <= local <= max_local
+    assert batch == replicas * local * (accum + 1) >= m0
+    # the batch never exceeds the maximum unless no multiple of replicas*(accum+1) fits in [M0, max]
+    if batch > limits.max_batch_size:
+        steps = replicas * (accum + 1)
+        assert (limits.max_batch_size // steps) * steps < m0
+        assert batch - limits.max_batch_size < steps
+
+
+def test_strong_scaling_keeps_the_batch():
+    limits = BatchLimits(init_batch_size=256)
+    best = optimize_goodput(step, lambda m: np.ones_like(m), [1, 1, 2], [1, 4, 8], limits)
+    assert best.batch_size.tolist() == [256, 256, 256]
+    assert best.local_bsz.tolist() == [256, 64, 32]
+
+
+def test_accumulation_reaches_batches_beyond_memory():
+    limits = BatchLimits(init_batch_size=64, max_batch_size=4096, max_local_bsz=32)
+    # no noise penalty (huge φ): the largest batch wins, through accumulation
+    best = optimize_goodput(step, lambda m: np.ones_like(m), 1, 2, limits)
+    assert best.local_bsz[0] <= 32 and best.accum_steps[0] > 0
+    assert best.batch_size[0] > 2 * 32
+
+
+def test_infeasible_configuration_has_zero_goodput():
+    limits = BatchLimits(init_batch_size=8, max_batch_size=8)
+    best = optimize_goodput(step, lambda m: np.ones_like(m), [1, 1], [4, 16], limits)
+    assert best.goodput[0] > 0 and best.goodput[1] == 0 and best.batch_size[1] == 0
+
+
+def test_limits_validate():
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        BatchLimits(init_batch_size=64, max_batch_size=32)
+    with pytest.raises(ValidationError, match="max_local_bsz"):
+        BatchLimits(init_batch_size=64, min_local_bsz=8, max_local_bsz=4)
+    with pytest.raises(ValidationError, match="num_replicas"):
+        optimize_goodput(step, lambda m: m, 2, 1, BatchLimits(8))
