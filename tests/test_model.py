@@ -1,0 +1,111 @@
+"""JobModel: observe / predict / goodput / table, lazy per-type refits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from goodput import Cluster, JobModel, Observation, Profile, ValidationError
+from goodput import model as model_module
+from goodput.errors import UnknownGPUTypeError
+from goodput.throughput import ThroughputParams, predict_step_time
+from tests.test_throughput import synthetic
+
+T4 = ThroughputParams(0.03, 0.002, 0.25, 0.02, 0.08, 0.01, 1.6)
+A100 = ThroughputParams(0.01, 0.0005, 0.2, 0.01, 0.03, 0.004, 1.6)
+
+
+def observations(job="j"):
+    return synthetic(T4, [(1, 1), (1, 2), (1, 4), (2, 8)], job=job, gpu="t4") + synthetic(
+        A100, [(1, 1), (1, 2), (1, 8)], job=job, gpu="a100", seed=1
+    )
+
+
+def test_predict_matches_truth_and_broadcasts():
+    model = JobModel("j", init_batch_size=64).observe(observations())
+    pred = model.predict("t4", 1, 4, 64)
+    truth = float(predict_step_time(T4, 1, 4, 64))
+    assert pred.step_time == pytest.approx(truth, rel=0.05)
+    assert pred.throughput == pytest.approx(4 * 64 / pred.step_time)
+    assert pred.std == 0.0
+    arr = model.predict("a100", 1, np.array([1, 2, 8]), 32)
+    assert arr.step_time.shape == (3,)
+
+
+def test_observe_refits_only_the_types_it_touches(monkeypatch):
+    calls = []
+    real_fit = model_module.fit_throughput
+
+    def counting_fit(obs, **kwargs):
+        obs = list(obs)
+        calls.append(obs[0].gpu_type)
+        return real_fit(obs, **kwargs)
+
+    monkeypatch.setattr(model_module, "fit_throughput", counting_fit)
+    model = JobModel("j", init_batch_size=64).observe(observations())
+    model.predict("t4", 1, 1, 32)
+    model.predict("a100", 1, 1, 32)
+    assert sorted(calls) == ["a100", "t4"]
+    calls.clear()
+    model.observe(Observation(job="j", gpu_type="a100", num_nodes=1, num_replicas=4, local_bsz=32, step_time=0.05))
+    model.predict("t4", 1, 2, 32)
+    model.predict("a100", 1, 2, 32)
+    model.predict("a100", 1, 4, 32)
+    assert calls == ["a100"]  # t4 untouched, a100 refitted once
+
+
+def test_goodput_uses_efficiency_and_limits():
+    obs = observations()
+    obs[0] = Observation(**{**obs[0].__dict__, "grad_sqr": 1.0, "grad_var": 10.0})
+    model = JobModel("j", init_batch_size=64, max_batch_size=2048, local_bsz_bounds={"t4": (8, 64), "a100": (8, 256)})
+    model.observe(obs)
+    best = model.goodput("t4", 2, 8)
+    assert best.local_bsz <= 64 and 64 <= best.batch_size <= 2048
+    assert best.batch_size == 8 * best.local_bsz * (best.accum_steps + 1)
+    assert best.goodput == pytest.approx(best.throughput * best.efficiency)
+    assert best.efficiency == pytest.approx(model.efficiency(best.batch_size))
+    assert model.goodput("a100", 1, 1).local_bsz <= 256
+
+
+def test_without_gradient_statistics_batch_stays_at_m0():
+    model = JobModel("j", init_batch_size=64, max_batch_size=2048).observe(observations())
+    assert not model.has_gradient_stats
+    best = model.goodput("t4", 1, 4)
+    assert best.batch_size == 64 and best.efficiency == 1.0
+
+
+def test_table_covers_the_configuration_set_and_reports_missing_types():
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    model = JobModel("j", init_batch_size=64).observe(observations())
+    table = model.table(cluster)
+    assert len(table) == 13  # t4: 8 configurations, a100: 5
+    assert table.missing_gpu_types == ("rtx2080ti",)
+    row = table.lookup("t4", 2, 8)
+    assert row["goodput"] == pytest.approx(model.goodput("t4", 2, 8).goodput)
+    assert table.normalized().min() == pytest.approx(1.0)
+    assert {"batch_size", "local_bsz", "accum_steps", "std"} <= set(table.frame.columns)
+
+
+def test_from_profile_takes_job_m0_and_memory_limits():
+    profile = Profile(observations(), job="j", init_batch_size=32, max_batch_size=512, max_local_bsz={"t4": 16})
+    model = JobModel.from_profile(profile)
+    assert model.init_batch_size == 32 and model.max_batch_size == 512
+    assert model.limits("t4").max_local_bsz == 16
+    assert model.limits("a100").max_local_bsz is None
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        JobModel("j", init_batch_size=64, max_batch_size=32)
+    with pytest.raises(ValidationError, match="local_bsz_bounds"):
+        JobModel("j", init_batch_size=64, local_bsz_bounds=(8, 4))
+    model = JobModel("j", init_batch_size=64)
+    with pytest.raises(ValidationError, match="job"):
+        model.observe(observations(job="other"))
+    model.observe(observations())
+    with pytest.raises(UnknownGPUTypeError):
+        model.predict("h100", 1, 1, 8)
+    with pytest.raises(ValidationError, match="num_replicas"):
+        model.goodput("t4", 2, 1)
+    with pytest.raises(ValidationError, match="cluster"):
+        model.table("t4:1x1")
