@@ -1,0 +1,90 @@
+"""Readers for published measurements: formats, line-numbered errors, real files."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.datasets import (
+    parse_placement,
+    read_gavel_throughputs,
+    read_placements,
+    read_pollux_trace,
+    read_scalability,
+    read_validation,
+)
+from goodput.errors import DataFormatError
+
+
+def test_placement_strings():
+    assert parse_placement("1") == (1,)
+    assert parse_placement("22") == (2, 2)
+    assert parse_placement("1234") == (1, 2, 3, 4)
+    for bad in ("", "2a", "00", "-1"):
+        with pytest.raises(ValueError):
+            parse_placement(bad)
+
+
+def test_read_placements(tmp_path):
+    path = tmp_path / "placements.csv"
+    path.write_text("placement,local_bsz,step_time,sync_time\n1,32,0.04,0.0005\n22,64,0.2,0.05\n")
+    obs = read_placements(path, "cifar10", "T4")
+    assert [(o.num_nodes, o.num_replicas, o.placement) for o in obs] == [(1, 1, (1,)), (2, 4, (2, 2))]
+    assert obs[1].gpu_type == "t4" and obs[1].sync_time == 0.05
+
+
+@pytest.mark.parametrize(
+    "row, field",
+    [
+        ("2x,64,0.2,0.05", "placement"),
+        ("2,0,0.2,0.05", "local_bsz"),
+        ("2,64,nan,0.05", "step_time"),
+        ("2,64,-0.2,0.05", "step_time"),
+        ("2,64,0.2", "row"),
+        ("2,64,0.2,0.5", "sync_time"),  # more sync than step
+    ],
+)
+def test_malformed_rows_name_the_line(tmp_path, row, field):
+    path = tmp_path / "placements.csv"
+    path.write_text(f"placement,local_bsz,step_time,sync_time\n1,32,0.04,0.0005\n{row}\n")
+    with pytest.raises(DataFormatError) as info:
+        read_placements(path, "j", "t4")
+    assert info.value.line == 3 and info.value.field == field
+    assert "placements.csv:3" in str(info.value)
+
+
+def test_missing_column_and_empty_file(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("num_nodes,num_replicas,local_bsz,step_time\n1,1,8,0.1\n")
+    with pytest.raises(DataFormatError, match="sync_time"):
+        read_scalability(path, "j", "t4")
+    path.write_text("")
+    with pytest.raises(DataFormatError, match="empty"):
+        read_scalability(path, "j", "t4")
+
+
+def test_gavel_reader(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_text(
+        '{"v100": {"(\'ResNet-50 (batch size 32)\', 1)": {"null": 8.0}, "(\'ResNet-50 (batch size 32)\', 4)": {"null": 16.0},'
+        ' "(\'A3C\', 1)": {"null": 5.0}, "(\'ResNet-50 (batch size 128)\', 8)": {"null": 0.0}},'
+        ' "v100_unconsolidated": {"(\'ResNet-50 (batch size 32)\', 4)": {"null": 12.0}}}'
+    )
+    data = read_gavel_throughputs(path)
+    by_key = {(o.num_nodes, o.num_replicas): o for o in data.observations}
+    assert by_key[(1, 1)].step_time == pytest.approx(1 / 8.0)
+    assert by_key[(1, 4)].step_time == pytest.approx(4 / 16.0)  # steps/s are summed over workers
+    assert by_key[(4, 4)].step_time == pytest.approx(4 / 12.0)
+    assert {o.job for o in data.observations} == {"resnet-50"}
+    assert len(data.skipped) == 2
+
+
+@pytest.mark.data
+def test_real_files_load(data_dir):
+    profile = read_pollux_trace(data_dir / "pollux" / "traces" / "cifar10")
+    assert len(profile) > 1000 and profile.gpu_types == ["t4"]
+    assert max(o.num_replicas for o in profile) == 64
+    rows = read_validation(data_dir / "pollux" / "traces" / "cifar10" / "validation-128.csv")
+    assert rows and all(r.grad_sqr > 0 for r in rows)
+    gavel = read_gavel_throughputs(data_dir / "gavel" / "simulation_throughputs.json")
+    assert {o.gpu_type for o in gavel.observations} == {"k80", "p100", "v100"}
+    assert {o.num_replicas for o in gavel.observations} == {1, 2, 4, 8}
