@@ -1,0 +1,59 @@
+"""The ``goodput`` console command.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)``,
+which registers the parser and sets ``func(args) -> int``. Modules are listed
+in :data:`SUBCOMMANDS`; they import their heavy dependencies (torch, mlflow)
+inside ``func`` so that ``goodput --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from goodput.errors import ValidationError
+
+SUBCOMMANDS = [
+    "goodput.cli.demo",
+    "goodput.cli.fit",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="goodput",
+        description="Measure, model and schedule deep-learning training jobs by goodput across GPU types.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def _version() -> str:
+    from goodput import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"goodput {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"goodput {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

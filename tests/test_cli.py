@@ -1,0 +1,60 @@
+"""The goodput console command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from goodput import Profile
+from goodput.cli import main
+from tests.test_model import observations
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "fit" in out and "demo" in out
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "goodput.cli", "fit", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--cluster" in result.stdout
+
+
+def test_fit_prints_params_and_table(tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    Profile(observations(), job="j", init_batch_size=64).save(path)
+    assert main(["fit", str(path), "--cluster", "t4:2x4,a100:1x8,v100:1x4", "--out", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "alpha_c" in out and "goodput" in out and "v100" in out  # v100 reported missing
+    table = json.loads((tmp_path / "t.json").read_text())
+    assert table["job"] == "j" and len(table["rows"]) == 4 + 4
+    assert main(["fit", str(path), "--cluster", "t4:2x4", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload["params"]) == {"t4", "a100"}
+
+
+def test_fit_errors_are_clean(tmp_path, capsys):
+    assert main(["fit", str(tmp_path / "missing.jsonl")]) == 2
+    assert "not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit", "x.jsonl", "--cluster", "t4:zz"])
+    path = tmp_path / "p.jsonl"
+    Profile(observations()).save(path)  # no init_batch_size recorded
+    assert main(["fit", str(path)]) == 2
+    assert "init_batch_size" in capsys.readouterr().err
+
+
+def test_demo_runs_and_logs_to_mlflow(tmp_path, capsys):
+    assert main(["demo", "--cluster", "t4:2x4,a100:1x8"]) == 0
+    out = capsys.readouterr().out
+    assert "EXAMPLE" in out and "goodput table" in out and "logged MLflow run" in out
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["goodput-demo"])
+    assert len(runs) == 1 and runs["params.data"].iloc[0].startswith("EXAMPLE")
