@@ -1,0 +1,97 @@
+"""Shared benchmark plumbing: median timings, a printed table, a saved JSON, an optional MLflow run.
+
+Every benchmark under ``experiments/bench_*.py`` exposes ``main(argv) -> int``
+and writes ``bench-results/<name>.json`` (override with ``--out-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from goodput.io import atomic_write_text
+
+
+def time_call(fn: Callable[[], Any], *, repeat: int, number: int = 1, warmup: int = 1) -> dict[str, float]:
+    """Median, p95 and minimum seconds of ``fn()`` over ``repeat`` rounds of ``number`` calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    samples.sort()
+    return {
+        "median_s": statistics.median(samples),
+        "p95_s": samples[min(len(samples) - 1, int(round(0.95 * (len(samples) - 1))))],
+        "min_s": samples[0],
+        "repeat": repeat,
+        "number": number,
+    }
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def parser(name: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
+    p.add_argument("--out-dir", default="bench-results", help="where the JSON figures go (default: bench-results/)")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
+    p.add_argument("--mlflow", action="store_true", help="also log the figures as an MLflow run")
+    return p
+
+
+def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Path:
+    """Print ``rows`` as a table, save them with the machine facts, optionally log to MLflow."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{name} — {platform.node()} ({os.cpu_count()} CPUs)")
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    Console(width=160).print(table)
+    payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "rows": list(rows), **(extra or {})}
+    path = atomic_write_text(Path(args.out_dir) / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"figures saved to {path}")
+    if args.mlflow:
+        from goodput import tracking
+
+        with tracking.start_run("benchmarks", run_name=name):
+            import mlflow
+
+            metrics = {}
+            for row in rows:
+                label = str(row.get("what", row.get("case", "row"))).replace(" ", "_")
+                for key, value in row.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        metrics[f"{label}.{key}"[:250]] = float(value)
+            mlflow.log_metrics(metrics)
+            mlflow.log_artifact(str(path))
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)

@@ -1,0 +1,14 @@
+"""Benchmarks stay runnable: each one's quick mode runs and saves its figures (no timing asserted here)."""
+
+from __future__ import annotations
+
+import json
+
+from experiments import bench
+
+
+def test_bench_core_quick(tmp_path):
+    assert bench.main(["--only", "core", "--quick", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_core.json").read_text())
+    assert {row["what"].split(",")[0] for row in figures["rows"]} >= {"fit_throughput", "optimize_goodput", "JobModel.table"}
+    assert all(row["median_ms"] > 0 for row in figures["rows"])
