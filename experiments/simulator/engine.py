@@ -71,6 +71,7 @@ class JobView:
     application: str
     arrival: float
     age_s: float
+    attained_s: float  # seconds the job has held GPUs so far
     restarts: int
     restart_cost_s: float
     requested_gpus: int
@@ -150,6 +151,7 @@ class SimJob:
     start_time: float | None = None
     finish_time: float | None = None
     gpu_seconds: float = 0.0
+    held_seconds: float = 0.0
     seen_configs: set[tuple[Any, ...]] = field(default_factory=set)
     rounds_since_report: int = 0
     table: GoodputTable | None = None
@@ -317,6 +319,7 @@ class Simulator:
                 job.throughput_table = self._fixed_batch_table(job)
             views.append(JobView(
                 name=job.name, application=job.spec.application, arrival=job.spec.time, age_s=now - job.spec.time,
+                attained_s=min(job.held_seconds, now - job.spec.time),
                 restarts=job.restarts, restart_cost_s=job.family.restart_cost_s,
                 requested_gpus=job.spec.num_replicas, requested_batch=job.spec.batch_size,
                 current=job.assignment, table=self._table(job) if adaptive else None,
@@ -381,6 +384,7 @@ class Simulator:
     # ------------------------------------------------------------------ time
     def _advance(self, job: SimJob, now: float, seconds: float) -> None:
         a = job.assignment
+        job.held_seconds += seconds
         delay = min(job.delay_left, seconds)
         job.delay_left -= delay
         usable = seconds - delay
@@ -399,6 +403,18 @@ class Simulator:
             job.gpu_seconds += a.num_gpus * seconds
 
     def run(self) -> SimResult:
+        """Simulate until every job finishes (or ``max_hours``); single-threaded by design.
+
+        BLAS and torch are limited to one thread while it runs: the numeric
+        work is many tiny problems, for which multithreaded BLAS only spins
+        (and slows down 25-fold when other processes share the cores).
+        """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1), _torch_threads(1):
+            return self._run()
+
+    def _run(self) -> SimResult:
         import pandas as pd
 
         from .metrics import summarize
@@ -457,6 +473,28 @@ class Simulator:
         summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
         summary["wall_seconds"] = _time.perf_counter() - start_wall
         return SimResult(jobs, rounds, summary, settings)
+
+
+class _torch_threads:
+    """Temporarily set torch's intra-op threads (only if torch is already imported)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.saved = count, None
+
+    def __enter__(self) -> None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self.saved = torch.get_num_threads()
+            torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc: object) -> None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and self.saved is not None:
+            torch.set_num_threads(self.saved)
 
 
 def _job_record(job: SimJob) -> dict[str, Any]:

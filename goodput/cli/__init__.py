@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from goodput.errors import ValidationError
 
 SUBCOMMANDS = [
+    "goodput.cli.simulate",
+    "goodput.cli.compare",
     "goodput.cli.demo",
     "goodput.cli.fit",
 ]
