@@ -2,11 +2,12 @@
 
 The public API (see DESIGN.md)::
 
-    from goodput import Observation, Profile, JobModel, GoodputTable, Cluster
+    from goodput import Observation, Profile, JobModel, GoodputTable, Cluster, allocate
     from goodput.throughput import ThroughputParams, predict_step_time, fit_throughput
     from goodput.efficiency import efficiency
 """
 
+from .allocator import Allocation, JobAllocation, JobSpec, SolverInfo, allocate
 from .cluster import Cluster, NodePool
 from .errors import DataFormatError, UnknownGPUTypeError, ValidationError
 from .model import GoodputChoice, JobModel, Prediction
@@ -16,6 +17,11 @@ from .table import GoodputTable, load_tables, save_tables
 __version__ = "0.1.0"
 
 __all__ = [
+    "allocate",
+    "Allocation",
+    "JobAllocation",
+    "JobSpec",
+    "SolverInfo",
     "Cluster",
     "NodePool",
     "DataFormatError",

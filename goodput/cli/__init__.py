@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from goodput.errors import ValidationError
 
 SUBCOMMANDS = [
+    "goodput.cli.allocate",
     "goodput.cli.demo",
     "goodput.cli.fit",
 ]

@@ -1,0 +1,224 @@
+"""Placing allocations onto nodes, by Sia's rules (SOSP'23 §3.4).
+
+Per GPU type, given each job's configuration (num_nodes, num_gpus):
+
+1. jobs whose configuration did not change keep their GPUs (non-preemptible
+   jobs always do; two of them claiming the same GPUs is an error);
+2. whole-node allocations (``num_gpus = num_nodes × gpus_per_node``) take
+   whole free nodes, counted from the last node down;
+3. sub-node allocations go on one node, never split: largest first, each on
+   the fullest node that still holds it (best fit), counted from the front;
+4. on fragmentation, single-node jobs that kept their GPUs are evicted —
+   for a whole-node job, every job on the emptiest node; for a sub-node job,
+   the smallest jobs (each smaller than the one being placed) on the node
+   needing the fewest GPUs freed — and placed again.
+
+A job that still cannot be placed is reported as failed, never half-placed.
+Every node's capacity is respected by construction.
+
+Example::
+
+    >>> from goodput import Cluster
+    >>> result = place(Cluster.parse("t4:2x4"), {"a": ("t4", 1, 2), "b": ("t4", 1, 4)}, {})
+    >>> result.placements
+    {'b': {'t4-1': 4}, 'a': {'t4-0': 2}}
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..cluster import Cluster, NodePool
+from ..errors import ValidationError
+from .result import JobAllocation
+
+__all__ = ["PlacementResult", "place"]
+
+
+@dataclass
+class PlacementResult:
+    placements: dict[str, dict[str, int]] = field(default_factory=dict)  # job -> {node_id: gpus}
+    failed: dict[str, str] = field(default_factory=dict)  # job -> why it could not be placed
+    moved: set[str] = field(default_factory=set)  # unchanged configuration, but evicted to other GPUs
+
+
+def place(
+    cluster: Cluster,
+    assignments: Mapping[str, tuple[str, int, int]],
+    current: Mapping[str, JobAllocation],
+    pinned: frozenset[str] | set[str] = frozenset(),
+) -> PlacementResult:
+    """Place ``{job: (gpu_type, num_nodes, num_gpus)}`` onto the cluster's nodes.
+
+    Args:
+        cluster: the cluster.
+        assignments: each job's configuration this round (capacity per type
+            already respected, e.g. by the allocator).
+        current: last round's allocations; a job whose configuration is the
+            same and whose placement is valid keeps its GPUs.
+        pinned: non-preemptible jobs: kept even if their placement breaks the
+            shape rules, never evicted.
+
+    Raises:
+        ValidationError: two pinned jobs claim more GPUs of a node than it has.
+    """
+    result = PlacementResult()
+    by_type: dict[str, list[tuple[str, int, int]]] = {}
+    for job, (gpu_type, nodes, gpus) in assignments.items():
+        by_type.setdefault(gpu_type, []).append((job, nodes, gpus))
+    for gpu_type, jobs in by_type.items():
+        _place_pool(cluster.pool(gpu_type), jobs, current, pinned, result)
+    return result
+
+
+class _Free:
+    """Free GPUs per node, with heaps that find the fullest node holding g GPUs and the last empty nodes
+    in O(gpus_per_node · log nodes) (entries go stale when a node changes and are skipped)."""
+
+    def __init__(self, count: int, gpn: int) -> None:
+        self.gpn = gpn
+        self.free = [gpn] * count
+        self.by_free: list[list[int]] = [[] for _ in range(gpn + 1)]  # min-heaps of node indices
+        self.by_free[gpn] = list(range(count))
+        self.empty_desc = [-n for n in range(count)]  # max-heap (negated) of empty nodes
+        heapq.heapify(self.empty_desc)
+        self.n_empty = count
+
+    def change(self, node: int, delta: int) -> None:
+        before = self.free[node]
+        after = before + delta
+        self.free[node] = after
+        heapq.heappush(self.by_free[after], node)
+        if after == self.gpn:
+            heapq.heappush(self.empty_desc, -node)
+        self.n_empty += (after == self.gpn) - (before == self.gpn)
+
+    def best_fit(self, gpus: int) -> int | None:
+        """The node with the fewest free GPUs that still holds ``gpus`` (lowest index on ties)."""
+        for f in range(gpus, self.gpn + 1):
+            heap = self.by_free[f]
+            while heap and self.free[heap[0]] != f:
+                heapq.heappop(heap)
+            if heap:
+                return heap[0]
+        return None
+
+    def last_empty(self, count: int) -> list[int]:
+        """The ``count`` highest-numbered empty nodes (the caller fills them)."""
+        out: list[int] = []
+        seen: set[int] = set()
+        heap = self.empty_desc
+        while heap and len(out) < count:
+            node = -heapq.heappop(heap)
+            if self.free[node] == self.gpn and node not in seen:
+                seen.add(node)
+                out.append(node)
+        return out
+
+
+def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mapping[str, JobAllocation],
+                pinned, result: PlacementResult) -> None:
+    gpn, count = pool.gpus_per_node, pool.nodes
+    ids = pool.node_ids()
+    node_of = {name: i for i, name in enumerate(ids)}
+    nodes_free = _Free(count, gpn)
+    free = nodes_free.free  # read-only view; changes go through nodes_free.change
+    occupants: list[dict[str, int]] = [dict() for _ in range(count)]  # node -> {job: gpus}
+    size = {job: gpus for job, _, gpus in jobs}
+    evictable: set[str] = set()  # kept single-node jobs that may be moved on fragmentation
+    kept: set[str] = set()
+
+    def occupy(job: str, layout: dict[int, int]) -> None:
+        for node, gpus in layout.items():
+            nodes_free.change(node, -gpus)
+            occupants[node][job] = gpus
+        result.placements[job] = {ids[n]: g for n, g in layout.items()}
+
+    def release(job: str) -> None:
+        layout = result.placements.pop(job)
+        for name, gpus in layout.items():
+            node = node_of[name]
+            nodes_free.change(node, gpus)
+            del occupants[node][job]
+
+    # 1. unchanged configurations keep their GPUs (pinned ones first, and always)
+    whole, sub = [], []
+    order = sorted(jobs, key=lambda item: (item[0] not in pinned, item[0]))
+    for job, nodes, gpus in order:
+        old = current.get(job)
+        if old is not None and old.configuration == (pool.gpu_type, nodes, gpus) and old.placement:
+            layout = {node_of[n]: g for n, g in old.placement.items()}
+            shape_ok = (nodes == 1 and gpus <= gpn) or all(g == gpn for g in layout.values())
+            fits = all(free[n] >= g for n, g in layout.items())
+            if job in pinned:
+                if not fits:
+                    node = next(n for n, g in layout.items() if free[n] < g)
+                    raise ValidationError(f"current[{job}].placement", old.placement,
+                                          f"node {ids[node]} is over capacity with the other non-preemptible jobs")
+                occupy(job, layout)
+                kept.add(job)
+                continue
+            if shape_ok and fits:
+                occupy(job, layout)
+                kept.add(job)
+                if nodes == 1 and gpus < gpn:
+                    evictable.add(job)
+                continue
+            result.moved.add(job)  # same configuration, but its old GPUs are not available
+        (whole if gpus == nodes * gpn else sub).append((job, nodes, gpus))
+
+    # sub-node jobs wait in a heap: largest first, then by name
+    queue = [(-gpus, job) for job, _nodes, gpus in sub]
+    heapq.heapify(queue)
+
+    def requeue(job: str) -> None:
+        release(job)
+        evictable.discard(job)
+        result.moved.add(job)
+        heapq.heappush(queue, (-size[job], job))
+
+    # 2. whole-node allocations take whole free nodes, from the last node down
+    for job, nodes, _gpus in sorted(whole, key=lambda item: (-item[2], item[0])):
+        while nodes_free.n_empty < nodes:
+            candidates = [n for n in range(count) if free[n] < gpn and occupants[n]
+                          and all(o in evictable for o in occupants[n])]
+            if not candidates:
+                break
+            node = max(candidates, key=lambda n: (free[n], n))
+            for other in sorted(occupants[node]):
+                requeue(other)
+        if nodes_free.n_empty < nodes:
+            result.failed[job] = f"fragmentation: {nodes} whole {pool.gpu_type} nodes are not free"
+            continue
+        occupy(job, {n: gpn for n in sorted(nodes_free.last_empty(nodes))})
+
+    # 3. sub-node allocations: largest first, best fit on one node; evict smaller kept jobs if needed
+    budget = 4 * (len(jobs) + 1) ** 2
+    while queue:
+        negative, job = heapq.heappop(queue)
+        gpus = -negative
+        budget -= 1
+        node = nodes_free.best_fit(gpus)
+        if node is None and budget > 0:
+            best = None
+            for n in range(count):
+                smaller = sorted((g, o) for o, g in occupants[n].items() if o in evictable and g < gpus)
+                if free[n] + sum(g for g, _ in smaller) >= gpus:
+                    deficit = gpus - free[n]
+                    if best is None or deficit < best[0]:
+                        best = (deficit, n, smaller)
+            if best is not None:
+                _, node, smaller = best
+                for _g, other in smaller:
+                    if free[node] >= gpus:
+                        break
+                    requeue(other)
+        if node is None:
+            result.failed[job] = f"fragmentation: no {pool.gpu_type} node has {gpus} free GPUs"
+            continue
+        occupy(job, {node: gpus})
+        if job in kept:
+            evictable.add(job)
+    result.moved -= {job for job in result.moved if job not in result.placements}

@@ -1,0 +1,326 @@
+"""Sia's policy: exact against brute force, the restart factor, every job option, bad input, the fast path."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from goodput import Cluster, GoodputTable, JobModel, ValidationError, allocate
+from goodput.allocator import Allocation, JobAllocation, JobSpec, restart_factor
+from goodput.allocator.problem import prepare, sia_problem
+from goodput.allocator.sia import solve_milp
+from goodput.allocator.lagrangian import solve_lagrangian
+from goodput.errors import UnknownGPUTypeError
+from tests.allocator_cases import brute_force, check_invariants, random_tables, scaling_table, sia_objective, table
+
+SMALL = Cluster.parse("t4:2x4,a100:1x4")
+
+
+# ---------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("p", [-0.5, 0.5])
+def test_matches_brute_force(seed, p):
+    rng = np.random.default_rng(seed)
+    tables = random_tables(SMALL, 4, rng, drop=0.3)
+    current = jobs = None
+    if seed % 2:  # running jobs with restart penalties
+        names = list(tables)
+        current = {names[0]: JobAllocation(*tables[names[0]].configurations()[0]),
+                   names[1]: JobAllocation(*tables[names[1]].configurations()[-1])}
+        jobs = {n: JobSpec(age=300.0 * (i + 1), restarts=i, restart_cost=60.0) for i, n in enumerate(names[:2])}
+    result = allocate(tables, SMALL, current=current, p=p, jobs=jobs, solver="milp")
+    best, _ = brute_force(tables, SMALL, p=p, current=current, jobs=jobs)
+    got = sia_objective(tables, result, p=p, current=current, jobs=jobs)
+    assert got == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert result.info.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert result.info.solver == "milp" and result.info.status == "optimal" and result.info.gap <= 1e-6
+    assert result.info.sense == ("minimize" if p < 0 else "maximize")
+    check_invariants(result, tables, SMALL)
+
+
+def test_fast_path_is_certified_on_small_instances():
+    for seed in range(6):
+        tables = random_tables(SMALL, 4, np.random.default_rng(100 + seed), drop=0.2)
+        best, _ = brute_force(tables, SMALL)
+        fast = allocate(tables, SMALL, solver="lagrangian")
+        assert fast.info.solver == "lagrangian"
+        value = sia_objective(tables, fast)
+        assert value == pytest.approx(fast.info.objective)
+        assert value >= best - 1e-9  # feasible, so no better than the optimum
+        assert fast.info.bound <= best + 1e-9  # and the bound is a true lower bound
+        assert fast.info.gap == pytest.approx(abs(fast.info.objective - fast.info.bound) / fast.info.objective)
+        check_invariants(fast, tables, SMALL)
+
+
+def test_fast_path_close_to_exact_at_scale():
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")  # Sia's 64-GPU cluster
+    tables = random_tables(cluster, 160, np.random.default_rng(7))
+    prob = sia_problem(prepare(tables, cluster), -0.5, 1.1)
+    exact = solve_milp(prob)
+    fast = solve_lagrangian(prob)
+    assert exact.status == "optimal"
+    exact_obj, fast_obj = prob.objective(exact.total), prob.objective(fast.total)
+    assert exact_obj <= fast_obj + 1e-9
+    assert prob.objective(fast.bound) <= exact_obj + 1e-9
+    assert (fast_obj - exact_obj) / exact_obj < 0.005  # within 0.5% of the optimum
+    assert fast.gap < 0.005
+    both = allocate(tables, cluster)  # auto: certified fast path or MILP
+    assert both.info.objective == pytest.approx(exact_obj, rel=1e-6)
+
+
+def test_capacity_forces_tradeoffs_and_unallocated_reasons():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {f"j{i}": scaling_table(f"j{i}", cluster, {"t4": 1.0}) for i in range(6)}
+    result = allocate(tables, cluster)
+    assert sum(a.num_gpus for a in result.allocated.values()) == 4
+    best, _ = brute_force(tables, cluster)
+    assert result.info.objective == pytest.approx(best)
+    # growing a job from 1 to 2 GPUs saves 1 - 2^(-0.4) = 0.24 > λ - 1 = 0.1 saved by admitting one more
+    assert len(result.allocated) == 2
+    for job in set(tables) - set(result.allocated):
+        assert "not selected" in result.unallocated[job]
+    check_invariants(result, tables, cluster)
+
+
+def test_lambda_trades_admission_against_growth():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {f"j{i}": scaling_table(f"j{i}", cluster, {"t4": 1.0}, exponent=0.8) for i in range(4)}
+    assert len(allocate(tables, cluster, lam=1.1).allocated) == 2
+    assert len(allocate(tables, cluster, lam=2.0).allocated) == 4  # a large penalty admits every job
+    # a small one lets one job take the node: 4^-0.4 + 3·0.7 < 2·2^-0.4 + 2·0.7 and < 4·0.7
+    assert len(allocate(tables, cluster, lam=0.7).allocated) == 1
+
+
+# ---------------------------------------------------------------------------- restart factor
+def test_restart_factor_formula():
+    assert restart_factor(10.0, 0, 30.0) == 1.0  # younger than one restart
+    assert restart_factor(600.0, 2, 30.0) == pytest.approx((600 - 60) / 630)
+    assert restart_factor(100.0, 10, 30.0) == 0.0
+    assert JobSpec(age=600.0, restarts=2).restart_factor == pytest.approx(540 / 630)
+
+
+@pytest.mark.parametrize("gain, moves", [(1.05, False), (3.0, True)])
+def test_restart_factor_keeps_small_gains_in_place(gain, moves):
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    tab = table("a", {("t4", 1, 4): 400.0, ("a100", 1, 4): 400.0 * gain, ("t4", 1, 1): 100.0})
+    current = {"a": JobAllocation("t4", 1, 4, {"t4-0": 4})}
+    old = JobSpec(age=600.0, restarts=9, restart_cost=30.0)  # r = 330/630 ≈ 0.52
+    result = allocate({"a": tab}, cluster, current=current, jobs={"a": old})
+    assert (result["a"].gpu_type == "a100") is moves
+    if not moves:
+        assert result["a"].placement == {"t4-0": 4} and result.details["a"]["changed"] is False
+    # without the restart factor (a young job) even the small gain moves it
+    young = allocate({"a": tab}, cluster, current=current, jobs={"a": JobSpec(age=0.0)})
+    assert young["a"].gpu_type == "a100"
+
+
+def test_zero_restart_factor_pins_job_in_effect():
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    tab = table("a", {("t4", 1, 4): 400.0, ("a100", 1, 4): 4000.0, ("t4", 1, 1): 100.0})
+    current = {"a": JobAllocation("t4", 1, 4, {"t4-0": 4})}
+    result = allocate({"a": tab}, cluster, current=current, jobs={"a": JobSpec(age=300.0, restarts=10)})
+    assert result["a"].configuration == ("t4", 1, 4)
+
+
+# ---------------------------------------------------------------------------- job options
+def _pair(cluster):
+    return {"a": scaling_table("a", cluster, {t: 1.0 for t in cluster.gpu_types}, exponent=0.95),
+            "b": scaling_table("b", cluster, {t: 1.0 for t in cluster.gpu_types}, exponent=0.95)}
+
+
+def test_rigid_jobs_get_exactly_their_count():
+    cluster = Cluster.parse("t4:2x4")
+    tables = _pair(cluster)
+    free = allocate(tables, cluster)
+    assert free["a"].num_gpus == 4  # the two elastic jobs split the cluster
+    rigid = allocate(tables, cluster, jobs={"a": JobSpec(rigid_gpus=2)})
+    assert rigid["a"].num_gpus == 2
+    assert rigid["b"].num_gpus == 4  # only Sia's configurations: 1, 2, 4, 8
+
+
+def test_rigid_jobs_take_any_allowed_type():
+    cluster = Cluster.parse("t4:1x4,a100:1x8")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0, "a100": 3.0})}
+    result = allocate(tables, cluster, jobs={"a": JobSpec(rigid_gpus=4)})
+    assert result["a"].configuration == ("a100", 1, 4)
+
+
+def test_granularity():
+    cluster = Cluster.parse("t4:2x4")
+    poor = table("a", {("t4", 1, 1): 100.0, ("t4", 1, 2): 190.0, ("t4", 1, 4): 200.0, ("t4", 2, 8): 200.0})
+    tables = {"a": poor, "b": scaling_table("b", cluster, {"t4": 1.0}, exponent=1.0),
+              "c": scaling_table("c", cluster, {"t4": 1.0}, exponent=1.0)}
+    free = allocate(tables, cluster)
+    assert free["a"].num_gpus == 2  # the instance discriminates: unconstrained, a takes 2
+    result = allocate(tables, cluster, jobs={"a": JobSpec(granularity=4)})
+    assert result["a"] is None or result["a"].num_gpus % 4 == 0
+    assert result.info.objective >= free.info.objective  # a constraint never helps a minimisation
+
+
+def test_gpu_type_restriction():
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0, "a100": 5.0})}
+    assert allocate(tables, cluster)["a"].gpu_type == "a100"
+    assert allocate(tables, cluster, jobs={"a": JobSpec(gpu_types=("t4",))})["a"].gpu_type == "t4"
+    nowhere = allocate(tables, cluster, jobs={"a": JobSpec(gpu_types=("t4",), min_gpus=8)})
+    assert nowhere["a"] is None and "no feasible configuration" in nowhere.unallocated["a"]
+
+
+def test_min_and_max_gpus():
+    cluster = Cluster.parse("t4:1x8")
+    tables = {f"j{i}": scaling_table(f"j{i}", cluster, {"t4": 1.0}) for i in range(4)}
+    free = allocate(tables, cluster)
+    assert free["j0"].num_gpus == 2
+    result = allocate(tables, cluster, jobs={"j0": JobSpec(min_gpus=4)})
+    assert result["j0"].num_gpus >= 4
+    solo = {"j0": tables["j0"]}
+    assert allocate(solo, cluster)["j0"].num_gpus == 8
+    assert allocate(solo, cluster, jobs={"j0": JobSpec(max_gpus=4)})["j0"].num_gpus == 4
+
+
+def test_non_preemptible_jobs_stay_put():
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0, "a100": 5.0}),
+              "b": scaling_table("b", cluster, {"t4": 1.0, "a100": 5.0})}
+    current = {"a": JobAllocation("t4", 1, 1, {"t4-0": 1})}
+    moved = allocate(tables, cluster, current=current)
+    assert moved["a"].configuration != ("t4", 1, 1)
+    pinned = allocate(tables, cluster, current=current, jobs={"a": JobSpec(preemptible=False)})
+    assert pinned["a"] == current["a"]
+    assert pinned.details["a"]["pinned"] is True
+    assert pinned.gpus_used()["t4"] >= 1
+
+
+def test_non_preemptible_beyond_capacity_names_the_job():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {j: scaling_table(j, cluster, {"t4": 1.0}) for j in ("a", "b")}
+    current = {"a": JobAllocation("t4", 1, 4, {"t4-0": 4}), "b": JobAllocation("t4", 1, 2, {"t4-0": 2})}
+    jobs = {"a": JobSpec(preemptible=False), "b": JobSpec(preemptible=False)}
+    with pytest.raises(ValidationError, match=r"jobs\[b\]"):
+        allocate(tables, cluster, current=current, jobs=jobs)
+
+
+def test_strong_scaling_tables_and_fixed_batch():
+    from tests.test_model import observations
+
+    cluster = Cluster.parse("t4:1x4")
+    obs = observations("s")
+    fixed = JobModel("s", init_batch_size=64, max_batch_size=64).observe(obs).table(cluster)
+    ok = allocate({"s": fixed}, cluster, jobs={"s": JobSpec(fixed_batch_size=64)})
+    assert ok["s"] is not None and set(fixed.frame["batch_size"]) == {64}
+    elastic = JobModel("s", init_batch_size=64, max_batch_size=1024).observe(obs)
+    elastic.observe(dataclasses.replace(obs[0], grad_sqr=1.0, grad_var=8.0))
+    grown = elastic.table(cluster)
+    assert grown.frame["batch_size"].max() > 64
+    with pytest.raises(ValidationError, match=r"s: batch_size.*fixed_batch_size=64"):
+        allocate({"s": grown}, cluster, jobs={"s": JobSpec(fixed_batch_size=64)})
+    # no more data-parallel replicas than samples in the batch
+    tiny = table("t", {("t4", 1, 1): 10.0, ("t4", 1, 2): 19.0, ("t4", 1, 4): 36.0})
+    assert allocate({"t": tiny}, cluster)["t"].num_gpus == 4
+    assert allocate({"t": tiny}, cluster, jobs={"t": JobSpec(fixed_batch_size=2)})["t"].num_gpus == 2
+
+
+def test_spec_validation_names_field_and_job():
+    with pytest.raises(ValidationError, match="rigid_gpus"):
+        JobSpec(rigid_gpus=3, granularity=2)
+    with pytest.raises(ValidationError, match="attained"):
+        JobSpec(age=10.0, attained=20.0)
+    with pytest.raises(ValidationError, match="max_gpus"):
+        JobSpec(min_gpus=4, max_gpus=2)
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
+    with pytest.raises(ValidationError, match=r"jobs\[a\]\.min_gpus"):
+        allocate(tables, cluster, jobs={"a": {"min_gpus": 0}})
+    with pytest.raises(ValidationError, match=r"jobs\[a\]\.colour"):
+        allocate(tables, cluster, jobs={"a": {"colour": "red"}})
+    with pytest.raises(ValidationError, match=r"jobs\[zz\]"):
+        allocate(tables, cluster, jobs={"zz": JobSpec()})
+    with pytest.raises(UnknownGPUTypeError, match=r"jobs\[a\]\.gpu_types"):
+        allocate(tables, cluster, jobs={"a": JobSpec(gpu_types=("h100",))})
+    assert JobSpec.from_dict(JobSpec(age=5.0, gpu_types=("t4",)).to_dict()) == JobSpec(age=5.0, gpu_types=("t4",))
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_bad_goodput_names_the_job():
+    with pytest.raises(ValidationError, match="bad: goodput"):
+        GoodputTable("bad", [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": math.nan}])
+    with pytest.raises(ValidationError, match="bad: goodput"):
+        GoodputTable("bad", [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": -1.0}])
+    cluster = Cluster.parse("t4:1x4")
+    good = table("bad", {("t4", 1, 1): 1.0})
+    good._frame.loc[0, "goodput"] = math.nan  # defensive check inside the allocator (tables validate on creation)
+    with pytest.raises(ValidationError, match="bad: goodput"):
+        allocate({"bad": good}, cluster)
+
+
+def test_unknown_gpu_type_names_the_job():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"ok": table("ok", {("t4", 1, 1): 1.0}), "odd": table("odd", {("h100", 1, 1): 1.0})}
+    with pytest.raises(UnknownGPUTypeError, match="odd: gpu_type.*h100"):
+        allocate(tables, cluster)
+
+
+def test_other_bad_inputs():
+    cluster = Cluster.parse("t4:1x4")
+    tab = table("a", {("t4", 1, 1): 1.0})
+    with pytest.raises(ValidationError, match=r"tables\[a\]"):
+        allocate({"a": {"rows": []}}, cluster)
+    with pytest.raises(ValidationError, match=r"tables\[b\]"):
+        allocate({"b": tab}, cluster)
+    with pytest.raises(ValidationError, match="cluster"):
+        allocate({"a": tab}, "t4:1x4")
+    with pytest.raises(ValidationError, match="p=0"):
+        allocate({"a": tab}, cluster, p=0)
+    with pytest.raises(ValidationError, match="colour"):
+        allocate({"a": tab}, cluster, colour=1)
+    with pytest.raises(ValidationError, match="policy"):
+        allocate({"a": tab}, cluster, policy="random")
+    with pytest.raises(ValidationError, match="solver"):
+        allocate({"a": tab}, cluster, solver="cplex")
+    with pytest.raises(UnknownGPUTypeError, match=r"current\[a\]\.gpu_type"):
+        allocate({"a": tab}, cluster, current={"a": JobAllocation("v100", 1, 1)})
+    with pytest.raises(ValidationError, match=r"current\[a\]\.placement"):
+        allocate({"a": tab}, cluster, current={"a": JobAllocation("t4", 1, 1, {"t4-7": 1})})
+    with pytest.raises(ValidationError, match=r"current\[a\]"):
+        allocate({"a": tab}, cluster, current={"a": JobAllocation("t4", 2, 8)})
+
+
+def test_infeasible_jobs_are_reported_not_dropped():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"big": table("big", {("t4", 2, 8): 100.0}), "zero": table("zero", {("t4", 1, 1): 0.0}),
+              "empty": GoodputTable.from_dict({"job": "empty", "rows": []}), "ok": table("ok", {("t4", 1, 2): 5.0})}
+    result = allocate(tables, cluster)
+    assert set(result) == set(tables)
+    assert result["ok"].num_gpus == 2
+    assert "fits the cluster's nodes" in result.unallocated["big"]
+    assert "positive goodput" in result.unallocated["zero"]
+    assert "empty" in result.unallocated["empty"]
+
+
+# ---------------------------------------------------------------------------- the result
+def test_current_round_trip_and_unchanged_jobs_keep_gpus(tmp_path):
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    tables = random_tables(cluster, 30, np.random.default_rng(3))
+    first = allocate(tables, cluster)
+    path = first.to_json(tmp_path / "round1.json")
+    again = Allocation.from_json(path)
+    assert dict(again) == dict(first) and again.info == first.info
+    second = allocate(tables, cluster, current=again)
+    for job, alloc in second.allocated.items():
+        if not second.details[job]["changed"] and not second.details[job]["moved"]:
+            assert alloc.placement == first[job].placement
+    assert all(not d["changed"] for d in second.details.values())  # same tables: nothing to change
+    frame = second.to_frame()
+    assert list(frame["job"]) == list(tables) and (frame["num_gpus"] >= 0).all()
+    assert "sia" in repr(second)
+    check_invariants(second, tables, cluster)
+
+
+def test_current_entries_of_finished_jobs_are_ignored():
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
+    current = {"gone": JobAllocation("t4", 1, 4, {"t4-0": 4})}
+    assert allocate(tables, cluster, current=current)["a"].num_gpus == 4
