@@ -135,3 +135,9 @@ def test_unknown_policy_option():
     tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
     with pytest.raises(ValueError, match="backfill.*sia"):
         allocate(tables, cluster, backfill=True)
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel", "gavel-throughput", "unaware", "fifo"])
+def test_no_jobs_no_allocation(policy):
+    result = allocate({}, Cluster.parse("t4:1x4"), policy=policy)
+    assert len(result) == 0 and result.unallocated == {} and result.info.policy == policy

@@ -56,9 +56,11 @@ def allocate(
             ``lam``: λ, the penalty per unallocated job (1.1);
             ``solver``: ``"auto"``, ``"milp"`` or ``"lagrangian"``;
             ``time_limit`` (s, MILP), ``mip_rel_gap`` (1e-6), ``presolve``
-            (False), ``exact_limit`` (binaries up to which ``"auto"`` takes
-            the MILP), ``placement_retries`` (2); ``backfill`` (FIFO: let
-            later jobs start when the head of the queue does not fit; False).
+            (False), ``exact_limit`` (binaries up to which ``"auto"`` falls
+            back to the MILP when the fast path's certified gap exceeds
+            ``mip_rel_gap``; 20,000), ``placement_retries`` (2);
+            ``backfill`` (FIFO: let later jobs start when the head of the
+            queue does not fit; False).
 
     Returns:
         an :class:`Allocation`: ``allocation[job]`` is ``None`` or a

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -72,12 +73,58 @@ def place(
     return result
 
 
+class _Free:
+    """Free GPUs per node, with heaps that find the fullest node holding g GPUs and the last empty nodes
+    in O(gpus_per_node · log nodes) (entries go stale when a node changes and are skipped)."""
+
+    def __init__(self, count: int, gpn: int) -> None:
+        self.gpn = gpn
+        self.free = [gpn] * count
+        self.by_free: list[list[int]] = [[] for _ in range(gpn + 1)]  # min-heaps of node indices
+        self.by_free[gpn] = list(range(count))
+        self.empty_desc = [-n for n in range(count)]  # max-heap (negated) of empty nodes
+        heapq.heapify(self.empty_desc)
+        self.n_empty = count
+
+    def change(self, node: int, delta: int) -> None:
+        before = self.free[node]
+        after = before + delta
+        self.free[node] = after
+        heapq.heappush(self.by_free[after], node)
+        if after == self.gpn:
+            heapq.heappush(self.empty_desc, -node)
+        self.n_empty += (after == self.gpn) - (before == self.gpn)
+
+    def best_fit(self, gpus: int) -> int | None:
+        """The node with the fewest free GPUs that still holds ``gpus`` (lowest index on ties)."""
+        for f in range(gpus, self.gpn + 1):
+            heap = self.by_free[f]
+            while heap and self.free[heap[0]] != f:
+                heapq.heappop(heap)
+            if heap:
+                return heap[0]
+        return None
+
+    def last_empty(self, count: int) -> list[int]:
+        """The ``count`` highest-numbered empty nodes (the caller fills them)."""
+        out: list[int] = []
+        seen: set[int] = set()
+        heap = self.empty_desc
+        while heap and len(out) < count:
+            node = -heapq.heappop(heap)
+            if self.free[node] == self.gpn and node not in seen:
+                seen.add(node)
+                out.append(node)
+        return out
+
+
 def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mapping[str, JobAllocation],
                 pinned, result: PlacementResult) -> None:
     gpn, count = pool.gpus_per_node, pool.nodes
     ids = pool.node_ids()
     node_of = {name: i for i, name in enumerate(ids)}
-    free = [gpn] * count
+    nodes_free = _Free(count, gpn)
+    free = nodes_free.free  # read-only view; changes go through nodes_free.change
     occupants: list[dict[str, int]] = [dict() for _ in range(count)]  # node -> {job: gpus}
     size = {job: gpus for job, _, gpus in jobs}
     evictable: set[str] = set()  # kept single-node jobs that may be moved on fragmentation
@@ -85,7 +132,7 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
 
     def occupy(job: str, layout: dict[int, int]) -> None:
         for node, gpus in layout.items():
-            free[node] -= gpus
+            nodes_free.change(node, -gpus)
             occupants[node][job] = gpus
         result.placements[job] = {ids[n]: g for n, g in layout.items()}
 
@@ -93,7 +140,7 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
         layout = result.placements.pop(job)
         for name, gpus in layout.items():
             node = node_of[name]
-            free[node] += gpus
+            nodes_free.change(node, gpus)
             del occupants[node][job]
 
     # 1. unchanged configurations keep their GPUs (pinned ones first, and always)
@@ -122,18 +169,19 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
             result.moved.add(job)  # same configuration, but its old GPUs are not available
         (whole if gpus == nodes * gpn else sub).append((job, nodes, gpus))
 
-    queue = sorted(sub, key=lambda item: (-item[2], item[0]))
+    # sub-node jobs wait in a heap: largest first, then by name
+    queue = [(-gpus, job) for job, _nodes, gpus in sub]
+    heapq.heapify(queue)
 
     def requeue(job: str) -> None:
         release(job)
         evictable.discard(job)
         result.moved.add(job)
-        queue.append((job, 1, size[job]))
-        queue.sort(key=lambda item: (-item[2], item[0]))
+        heapq.heappush(queue, (-size[job], job))
 
     # 2. whole-node allocations take whole free nodes, from the last node down
     for job, nodes, _gpus in sorted(whole, key=lambda item: (-item[2], item[0])):
-        while sum(1 for f in free if f == gpn) < nodes:
+        while nodes_free.n_empty < nodes:
             candidates = [n for n in range(count) if free[n] < gpn and occupants[n]
                           and all(o in evictable for o in occupants[n])]
             if not candidates:
@@ -141,19 +189,19 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
             node = max(candidates, key=lambda n: (free[n], n))
             for other in sorted(occupants[node]):
                 requeue(other)
-        empty = [n for n in range(count - 1, -1, -1) if free[n] == gpn]
-        if len(empty) < nodes:
+        if nodes_free.n_empty < nodes:
             result.failed[job] = f"fragmentation: {nodes} whole {pool.gpu_type} nodes are not free"
             continue
-        occupy(job, {n: gpn for n in sorted(empty[:nodes])})
+        occupy(job, {n: gpn for n in sorted(nodes_free.last_empty(nodes))})
 
     # 3. sub-node allocations: largest first, best fit on one node; evict smaller kept jobs if needed
     budget = 4 * (len(jobs) + 1) ** 2
     while queue:
-        job, _nodes, gpus = queue.pop(0)
+        negative, job = heapq.heappop(queue)
+        gpus = -negative
         budget -= 1
-        fitting = [n for n in range(count) if free[n] >= gpus]
-        if not fitting and budget > 0:
+        node = nodes_free.best_fit(gpus)
+        if node is None and budget > 0:
             best = None
             for n in range(count):
                 smaller = sorted((g, o) for o, g in occupants[n].items() if o in evictable and g < gpus)
@@ -167,11 +215,9 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
                     if free[node] >= gpus:
                         break
                     requeue(other)
-                fitting = [node]
-        if not fitting:
+        if node is None:
             result.failed[job] = f"fragmentation: no {pool.gpu_type} node has {gpus} free GPUs"
             continue
-        node = min(fitting, key=lambda n: (free[n], n))
         occupy(job, {node: gpus})
         if job in kept:
             evictable.add(job)

@@ -43,7 +43,7 @@ from ..errors import ValidationError
 from .placement import place
 from .problem import Prepared, Problem, _prune_dominated, sia_costs
 from .result import Allocation, JobAllocation, SolverInfo
-from .sia import DEFAULT_EXACT_LIMIT, SOLVERS, solve
+from .sia import DEFAULT_EXACT_LIMIT, SOLVERS, objective_gap, solve
 
 __all__ = ["allocate_gavel", "allocate_unaware", "allocate_fifo", "requested_rows"]
 
@@ -284,7 +284,7 @@ def allocate_unaware(
     info = {"policy": "unaware", "solver": solution.solver, "status": solution.status,
             "objective": problem.objective(solution.total),
             "bound": problem.objective(solution.bound) if solution.bound is not None else None,
-            "gap": solution.gap, "sense": problem.sense, "solve_time": solution.seconds,
+            "gap": objective_gap(problem, solution), "sense": problem.sense, "solve_time": solution.seconds,
             "num_variables": problem.num_options,
             "notes": tuple(notes) + ("objective and bound: of the pooled problem, before the GPU-type assignment",)}
     return _finish(prep, assignments, reasons, info, started, chosen_rows)

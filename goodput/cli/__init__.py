@@ -15,11 +15,12 @@ from collections.abc import Sequence
 
 from goodput.errors import ValidationError
 
-SUBCOMMANDS = [
-    "goodput.cli.simulate",
-    "goodput.cli.compare",
+SUBCOMMANDS = [  # in workflow order
     "goodput.cli.demo",
     "goodput.cli.fit",
+    "goodput.cli.allocate",
+    "goodput.cli.simulate",
+    "goodput.cli.compare",
 ]
 
 
