@@ -290,7 +290,7 @@ def profile_job(
     cpu_threads: int | None = None,
     warmup: int = 2,
     min_steps: int = 3,
-    max_steps: int = 30,
+    max_steps: int = 100,
     noise_rounds: int = 8,
     sync_sizes: int = 3,
     console: Any = None,

@@ -21,8 +21,8 @@ threads and the same devices):
 The two kinds of step are interleaved (local, synchronised, local, …) so slow
 drifts of the machine affect both alike. Warm-up steps of both kinds are
 discarded. Rank 0 decides, and broadcasts, whether to start another batch size
-(``deadline``) and how many steps to time, so every rank runs the same
-collectives.
+(``deadline``; the first size always runs) and how many steps to time, so every
+rank runs the same collectives.
 
 The job's pieces cross process boundaries by pickling: the model, the optimizer
 factory, ``loss_fn`` and ``make_batch`` must be picklable (classes and
@@ -177,14 +177,16 @@ def _run_sizes(
 
     cuda = device.type == "cuda"
     control = torch.zeros(2, dtype=torch.float64, device=device)
-    for bsz in sizes:
+    for index, bsz in enumerate(sizes):
         try:
             if rank == 0:
                 # Start a size only if its warm-up and minimum timed steps should end before the deadline
                 # (from the single-replica step time where known; DDP adds its synchronisation on top).
+                # The first (smallest) size always runs once the replicas are up, as the sweep's first
+                # size does: a slow start-up must not leave the replicas with nothing measured.
                 estimate = settings["estimates"].get(int(bsz), 0.0)
                 cost = 1.25 * estimate * (int(settings["warmup"]) + 1 + 2 * int(settings["min_steps"]))
-                control[0] = 1.0 if time.time() + cost < settings["deadline"] else 0.0
+                control[0] = 1.0 if index == 0 or time.time() + cost < settings["deadline"] else 0.0
             dist.broadcast(control, 0)
             if control[0].item() == 0.0:
                 if rank == 0:
@@ -306,7 +308,8 @@ def profile_sync(
         num_replicas: processes, >= 2.
         sizes: local batch sizes, ascending.
         gpu_type: the device type, for error messages.
-        deadline: a ``time.time()`` value; no batch size starts after it.
+        deadline: a ``time.time()`` value; no batch size after the first starts
+            unless its minimum steps should end before it.
         threads: intra-op threads of each CPU replica.
         warmup, min_steps, max_steps, target_seconds: as in :func:`profilers.timing.time_steps`.
         on_result: called in this process with each :class:`SyncResult` as soon as it arrives.

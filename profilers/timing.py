@@ -27,9 +27,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from goodput.errors import ValidationError
-from goodput.validation import check_float, check_int
-
 __all__ = ["Timing", "StepClock", "time_steps", "summarize"]
 
 
@@ -61,6 +58,8 @@ class Timing:
 
 def summarize(samples: Any, warmup: int = 0) -> Timing:
     """Median and sample standard deviation of step times (seconds)."""
+    from goodput.errors import ValidationError
+
     values = tuple(float(s) for s in samples)
     if not values:
         raise ValidationError("samples", samples, "need at least one timed step")
@@ -68,6 +67,11 @@ def summarize(samples: Any, warmup: int = 0) -> Timing:
         raise ValidationError("samples", values, "step times must be finite and >= 0")
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return Timing(float(statistics.median(values)), float(std), values, warmup)
+
+
+# goodput's validators are imported inside the functions that use them: spawned
+# replicas import this module for StepClock alone and should not pay for goodput's
+# scientific stack (pandas, scipy) at start-up.
 
 
 def _is_cuda(device: Any) -> bool:
@@ -100,6 +104,8 @@ def time_steps(
         ``(timing, outputs)``: the :class:`Timing` and every step's return value
         (warm-up steps included, timed steps last).
     """
+    from goodput.validation import check_float, check_int
+
     warmup = check_int("warmup", warmup, minimum=0)
     min_steps = check_int("min_steps", min_steps, minimum=1)
     max_steps = check_int("max_steps", max_steps, minimum=min_steps)
