@@ -23,7 +23,7 @@ do, which is what a memory cap on the batch needs.
 Example::
 
     meter = CpuStepMemory()
-    with meter.forward():
+    with meter.forward(model, batch):
         loss = loss_fn(model, batch)
     loss.backward(); optimizer.step()
     meter.total(model, optimizer, batch)      # bytes
@@ -82,18 +82,32 @@ class CpuStepMemory:
         self._saved: dict[tuple[int, int], int] = {}
 
     @contextlib.contextmanager
-    def forward(self) -> Iterator[CpuStepMemory]:
-        """Count the storages autograd saves for backward while the block runs."""
+    def forward(self, model: Any, batch: Any) -> Iterator[CpuStepMemory]:
+        """Count the storages autograd saves for backward while the block runs.
+
+        Storages of ``model``'s parameters and of ``batch`` are left out here
+        (:meth:`total` counts them once); the set is taken now, while every
+        saved tensor is alive, so no address is confused with a later one.
+        """
         import torch
+
+        exclude: set[tuple[int, int]] = set()
+        tensor_bytes([*model.parameters(), batch], exclude)
 
         def pack(tensor: Any) -> Any:
             if tensor.device.type != "meta":
                 key = _storage_key(tensor)
-                self._saved[key] = key[1]
+                if key not in exclude:
+                    self._saved[key] = key[1]
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield self
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of the activations saved for backward (each storage once)."""
+        return int(sum(self._saved.values()))
 
     def total(self, model: Any, optimizer: Any, batch: Any) -> int:
         """Parameters + gradients + optimizer state + batch + saved activations, bytes."""
@@ -103,8 +117,7 @@ class CpuStepMemory:
         total += tensor_bytes([p.grad for p in params if p.grad is not None], seen)
         total += tensor_bytes(list(getattr(optimizer, "state", {}).values()), seen)
         total += tensor_bytes(batch, seen)
-        total += sum(nbytes for key, nbytes in self._saved.items() if key not in seen)
-        return int(total)
+        return int(total + self.saved_bytes)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

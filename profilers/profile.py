@@ -372,6 +372,8 @@ def profile_job(
     if progress and console is None:
         console = _console()
 
+    run_settings = {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
+                    "memory_cap_bytes": memory_cap_bytes, **settings}
     previous = _load_previous(out, job)
     writer = ProfileWriter(out) if out is not None else None
     sink = _Sink(writer)
@@ -380,8 +382,7 @@ def profile_job(
             job=job,
             init_batch_size=init_batch_size,
             **({"max_batch_size": max_batch_size} if max_batch_size is not None else {}),
-            metadata={"profiler": {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
-                                   "memory_cap_bytes": memory_cap_bytes, **settings}},
+            metadata={"profiler": run_settings},
         )
         existing = [o for o in (writer.existing if writer else []) if o.job == job]
         reports: dict[str, TypeReport] = {}
@@ -394,7 +395,8 @@ def profile_job(
                 done = previous.metadata.get(f"profiler.{dtype.gpu_type}", {})
                 if done.get("complete") and done.get("signature") == signature:
                     # Finished earlier with the same settings: nothing to add.
-                    reports[dtype.gpu_type] = TypeReport(**{**done, "resumed": sum(o.gpu_type == dtype.gpu_type for o in existing)})
+                    known = {k: v for k, v in done.items() if k in TypeReport.__dataclass_fields__}
+                    reports[dtype.gpu_type] = TypeReport(**{**known, "resumed": sum(o.gpu_type == dtype.gpu_type for o in existing)})
                     continue
                 run = _TypeRun(
                     dtype, model, optimizer_factory, loss_fn, make_batch, job=job, init_batch_size=init_batch_size,
@@ -419,8 +421,7 @@ def profile_job(
         if report.max_local_bsz:
             max_local[gpu] = report.max_local_bsz
         metadata[f"profiler.{gpu}"] = report.to_dict()
-    metadata.setdefault("profiler", {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
-                                      "memory_cap_bytes": memory_cap_bytes, **settings})
+    metadata["profiler"] = run_settings
     profile = Profile(
         existing + sink.new,
         job=job,
@@ -674,7 +675,7 @@ class _TypeRun:
                 counter[0] += 1
                 optimizer.zero_grad(set_to_none=True)
                 if i == 0 and meter is not None:
-                    with meter.forward():
+                    with meter.forward(model, batches[0]):
                         loss = loss_fn(model, batches[0])
                 else:
                     loss = loss_fn(model, batches[i % 2])

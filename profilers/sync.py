@@ -203,7 +203,7 @@ def _run_sizes(
                     if not sync:
                         stack.enter_context(ddp.no_sync())
                     if measure_memory:
-                        stack.enter_context(meter.forward())
+                        stack.enter_context(meter.forward(ddp.module, batch))
                         loss = loss_fn(ddp, batch)
                     else:
                         loss = loss_fn(ddp, batch)

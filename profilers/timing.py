@@ -69,6 +69,11 @@ def summarize(samples: Any, warmup: int = 0) -> Timing:
     return Timing(float(statistics.median(values)), float(std), values, warmup)
 
 
+def _clock() -> float:
+    """The host clock of CPU timing: monotonic, high resolution (seconds). Tests substitute it."""
+    return time.perf_counter()
+
+
 # goodput's validators are imported inside the functions that use them: spawned
 # replicas import this module for StepClock alone and should not pay for goodput's
 # scientific stack (pandas, scipy) at start-up.
@@ -124,17 +129,17 @@ def time_steps(
     outputs: list[Any] = []
     warm_seconds = []
     for _ in range(warmup):
-        start = time.perf_counter()
+        start = _clock()
         outputs.append(step())
         synchronize()
-        warm_seconds.append(time.perf_counter() - start)
+        warm_seconds.append(_clock() - start)
     # The last warm-up step is the best guess of a step's cost (the first pays for allocation).
     estimate = warm_seconds[-1] if warm_seconds else 0.0
     planned = max_steps if estimate <= 0 else int(min(max_steps, max(min_steps, math.ceil(target_seconds / estimate))))
 
     clock = StepClock(device)
     for i in range(planned):
-        if i >= min_steps and deadline is not None and time.perf_counter() >= deadline:
+        if i >= min_steps and deadline is not None and _clock() >= deadline:
             break
         with clock.measure():
             outputs.append(step())
@@ -173,9 +178,9 @@ class StepClock:
             end.record(stream)
             self._pending.setdefault(tag, []).append((start, end))
         else:
-            start = time.perf_counter()
+            start = _clock()
             yield
-            self._pending.setdefault(tag, []).append(time.perf_counter() - start)
+            self._pending.setdefault(tag, []).append(_clock() - start)
 
     def samples(self, tag: str = "step") -> list[float]:
         """Seconds of every block measured under ``tag``, in order."""

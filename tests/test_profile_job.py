@@ -24,12 +24,14 @@ QUICK = {"replicas": [], "progress": False, "cpu_threads": 1, "min_steps": 3, "m
 def test_sweep_measures_real_steps_that_grow_with_the_batch(tmp_path):
     work = wide_mlp()  # M0 = 32
     out = tmp_path / "wide.jsonl"
-    profile = profile_job(**work.profile_args(), batch_sizes=[8, 32, 256, 2048], out=out, time_budget_s=30, **QUICK)
+    profile = profile_job(**work.profile_args(), batch_sizes=[8, 32, 512, 8192], out=out, time_budget_s=30,
+                          **{**QUICK, "max_steps": 30})
 
     single = sorted(profile.observations, key=lambda o: o.local_bsz)
-    assert [o.local_bsz for o in single] == [8, 32, 256, 2048]
+    assert [o.local_bsz for o in single] == [8, 32, 512, 8192]
     times = [o.step_time for o in single]
-    assert times == sorted(times) and times[-1] > 4 * times[1]  # 64x the samples of b=32
+    # 16x the samples each time from 32 on (8 -> 32 is close to the fixed per-step cost: not compared).
+    assert times[1] < times[2] < times[3] and times[3] > 4 * times[1]
     memory = [o.memory_bytes for o in single]
     assert memory == sorted(memory) and memory[0] > 0
     for o in single:
@@ -40,16 +42,16 @@ def test_sweep_measures_real_steps_that_grow_with_the_batch(tmp_path):
     assert [o.local_bsz for o in with_grad] == [32]
     assert 0 < with_grad[0].grad_sqr < float("inf") and 0 < with_grad[0].grad_var < float("inf")
 
-    assert profile.job == "zoo-mlp" and profile.init_batch_size == 32 and profile.max_local_bsz == {"cpu": 2048}
+    assert profile.job == "zoo-mlp" and profile.init_batch_size == 32 and profile.max_local_bsz == {"cpu": 8192}
     report = profile.metadata["profiler.cpu"]
     assert report["sweep_stopped"] == "grid_end" and report["complete"] and 0 < report["seconds"] < 30
     assert report["grad"]["noise_scale"] == pytest.approx(32 * with_grad[0].grad_var / with_grad[0].grad_sqr)
 
     # What is on disk is what was returned, and it bootstraps the job's model.
     loaded = Profile.load(out)
-    assert loaded.observations == profile.observations and loaded.max_local_bsz == {"cpu": 2048}
+    assert loaded.observations == profile.observations and loaded.max_local_bsz == {"cpu": 8192}
     model = JobModel.from_profile(loaded, max_batch_size=1024)
-    assert model.has_gradient_stats and model.limits("cpu").max_local_bsz == 2048
+    assert model.has_gradient_stats and model.limits("cpu").max_local_bsz == 8192
     assert 0 < model.predict("cpu", 1, 1, 256).step_time < float("inf")
 
 
@@ -73,13 +75,15 @@ def test_sweep_stops_at_the_memory_cap_and_grad_stats_move_to_the_largest_batch(
 
 def test_sweep_honours_the_time_budget(tmp_path):
     work = wide_mlp()
-    grid = [2**k for k in range(3, 20)]  # up to 524288 samples: far more than 1.5 s allows
+    grid = [2**k for k in range(3, 20)]  # up to 524288 samples: far more than 2 s allows
     start = time.perf_counter()
-    profile = profile_job(**work.profile_args(), batch_sizes=grid, time_budget_s=1.5, **QUICK)
+    profile = profile_job(**work.profile_args(), batch_sizes=grid, time_budget_s=2.0, **QUICK)
     elapsed = time.perf_counter() - start
     report = profile.metadata["profiler.cpu"]
-    assert report["sweep_stopped"] == "time_budget" and 2 <= len(report["measured"]) < len(grid)
-    assert report["seconds"] <= elapsed + 0.01 and elapsed < 1.5 + 3.0  # the next size is skipped, not started late
+    assert report["sweep_stopped"] == "time_budget" and 1 <= len(report["measured"]) < len(grid)
+    assert report["max_local_bsz"] == max(report["measured"])
+    # A size that would end past the deadline is not started (the margin covers a busy 2-core host).
+    assert report["seconds"] <= elapsed + 0.01 and elapsed < 2.0 + 4.0
 
 
 def test_a_broken_model_gets_an_error_naming_device_and_batch(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import statistics
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from profilers.memory import CpuStepMemory, tensor_bytes
 from profilers.noise import gradient_noise
 from profilers.profile import _sync_sizes, default_grid
 from profilers.sync import sync_time_of
+from profilers import timing
 from profilers.timing import StepClock, summarize, time_steps
 from tests.profiler_jobs import tiny_mlp, wide_mlp
 
@@ -87,26 +89,54 @@ def test_resolve_devices_on_this_host():
 # ---------------------------------------------------------------------------- timing
 
 
-def test_time_steps_discards_warmup_and_takes_the_median():
-    calls = []
+class FakeClock:
+    """A deterministic host clock: each step advances it by the seconds the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_steps_discards_warmup_and_takes_the_median(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
+    durations = iter([0.5, 0.4, 0.002, 0.003, 0.001, 0.002, 0.010])  # two slow warm-up steps, then five
 
     def step():
-        calls.append(time.perf_counter())
-        time.sleep(0.004 if len(calls) <= 2 else 0.002)  # the warm-up steps are slower
-        return len(calls)
+        clock.now += next(durations)
+        return clock.now
 
-    timing, outputs = time_steps(step, "cpu", warmup=2, min_steps=5, max_steps=5)
-    assert timing.warmup == 2 and timing.steps == 5 and len(calls) == 7 and outputs == list(range(1, 8))
-    assert 0.002 <= timing.median < 0.004  # the slow warm-up steps are not in it
-    assert timing.std >= 0 and timing.std == pytest.approx(summarize(timing.samples).std)
+    result, outputs = time_steps(step, "cpu", warmup=2, min_steps=5, max_steps=5)
+    assert result.warmup == 2 and result.steps == 5 and len(outputs) == 7
+    assert result.samples == pytest.approx((0.002, 0.003, 0.001, 0.002, 0.010))
+    assert result.median == pytest.approx(0.002)  # the warm-up steps are not in it
+    assert result.std == pytest.approx(statistics.stdev([0.002, 0.003, 0.001, 0.002, 0.010]))
 
 
-def test_time_steps_adapts_to_target_and_deadline():
-    timing, _ = time_steps(lambda: time.sleep(0.001), "cpu", warmup=1, min_steps=2, max_steps=1000, target_seconds=0.05)
-    assert 10 <= timing.steps <= 60  # about 0.05 s of 1 ms steps
-    timing, _ = time_steps(lambda: None, "cpu", warmup=1, min_steps=3, max_steps=1000, target_seconds=10,
-                           deadline=time.perf_counter() - 1)
-    assert timing.steps == 3  # past the deadline: the minimum only
+def test_time_steps_adapts_to_target_and_deadline(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
+    tick = 2.0**-10  # about 1 ms, exact in binary so that the arithmetic below is exact
+
+    def step():
+        clock.now += tick
+
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=1000, target_seconds=50 * tick)
+    assert result.steps == 50  # fills the target
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=20, target_seconds=50 * tick)
+    assert result.steps == 20  # capped
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=1000, target_seconds=50 * tick,
+                           deadline=clock.now + 10.5 * tick)
+    assert result.steps == 10  # steps start until the deadline passes (the warm-up used one tick of it)
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=3, max_steps=1000, target_seconds=10, deadline=clock.now - 1)
+    assert result.steps == 3  # past the deadline: the minimum only
+
+
+def test_time_steps_on_the_real_clock():
+    result, _ = time_steps(lambda: time.sleep(0.01), "cpu", warmup=1, min_steps=3, max_steps=3)
+    assert result.steps == 3 and 0.01 <= result.median < 1.0  # a sleep never ends early
 
 
 def test_step_clock_and_summarize_validate():
@@ -135,7 +165,7 @@ def _step_memory(work, optimizer, bsz):
     meter = CpuStepMemory()
     batch = work.make_batch(bsz, "cpu")
     optimizer.zero_grad()
-    with meter.forward():
+    with meter.forward(work.model, batch):
         loss = work.loss_fn(work.model, batch)
     loss.backward()
     optimizer.step()

@@ -36,11 +36,13 @@ def test_two_gloo_replicas_record_sync_time(tmp_path):
     table = model.table(Cluster.parse("cpu:1x2"))
     assert list(table.frame["num_gpus"]) == [1, 2] and (table.frame["goodput"] > 0).all()
 
-    # Rerun: every configuration is on disk already, no replica is started.
-    start = time.perf_counter()
+    # Rerun: every configuration is on disk already, nothing is measured again.
+    size = out.stat().st_size
     again = profile_job(**work.profile_args(), batch_sizes=[4, 16, 64], replicas=[2], cpu_threads=1, sync_sizes=2,
                         time_budget_s=20, out=out, progress=False, min_steps=5, max_steps=20)
-    assert again.observations == profile.observations and time.perf_counter() - start < 2.0
+    assert again.observations == profile.observations
+    added = out.read_text()[size:].splitlines()
+    assert len(added) == 1 and '"record":"meta"' in added[0]  # this run's settings, no observation
 
 
 def test_a_replica_failure_names_device_batch_and_replicas():
@@ -59,3 +61,14 @@ def test_unpicklable_pieces_are_refused_before_spawning():
     pieces = (work.model, work.optimizer_factory, lambda model, batch: work.loss_fn(model, batch), work.make_batch)
     with pytest.raises(ValidationError, match="picklable"):
         profile_sync(pieces, ["cpu"], 2, [4], gpu_type="cpu", deadline=time.time() + 10)
+
+
+def test_replicas_measure_the_first_size_then_stop_at_the_deadline():
+    work = tiny_mlp()
+    pieces = (work.model, work.optimizer_factory, work.loss_fn, work.make_batch)
+    outcome = profile_sync(pieces, ["cpu"], 2, [4, 8, 16], gpu_type="cpu", deadline=time.time() - 1, threads=1,
+                           min_steps=2, max_steps=3, target_seconds=0.01)
+    assert outcome.stopped == "time_budget" and [r.local_bsz for r in outcome.results] == [4]
+    result = outcome.results[0]
+    assert result.num_replicas == 2 and 2 <= result.steps <= 3 and result.sync_time <= result.step_time
+    assert result.compute_time > 0 and outcome.seconds > 0
