@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="profile a zoo model for real, fit it, print its goodput table",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", default="resnet", help="built-in job to profile: resnet, transformer, mlp (default resnet)")
-    parser.add_argument("--time-budget", type=float, default=12.0, help="profiling seconds per device type (default 12)")
+    parser.add_argument("--time-budget", type=float, default=15.0, help="profiling seconds per device type (default 15)")
     parser.add_argument("--replicas", type=int, default=None, help="replicas for synchronisation profiling (default: 2 on a CPU host)")
     parser.add_argument("--cluster", type=cluster_arg, default=None,
                         help="cluster for the table (default: an example shape built from the profiled types)")
