@@ -317,8 +317,10 @@ def profile_job(
         out: a JSON Lines path; observations are appended as they are
             measured and a rerun resumes from it.
         progress: show a progress bar per device type and a summary table.
-        memory_cap_bytes: stop the sweep before a step's memory exceeds this
-            (the CPU estimate or the CUDA peak, :mod:`profilers.memory`).
+        memory_cap_bytes: the sweep ends at the first size whose step memory
+            (the CPU estimate or the CUDA peak, :mod:`profilers.memory`) would
+            exceed this: predicted by linear extrapolation from the two sizes
+            before it (then not run), or measured (then not recorded).
         mlflow: log the profile as an MLflow run (:func:`profilers.tracking.log_profile`).
         cpu_threads: intra-op threads of each CPU replica (and of the
             single-replica sweep, so compute matches); default: cores // largest replica count.
@@ -600,7 +602,7 @@ class _TypeRun:
         points: list[tuple[int, float, int | None]] = []  # (bsz, step_time, memory) of sizes that ran
         grad_attached = self.has_grad
         stopped = "grid_end"
-        for index, bsz in enumerate(self.grid):
+        for bsz in self.grid:
             done = self.existing.get((1, bsz))
             if done is not None:
                 points.append((bsz, done.step_time, done.memory_bytes))
@@ -691,7 +693,8 @@ class _TypeRun:
                                         max_steps=self.settings["max_steps"], target_seconds=target, deadline=self.sweep_deadline)
             _check_finite(losses, self.gpu, bsz)
             memory = cuda_peak(self.device) if cuda else meter.total(model, optimizer, batches[0])
-            del batches, losses
+            batches.clear()  # free the inputs before the next size allocates its own
+            losses.clear()
         except Exception as exc:  # noqa: BLE001 - classified below
             if not is_out_of_memory(exc):
                 raise _failure(exc, self.gpu, bsz) from exc

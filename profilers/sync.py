@@ -109,7 +109,7 @@ def _worker(
     results: Any,
 ) -> None:
     """One replica. Reports ``("result", dict)``, ``("stopped", reason)``, ``("oom", bsz)``,
-    ``("error", bsz, text)`` and finally ``("done",)`` (rank 0) on ``results``."""
+    ``("error", bsz, text, traceback)`` and finally ``("done",)`` (rank 0) on ``results``."""
     current = 0
     try:
         import torch
@@ -258,7 +258,8 @@ def _run_sizes(
                         "steps": len(synced),
                     },
                 ))
-            del batches, losses
+            batches.clear()  # free the inputs before the next size allocates its own
+            losses.clear()
         except BaseException as exc:
             exc._profiler_bsz = bsz  # type: ignore[attr-defined]
             raise
