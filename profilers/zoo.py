@@ -28,7 +28,7 @@ Example::
 
     >>> work = get("mlp", width=32)
     >>> batch = work.make_batch(4, "cpu")
-    >>> float(work.loss_fn(work.model, batch)) > 0
+    >>> float(work.loss_fn(work.model, batch).detach()) > 0
     True
 """
 
