@@ -48,15 +48,15 @@ def test_log_profile_without_a_file_saves_one(tmp_path):
 def test_cli_profile_zoo_and_factory(tmp_path, capsys):
     out = tmp_path / "zoo.jsonl"
     assert main(["profile", "--zoo", "mlp", "--out", str(out), "--batch-sizes", "4,16", "--replicas", "0",
-                 "--time-budget", "5", "--memory-cap", "1G", "--no-progress"]) == 0
+                 "--time-budget", "5", "--memory-cap", "1G", "--cpu-threads", "1", "--no-progress"]) == 0
     assert "observations of zoo-mlp on cpu" in capsys.readouterr().out
     profile = Profile.load(out)
     assert sorted(o.local_bsz for o in profile.observations) == [4, 16]
-    assert profile.metadata["profiler"]["memory_cap_bytes"] == 2**30
+    assert profile.metadata["profiler"]["memory_cap_bytes"] == 2**30 and profile.metadata["profiler.cpu"]["threads"] == 1
 
     out2 = tmp_path / "factory.jsonl"
     assert main(["profile", "tests.profiler_jobs:workload_dict", "--out", str(out2), "--batch-sizes", "4",
-                 "--replicas", "0", "--time-budget", "5", "--mlflow"]) == 0
+                 "--replicas", "0", "--time-budget", "5", "--cpu-threads", "1", "--mlflow"]) == 0
     printed = capsys.readouterr().out
     assert "profile of dict-job" in printed and "logged MLflow run" in printed
     assert Profile.load(out2).init_batch_size == 8

@@ -40,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-sizes", type=_int_list, help="local batch sizes to sweep, e.g. 8,16,32 (default: a geometric grid)")
     parser.add_argument("--memory-cap", type=_bytes, help="largest step memory allowed, bytes (suffixes K, M, G, e.g. 2G)")
     parser.add_argument("--init-batch-size", type=int, help="override the job's reference batch size M0")
+    parser.add_argument("--cpu-threads", type=int, help="intra-op threads per CPU replica (default: cores // most replicas)")
     parser.add_argument("--mlflow", action="store_true", help="log the profile as an MLflow run")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or summary table")
     parser.set_defaults(func=run)
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         memory_cap_bytes=args.memory_cap,
         mlflow=args.mlflow,
+        cpu_threads=args.cpu_threads,
     )
     print(f"{len(profile.observations)} observations of {profile.job} on {', '.join(profile.gpu_types) or 'no device'} in {out}")
     return 0
