@@ -324,6 +324,8 @@ def profile_job(
         mlflow: log the profile as an MLflow run (:func:`profilers.tracking.log_profile`).
         cpu_threads: intra-op threads of each CPU replica (and of the
             single-replica sweep, so compute matches); default: cores // largest replica count.
+            On a host shared with other work, 1 is safer: OpenMP threads that
+            wait for a descheduled peer stall a step by a scheduler slice.
         warmup, min_steps, max_steps: discarded and timed steps per configuration.
         noise_rounds: at most this many rounds of the gradient-noise estimate.
         sync_sizes: local batch sizes measured per replica count.
