@@ -50,11 +50,22 @@ def test_fit_errors_are_clean(tmp_path, capsys):
     assert "init_batch_size" in capsys.readouterr().err
 
 
-def test_demo_runs_and_logs_to_mlflow(tmp_path, capsys):
-    assert main(["demo", "--cluster", "t4:2x4,a100:1x8"]) == 0
-    out = capsys.readouterr().out
-    assert "EXAMPLE" in out and "goodput table" in out and "logged MLflow run" in out
+def test_demo_profiles_for_real_and_logs_to_mlflow(tmp_path, capsys):
+    from goodput.cli.demo import example_cluster
+
+    out = tmp_path / "demo.jsonl"
+    assert main(["demo", "--zoo", "mlp", "--time-budget", "6", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    profile = Profile.load(out)
+    assert {o.num_replicas for o in profile.observations} == {1, 2}, printed  # the CPU and 2 gloo replicas
+    assert example_cluster(profile) == "cpu:2x2"
+    for text in ("profiling zoo-mlp for real", "profile of zoo-mlp", "fitted Pollux parameters",
+                 "example cluster shape cpu:2x2 (built from the profiled device types", "logged MLflow run"):
+        assert text in printed, printed
     import mlflow
 
     runs = mlflow.search_runs(experiment_names=["goodput-demo"])
-    assert len(runs) == 1 and runs["params.data"].iloc[0].startswith("EXAMPLE")
+    assert len(runs) == 1 and runs["params.data"].iloc[0] == "measured: profile_job on cpu"
+    assert runs["metrics.goodput.cpu.2x4"].iloc[0] > 0
+    first = profile.observations[0]
+    assert runs[f"metrics.throughput.cpu.r1.b{first.local_bsz}"].iloc[0] == pytest.approx(first.throughput)

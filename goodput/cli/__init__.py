@@ -19,6 +19,7 @@ SUBCOMMANDS = [
     "goodput.cli.allocate",
     "goodput.cli.demo",
     "goodput.cli.fit",
+    "goodput.cli.profile",
 ]
 
 
