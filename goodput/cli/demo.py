@@ -1,13 +1,17 @@
-"""``goodput demo``: profile a zoo model for real, fit its model, print its goodput table (``make demo``).
+"""``goodput demo``: the main pipeline on the embedded defaults (``make demo``).
 
-The demo measures a built-in job (default: the ResNet-style CNN of
-:mod:`profilers.zoo`) on the devices present — every CUDA type, else the CPU
-with 2 gloo replicas — with :func:`profilers.profile_job`, fits the job's
-:class:`~goodput.JobModel` from the profile, and prints the fitted Pollux
-parameters and the goodput table. The table covers the device types that were
-profiled, so the cluster is an *example shape* built from them (2 nodes of
-each type, as many devices per node as replicas were profiled), unless
-``--cluster`` names one. The run is logged to MLflow.
+1. **Profile** built-in jobs (default: the ResNet-style CNN and the MLP of
+   :mod:`profilers.zoo`) for real on the devices present — every CUDA type,
+   else the CPU with 2 gloo replicas — with :func:`profilers.profile_job`.
+2. **Model** each job: fit its :class:`~goodput.JobModel` from its profile.
+3. **Goodput tables** over a cluster. The tables cover the device types that
+   were profiled, so the cluster is an *example shape* built from them (2 nodes
+   of each type, as many devices per node as replicas were profiled), unless
+   ``--cluster`` names one.
+4. **Allocate** the cluster between the jobs with Sia's policy
+   (:func:`goodput.allocate`) and print the allocation and its placement.
+5. **Track** everything in MLflow (``sqlite:///mlflow.db`` by default): one run
+   with a child run per job's profile, the tables and the allocation.
 """
 
 from __future__ import annotations
@@ -20,70 +24,109 @@ from ._common import cluster_arg, console, frame_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="profile a zoo model for real, fit it, print its goodput table",
+    parser = subparsers.add_parser("demo", help="profile built-in jobs for real, fit, tabulate goodput, allocate",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--zoo", default="resnet", help="built-in job to profile: resnet, transformer, mlp (default resnet)")
-    parser.add_argument("--time-budget", type=float, default=15.0, help="profiling seconds per device type (default 15)")
+    parser.add_argument("--zoo", default="resnet,mlp",
+                        help="built-in jobs to profile, comma-separated: resnet, transformer, mlp (default resnet,mlp)")
+    parser.add_argument("--time-budget", type=float, default=10.0,
+                        help="profiling seconds per job and device type (default 10)")
     parser.add_argument("--replicas", type=int, default=None, help="replicas for synchronisation profiling (default: 2 on a CPU host)")
     parser.add_argument("--cluster", type=cluster_arg, default=None,
-                        help="cluster for the table (default: an example shape built from the profiled types)")
-    parser.add_argument("--out", help="keep the profile in this JSON Lines file (default: a temporary one)")
+                        help="cluster for the tables and the allocation (default: an example shape built from the profiled types)")
+    parser.add_argument("--out", help="keep the profiles in this folder, one <job>.jsonl each (default: a temporary folder)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     parser.set_defaults(func=run)
 
 
-def example_cluster(profile) -> str:
+def example_cluster(profiles) -> str:
     """``type:2xR`` for every profiled type, R = the most replicas profiled on it (at least 1)."""
-    parts = []
-    for gpu in profile.gpu_types:
-        replicas = max(o.num_replicas for o in profile.observations if o.gpu_type == gpu)
-        parts.append(f"{gpu}:2x{replicas}")
-    return ",".join(parts)
+    replicas: dict[str, int] = {}
+    for profile in profiles if isinstance(profiles, (list, tuple)) else [profiles]:
+        for obs in profile.observations:
+            replicas[obs.gpu_type] = max(replicas.get(obs.gpu_type, 1), obs.num_replicas)
+    return ",".join(f"{gpu}:2x{count}" for gpu, count in replicas.items())
+
+
+def _params_frame(model):
+    import pandas as pd
+
+    params = pd.DataFrame([{"gpu_type": g, **model.params(g).to_dict()} for g in model.gpu_types])
+    if "fixed" not in params:
+        params["fixed"] = [()] * len(params)
+    params["fixed"] = params["fixed"].map(lambda f: ",".join(f) or "-")
+    return params.rename(columns={"fixed": "set by prior"})
 
 
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from goodput import Cluster, JobModel
+    from goodput import Cluster, JobModel, allocate
     from profilers import profile_job, zoo
 
     out = console()
-    work = zoo.get(args.zoo)
-    out.rule(f"[bold]goodput demo[/] — profiling {work.job} for real on this machine")
+    names = [n.strip() for n in args.zoo.split(",") if n.strip()]
+    workloads = [zoo.get(name) for name in names]
+    replicas = None if args.replicas is None else ([] if args.replicas <= 1 else [args.replicas])
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.out) if args.out else Path(tmp) / f"{work.job}.jsonl"
-        replicas = None if args.replicas is None else ([] if args.replicas <= 1 else [args.replicas])
-        profile = profile_job(**work.profile_args(), time_budget_s=args.time_budget, replicas=replicas,
-                              out=path, progress=True, console=out)
-        model = JobModel.from_profile(profile)
+        folder = Path(args.out) if args.out else Path(tmp)
+        profiles, paths = [], []
+        for work in workloads:
+            out.rule(f"[bold]goodput demo[/] — profiling {work.job} for real on this machine")
+            path = folder / f"{work.job}.jsonl"
+            profiles.append(profile_job(**work.profile_args(), time_budget_s=args.time_budget, replicas=replicas,
+                                        out=path, progress=True, console=out))
+            paths.append(path)
         if args.cluster is not None:
             cluster, label = args.cluster, f"cluster {args.cluster}"
         else:
-            spec = example_cluster(profile)
+            spec = example_cluster(profiles)
             cluster = Cluster.parse(spec)
-            label = f"example cluster shape {spec} (built from the profiled device types: the table covers only those)"
-        table = model.table(cluster)
-        params = pd.DataFrame([{"gpu_type": g, **model.params(g).to_dict()} for g in model.gpu_types])
-        params["fixed"] = params["fixed"].map(lambda f: ",".join(f) or "-")
-        params = params.rename(columns={"fixed": "set by prior"})
-        out.print(frame_table(params, title=f"{work.job}: fitted Pollux parameters (seconds) — from the measurements above"))
-        shown = table.frame.drop(columns=["throughput", "step_time"])
-        out.print(frame_table(shown, title=f"{work.job}: goodput (samples/s × efficiency) on the {label}"))
-        if table.missing_gpu_types:
-            out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
-        if model.has_gradient_stats:
-            phi = work.init_batch_size * model.grad_var / model.grad_sqr
-            out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi:.3g} samples (measured at initialisation)")
+            label = f"example cluster shape {spec} (built from the profiled device types: the tables cover only those)"
+        models = [JobModel.from_profile(p) for p in profiles]
+        tables = {}
+        for work, model in zip(workloads, models):
+            tables[model.job] = table = model.table(cluster)
+            out.print(frame_table(_params_frame(model),
+                                  title=f"{work.job}: fitted Pollux parameters (seconds) — from the measurements above"))
+            shown = table.frame.drop(columns=["throughput", "step_time"])
+            out.print(frame_table(shown, title=f"{work.job}: goodput (samples/s × efficiency) on the {label}"))
+            if table.missing_gpu_types:
+                out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
+            if model.has_gradient_stats:
+                phi = model.init_batch_size * model.grad_var / model.grad_sqr
+                out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi:.3g} samples (measured at initialisation)")
+        allocation = allocate(tables, cluster)
+        rows = []
+        for job, alloc in allocation.items():
+            row = tables[job].lookup(*alloc.configuration) if alloc is not None else None
+            rows.append({
+                "job": job,
+                "gpu_type": alloc.gpu_type if alloc else "-",
+                "num_gpus": alloc.num_gpus if alloc else 0,
+                "placement": ", ".join(f"{n}:{g}" for n, g in sorted(alloc.placement.items())) if alloc else "-",
+                "batch_size": row["batch_size"] if row else 0,
+                "local_bsz": row["local_bsz"] if row else 0,
+                "accum_steps": row["accum_steps"] if row else 0,
+                "goodput": row["goodput"] if row else 0.0,
+                "why not": allocation.unallocated.get(job, ""),
+            })
+        info = allocation.info
+        out.print(frame_table(pd.DataFrame(rows), title=f"allocation on the {label} — Sia's policy, "
+                              f"{info.solver}, objective {info.objective:.4g}, {info.wall_time * 1e3:.1f} ms"))
         if not args.no_mlflow:
             import mlflow
 
             from goodput import tracking
             from profilers.tracking import log_profile
 
-            with tracking.start_run("goodput-demo", run_name=work.job) as run:
-                log_profile(profile, path=path)
+            with tracking.start_run("goodput-demo", run_name="+".join(m.job for m in models)) as run:
                 mlflow.log_param("cluster", str(cluster))
-                mlflow.log_param("data", f"measured: profile_job on {', '.join(profile.gpu_types)}")
-                tracking.log_table(table)
+                mlflow.log_param("jobs", ",".join(m.job for m in models))
+                mlflow.log_param("data", f"measured: profile_job on {', '.join(profiles[0].gpu_types)}")
+                for model, table in tables.items():
+                    tracking.log_table(table, prefix=f"{model}.")
+                tracking.log_json_artifact(allocation.to_dict(), "allocation.json")
+                for profile, path in zip(profiles, paths):
+                    log_profile(profile, path=path, experiment="goodput-demo", nested=True)
             out.print(f"logged MLflow run {run.info.run_id} to {tracking.tracking_uri()}")
     return 0
