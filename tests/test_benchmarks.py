@@ -12,3 +12,12 @@ def test_bench_core_quick(tmp_path):
     figures = json.loads((tmp_path / "bench_core.json").read_text())
     assert {row["what"].split(",")[0] for row in figures["rows"]} >= {"fit_throughput", "optimize_goodput", "JobModel.table"}
     assert all(row["median_ms"] > 0 for row in figures["rows"])
+
+
+def test_bench_profiler_quick(tmp_path):
+    assert bench.main(["--only", "profiler", "--quick", "--out-dir", str(tmp_path)]) == 0
+    cost = json.loads((tmp_path / "bench_profiler_cost.json").read_text())["rows"]
+    assert [row["what"] for row in cost] == ["profiling cost mlp"], cost
+    assert cost[0]["seconds"] > 0 and cost[0]["batch_sizes"] >= 1 and cost[0]["budget_s"] == 4.0, cost
+    accuracy = json.loads((tmp_path / "bench_profiler_accuracy.json").read_text())["rows"]
+    assert accuracy[0]["profiler_ms"] > 0 and accuracy[0]["timer_ms"] > 0 and accuracy[0]["rel_error_pct"] >= 0, accuracy

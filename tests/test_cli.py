@@ -50,11 +50,31 @@ def test_fit_errors_are_clean(tmp_path, capsys):
     assert "init_batch_size" in capsys.readouterr().err
 
 
-def test_demo_runs_and_logs_to_mlflow(tmp_path, capsys):
-    assert main(["demo", "--cluster", "t4:2x4,a100:1x8"]) == 0
-    out = capsys.readouterr().out
-    assert "EXAMPLE" in out and "goodput table" in out and "logged MLflow run" in out
+def test_demo_profiles_fits_allocates_and_logs_to_mlflow(tmp_path, capsys):
+    from goodput.cli.demo import example_cluster
+
+    out = tmp_path / "profiles"
+    assert main(["demo", "--zoo", "mlp,resnet", "--time-budget", "5", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    profiles = [Profile.load(out / f"zoo-{name}.jsonl") for name in ("mlp", "resnet")]
+    for profile in profiles:
+        assert {o.num_replicas for o in profile.observations} == {1, 2}, printed  # the CPU and 2 gloo replicas
+    assert example_cluster(profiles) == "cpu:2x2"
+    for text in ("profiling zoo-mlp for real", "profiling zoo-resnet for real", "fitted Pollux parameters",
+                 "example cluster shape cpu:2x2 (built from the profiled device types", "allocation on the",
+                 "Sia's policy", "logged MLflow run"):
+        assert text in printed, printed
     import mlflow
 
     runs = mlflow.search_runs(experiment_names=["goodput-demo"])
-    assert len(runs) == 1 and runs["params.data"].iloc[0].startswith("EXAMPLE")
+    parent = runs[runs["tags.mlflow.parentRunId"].isna()]
+    children = runs[runs["tags.mlflow.parentRunId"].notna()]
+    assert len(parent) == 1 and len(children) == 2
+    assert parent["params.data"].iloc[0] == "measured: profile_job on cpu"
+    assert parent["metrics.zoo-mlp.goodput.cpu.2x4"].iloc[0] > 0
+    first = profiles[0].observations[0]
+    child = children[children["params.job"] == "zoo-mlp"]
+    assert child[f"metrics.throughput.cpu.r1.b{first.local_bsz}"].iloc[0] == pytest.approx(first.throughput)
+    allocation = mlflow.artifacts.load_dict(f"{parent['artifact_uri'].iloc[0]}/allocation.json")
+    used = sum(a["num_gpus"] for a in allocation["allocations"].values() if a)
+    assert 1 <= used <= 4  # cpu:2x2 holds four devices

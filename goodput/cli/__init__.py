@@ -17,6 +17,7 @@ from goodput.errors import ValidationError
 
 SUBCOMMANDS = [  # in workflow order
     "goodput.cli.demo",
+    "goodput.cli.profile",
     "goodput.cli.fit",
     "goodput.cli.allocate",
     "goodput.cli.simulate",

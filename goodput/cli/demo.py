@@ -1,75 +1,132 @@
-"""``goodput demo``: the main job on the embedded defaults (``make demo``).
+"""``goodput demo``: the main pipeline on the embedded defaults (``make demo``).
 
-Until the profilers land, the demo runs the pipeline that exists on an
-EXAMPLE job: its throughput parameters below are illustrative numbers chosen
-for the demo, NOT measurements, and every printout says so. Observations are
-generated from them with 3% noise, then fitted, turned into a goodput table and
-logged to MLflow.
+1. **Profile** built-in jobs (default: the ResNet-style CNN and the MLP of
+   :mod:`profilers.zoo`) for real on the devices present — every CUDA type,
+   else the CPU with 2 gloo replicas — with :func:`profilers.profile_job`.
+2. **Model** each job: fit its :class:`~goodput.JobModel` from its profile.
+3. **Goodput tables** over a cluster. The tables cover the device types that
+   were profiled, so the cluster is an *example shape* built from them (2 nodes
+   of each type, as many devices per node as replicas were profiled), unless
+   ``--cluster`` names one.
+4. **Allocate** the cluster between the jobs with Sia's policy
+   (:func:`goodput.allocate`) and print the allocation and its placement.
+5. **Track** everything in MLflow (``sqlite:///mlflow.db`` by default): one run
+   with a child run per job's profile, the tables and the allocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
-from ._common import EXAMPLE_CLUSTER, cluster_arg, console, frame_table
-
-# Illustrative parameters (seconds) of an example job on two GPU types — not measured.
-EXAMPLE_PARAMS = {
-    "t4": dict(alpha_c=0.020, beta_c=0.0008, alpha_n=0.12, beta_n=0.004, alpha_r=0.030, beta_r=0.0015, gamma=1.8),
-    "a100": dict(alpha_c=0.006, beta_c=0.0002, alpha_n=0.06, beta_n=0.002, alpha_r=0.008, beta_r=0.0004, gamma=1.8),
-}
+from ._common import cluster_arg, console, frame_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="run the main pipeline on the embedded defaults",
+    parser = subparsers.add_parser("demo", help="profile built-in jobs for real, fit, tabulate goodput, allocate",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cluster", type=cluster_arg, default=cluster_arg(EXAMPLE_CLUSTER))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zoo", default="resnet,mlp",
+                        help="built-in jobs to profile, comma-separated: resnet, transformer, mlp (default resnet,mlp)")
+    parser.add_argument("--time-budget", type=float, default=10.0,
+                        help="profiling seconds per job and device type (default 10)")
+    parser.add_argument("--replicas", type=int, default=None, help="replicas for synchronisation profiling (default: 2 on a CPU host)")
+    parser.add_argument("--cluster", type=cluster_arg, default=None,
+                        help="cluster for the tables and the allocation (default: an example shape built from the profiled types)")
+    parser.add_argument("--out", help="keep the profiles in this folder, one <job>.jsonl each (default: a temporary folder)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
     parser.set_defaults(func=run)
 
 
-def example_observations(seed: int = 0):
-    """Observations generated from EXAMPLE_PARAMS with 3% log-normal noise (labelled source='example')."""
-    import numpy as np
+def example_cluster(profiles) -> str:
+    """``type:2xR`` for every profiled type, R = the most replicas profiled on it (at least 1)."""
+    replicas: dict[str, int] = {}
+    for profile in profiles if isinstance(profiles, (list, tuple)) else [profiles]:
+        for obs in profile.observations:
+            replicas[obs.gpu_type] = max(replicas.get(obs.gpu_type, 1), obs.num_replicas)
+    return ",".join(f"{gpu}:2x{count}" for gpu, count in replicas.items())
 
-    from goodput import Observation
-    from goodput.throughput import ThroughputParams, predict_step_time
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for gpu, values in EXAMPLE_PARAMS.items():
-        params = ThroughputParams(**values)
-        configs = [(1, 1), (1, 2), (1, 4)] + ([(2, 8)] if gpu == "t4" else [])
-        for nodes, replicas in configs:
-            for bsz in (16, 32, 64, 128, 256):
-                t = float(predict_step_time(params, nodes, replicas, bsz)) * float(np.exp(rng.normal(0, 0.03)))
-                out.append(Observation(job="example-job", gpu_type=gpu, num_nodes=nodes, num_replicas=replicas,
-                                       local_bsz=bsz, step_time=t, source="example",
-                                       grad_sqr=1.0, grad_var=4.0))
-    return out
+def _params_frame(model):
+    import pandas as pd
+
+    params = pd.DataFrame([{"gpu_type": g, **model.params(g).to_dict()} for g in model.gpu_types])
+    if "fixed" not in params:
+        params["fixed"] = [()] * len(params)
+    params["fixed"] = params["fixed"].map(lambda f: ",".join(f) or "-")
+    return params.rename(columns={"fixed": "set by prior"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from goodput import JobModel, Profile
-
-    out = console()
-    out.rule("[bold]goodput demo[/] — EXAMPLE job (illustrative parameters, not measurements)")
-    profile = Profile(example_observations(args.seed), job="example-job", init_batch_size=128, max_batch_size=2048)
-    model = JobModel.from_profile(profile, local_bsz_bounds=(8, 256))
-    table = model.table(args.cluster)
     import pandas as pd
 
-    params = pd.DataFrame([{"gpu_type": g, **model.params(g).to_dict()} for g in model.gpu_types]).drop(columns="fixed", errors="ignore")
-    out.print(frame_table(params, title="fitted Pollux parameters (seconds) — from EXAMPLE observations"))
-    out.print(frame_table(table.frame.drop(columns=["throughput", "step_time"]), title=f"goodput table on {args.cluster}"))
-    if table.missing_gpu_types:
-        out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
-    if not args.no_mlflow:
-        from goodput import tracking
+    from goodput import Cluster, JobModel, allocate
+    from profilers import profile_job, zoo
 
-        with tracking.start_run("goodput-demo", run_name="example-job") as run:
-            tracking.log_params({"job": model.job, "cluster": str(args.cluster), "data": "EXAMPLE (not measured)"})
-            tracking.log_table(table)
-        out.print(f"logged MLflow run {run.info.run_id} to {tracking.tracking_uri()}")
+    out = console()
+    names = [n.strip() for n in args.zoo.split(",") if n.strip()]
+    workloads = [zoo.get(name) for name in names]
+    replicas = None if args.replicas is None else ([] if args.replicas <= 1 else [args.replicas])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.out) if args.out else Path(tmp)
+        profiles, paths = [], []
+        for work in workloads:
+            out.rule(f"[bold]goodput demo[/] — profiling {work.job} for real on this machine")
+            path = folder / f"{work.job}.jsonl"
+            profiles.append(profile_job(**work.profile_args(), time_budget_s=args.time_budget, replicas=replicas,
+                                        out=path, progress=True, console=out))
+            paths.append(path)
+        if args.cluster is not None:
+            cluster, label = args.cluster, f"cluster {args.cluster}"
+        else:
+            spec = example_cluster(profiles)
+            cluster = Cluster.parse(spec)
+            label = f"example cluster shape {spec} (built from the profiled device types: the tables cover only those)"
+        models = [JobModel.from_profile(p) for p in profiles]
+        tables = {}
+        for work, model in zip(workloads, models):
+            tables[model.job] = table = model.table(cluster)
+            out.print(frame_table(_params_frame(model),
+                                  title=f"{work.job}: fitted Pollux parameters (seconds) — from the measurements above"))
+            shown = table.frame.drop(columns=["throughput", "step_time"])
+            out.print(frame_table(shown, title=f"{work.job}: goodput (samples/s × efficiency) on the {label}"))
+            if table.missing_gpu_types:
+                out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
+            if model.has_gradient_stats:
+                phi = model.init_batch_size * model.grad_var / model.grad_sqr
+                out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi:.3g} samples (measured at initialisation)")
+        allocation = allocate(tables, cluster)
+        rows = []
+        for job, alloc in allocation.items():
+            row = tables[job].lookup(*alloc.configuration) if alloc is not None else None
+            rows.append({
+                "job": job,
+                "gpu_type": alloc.gpu_type if alloc else "-",
+                "num_gpus": alloc.num_gpus if alloc else 0,
+                "placement": ", ".join(f"{n}:{g}" for n, g in sorted(alloc.placement.items())) if alloc else "-",
+                "batch_size": row["batch_size"] if row else 0,
+                "local_bsz": row["local_bsz"] if row else 0,
+                "accum_steps": row["accum_steps"] if row else 0,
+                "goodput": row["goodput"] if row else 0.0,
+                "why not": allocation.unallocated.get(job, ""),
+            })
+        info = allocation.info
+        out.print(frame_table(pd.DataFrame(rows), title=f"allocation on the {label} — Sia's policy, "
+                              f"{info.solver}, objective {info.objective:.4g}, {info.wall_time * 1e3:.1f} ms"))
+        if not args.no_mlflow:
+            import mlflow
+
+            from goodput import tracking
+            from profilers.tracking import log_profile
+
+            with tracking.start_run("goodput-demo", run_name="+".join(m.job for m in models)) as run:
+                mlflow.log_param("cluster", str(cluster))
+                mlflow.log_param("jobs", ",".join(m.job for m in models))
+                mlflow.log_param("data", f"measured: profile_job on {', '.join(profiles[0].gpu_types)}")
+                for model, table in tables.items():
+                    tracking.log_table(table, prefix=f"{model}.")
+                tracking.log_json_artifact(allocation.to_dict(), "allocation.json")
+                for profile, path in zip(profiles, paths):
+                    log_profile(profile, path=path, experiment="goodput-demo", nested=True)
+            out.print(f"logged MLflow run {run.info.run_id} to {tracking.tracking_uri()}")
     return 0

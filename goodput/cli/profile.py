@@ -1,0 +1,118 @@
+"""``goodput profile``: profile a training job on every device type present.
+
+    goodput profile --zoo resnet --out resnet.jsonl
+    goodput profile mypackage.jobs:make_job --devices cuda --replicas 2,4 --mlflow
+
+``MODULE:FACTORY`` names a function that returns the job's pieces: a
+:class:`profilers.zoo.Workload`, or a mapping with ``model``,
+``optimizer_factory``, ``loss_fn``, ``make_batch``, ``job`` and
+``init_batch_size`` (optionally ``max_batch_size``) — what
+:func:`profilers.profile_job` takes. Observations are appended to ``--out`` as
+they are measured; rerunning with the same file resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from typing import Any
+
+from goodput.errors import ValidationError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure a training job on every device type (real minibatches) and write its profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("factory", nargs="?", metavar="MODULE:FACTORY",
+                        help="a function returning the job's pieces (a profilers.zoo.Workload or a mapping)")
+    source.add_argument("--zoo", metavar="NAME", help="a built-in job: resnet, transformer or mlp")
+    parser.add_argument("--out", help="JSON Lines profile to append to (default: <job>.jsonl); a rerun resumes it")
+    parser.add_argument("--devices", help="comma-separated: cpu, cuda, cuda:N or a GPU type (default: every CUDA type, else cpu)")
+    parser.add_argument("--time-budget", type=float, default=20.0, help="seconds per device type (default 20)")
+    parser.add_argument("--replicas", type=_int_list, help="replica counts for synchronisation, e.g. 2,4; 0 for none "
+                        "(default: powers of two up to the GPUs of a type; 2 on a CPU host)")
+    parser.add_argument("--batch-sizes", type=_int_list, help="local batch sizes to sweep, e.g. 8,16,32 (default: a geometric grid)")
+    parser.add_argument("--memory-cap", type=_bytes, help="largest step memory allowed, bytes (suffixes K, M, G, e.g. 2G)")
+    parser.add_argument("--init-batch-size", type=int, help="override the job's reference batch size M0")
+    parser.add_argument("--cpu-threads", type=int, help="intra-op threads per CPU replica (default: cores // most replicas)")
+    parser.add_argument("--mlflow", action="store_true", help="log the profile as an MLflow run")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or summary table")
+    parser.set_defaults(func=run)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected bytes such as 2000000, 512M or 2G, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def load_factory(spec: str) -> Any:
+    """Import ``module:function`` and call it; return what it returns."""
+    if ":" not in spec:
+        raise ValidationError("factory", spec, "expected MODULE:FACTORY, e.g. mypackage.jobs:make_job")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValidationError("factory", spec, f"cannot import {module_name!r}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValidationError("factory", spec, f"{module_name!r} has no callable {attr!r}")
+    return factory()
+
+
+def job_arguments(pieces: Any) -> dict[str, Any]:
+    """``profile_job`` keyword arguments from a Workload or a mapping of the same names."""
+    required = ("model", "optimizer_factory", "loss_fn", "make_batch", "job", "init_batch_size")
+    if hasattr(pieces, "profile_args"):
+        return dict(pieces.profile_args())
+    if isinstance(pieces, dict):
+        missing = [k for k in required if k not in pieces]
+        if missing:
+            raise ValidationError("factory", sorted(pieces), f"the returned mapping lacks {', '.join(missing)}")
+        return {k: pieces[k] for k in (*required, "max_batch_size") if k in pieces}
+    raise ValidationError("factory", type(pieces).__name__, "expected a profilers.zoo.Workload or a mapping of profile_job's pieces")
+
+
+def run(args: argparse.Namespace) -> int:
+    from profilers import profile_job, zoo
+
+    pieces = zoo.get(args.zoo) if args.zoo else load_factory(args.factory)
+    kwargs = job_arguments(pieces)
+    if args.init_batch_size is not None:
+        kwargs["init_batch_size"] = args.init_batch_size
+    out = args.out or f"{kwargs['job']}.jsonl"
+    replicas = args.replicas
+    if replicas is not None and replicas in ([0], []):
+        replicas = []
+    profile = profile_job(
+        **kwargs,
+        devices=args.devices,
+        batch_sizes=args.batch_sizes,
+        time_budget_s=args.time_budget,
+        replicas=replicas,
+        out=out,
+        progress=not args.no_progress,
+        memory_cap_bytes=args.memory_cap,
+        mlflow=args.mlflow,
+        cpu_threads=args.cpu_threads,
+    )
+    print(f"{len(profile.observations)} observations of {profile.job} on {', '.join(profile.gpu_types) or 'no device'} in {out}")
+    return 0

@@ -1,0 +1,62 @@
+"""The summary printed after profiling: one row per device type."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from goodput.observations import Profile
+
+__all__ = ["summary_rows", "summary_table"]
+
+
+def _range(values: list[float], scale: float = 1.0, fmt: str = "{:.3g}") -> str:
+    if not values:
+        return "-"
+    low, high = min(values) * scale, max(values) * scale
+    return fmt.format(low) if low == high else f"{fmt.format(low)}–{fmt.format(high)}"
+
+
+def summary_rows(profile: Profile, reports: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+    """Per device type: batch sizes measured, step-time range, largest batch, synchronisation, seconds spent."""
+    rows = []
+    for gpu in profile.gpu_types:
+        single = sorted((o for o in profile.observations if o.gpu_type == gpu and o.num_replicas == 1), key=lambda o: o.local_bsz)
+        multi = [o for o in profile.observations if o.gpu_type == gpu and o.num_replicas > 1]
+        report = (reports or {}).get(gpu)
+        info = report.to_dict() if hasattr(report, "to_dict") else dict(profile.metadata.get(f"profiler.{gpu}", {}))
+        sizes = sorted({o.local_bsz for o in single})
+        largest = profile.max_local_bsz.get(gpu)
+        stopped = info.get("sweep_stopped")
+        grad = info.get("grad") or {}
+        by_replicas: dict[int, list[Any]] = {}
+        for o in multi:
+            by_replicas.setdefault(o.num_replicas, []).append(o)
+        sync = "; ".join(
+            f"{r}× b={','.join(str(o.local_bsz) for o in sorted(obs, key=lambda o: o.local_bsz))} "
+            f"sync {_range([o.sync_time or 0.0 for o in obs], 1e3)} ms"
+            for r, obs in sorted(by_replicas.items())
+        )
+        rows.append({
+            "device type": gpu,
+            "batch sizes": f"{len(sizes)}: {sizes[0]}–{sizes[-1]}" if sizes else "0",
+            "step time (ms)": _range([o.step_time for o in single], 1e3),
+            "largest batch": f"{largest} ({stopped})" if largest and stopped else str(largest or "-"),
+            "replicas": sync or "-",
+            "noise scale": f"{grad['noise_scale']:.3g}" if "noise_scale" in grad else "-",
+            "seconds": f"{info['seconds']:.1f}" if info.get("seconds") is not None else "-",
+        })
+    return rows
+
+
+def summary_table(profile: Profile, reports: Mapping[str, Any] | None = None) -> Any:
+    """A rich Table of :func:`summary_rows`."""
+    from rich.table import Table
+
+    table = Table(title=f"profile of {profile.job or 'job'} (M0={profile.init_batch_size})")
+    rows = summary_rows(profile, reports)
+    for column in (rows[0] if rows else {"device type": ""}):
+        table.add_column(column, justify="left" if column in ("device type", "replicas") else "right")
+    for row in rows:
+        table.add_row(*row.values())
+    return table

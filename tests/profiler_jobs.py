@@ -1,0 +1,80 @@
+"""Small real jobs for the profiler tests (importable, so spawned replicas can unpickle them).
+
+``python -m tests.profiler_jobs OUT`` profiles :func:`sweep_job` into ``OUT``
+(the kill-and-resume test runs it in a subprocess and kills it midway).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from profilers import zoo
+
+# Small sizes finish in milliseconds, the last one takes about a second: a kill lands midway.
+KILL_GRID = [4, 8, 16, 32, 64, 128, 32768]
+
+
+def tiny_mlp(init_batch_size: int = 16) -> zoo.Workload:
+    """A 16 → 32 → 4 MLP: steps of well under a millisecond at small batches."""
+    return zoo.mlp(in_features=16, width=32, depth=1, classes=4, init_batch_size=init_batch_size, max_batch_size=None)
+
+
+def wide_mlp() -> zoo.Workload:
+    """A 64 → 256 → 256 → 10 MLP: step time clearly grows with the batch."""
+    return zoo.mlp(in_features=64, width=256, depth=2, classes=10, init_batch_size=32, max_batch_size=None)
+
+
+def workload_dict() -> dict:
+    """A factory returning a mapping (the CLI's MODULE:FACTORY contract)."""
+    work = tiny_mlp()
+    return {"model": work.model, "optimizer_factory": work.optimizer_factory, "loss_fn": work.loss_fn,
+            "make_batch": work.make_batch, "job": "dict-job", "init_batch_size": 8}
+
+
+class ShapeMismatch(nn.Module):
+    """Its second layer expects 7 features but gets 8: fails on any batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(16, 8)
+        self.second = nn.Linear(7, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
+class NanFromBatch(nn.Module):
+    """Finite outputs below ``threshold`` samples, NaN from there on (a numerically broken model at large batches)."""
+
+    def __init__(self, threshold: int) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.net = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        if x.shape[0] >= self.threshold:
+            out = out * float("nan")
+        return out
+
+
+def vector_loss(model: nn.Module, batch) -> torch.Tensor:
+    """A broken loss function: per-sample losses, not their mean."""
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y, reduction="none")
+
+
+def sweep_job(out: str) -> None:
+    """What the kill test runs: a sweep whose large sizes take seconds, no replicas."""
+    from profilers import profile_job
+
+    work = wide_mlp()
+    profile_job(**work.profile_args(), batch_sizes=KILL_GRID, replicas=[], out=out, time_budget_s=60.0,
+                min_steps=3, max_steps=5, cpu_threads=1, progress=False)
+
+
+if __name__ == "__main__":
+    sweep_job(sys.argv[1])

@@ -1,0 +1,251 @@
+"""The profiler's parts on the CPU: device names, timing, memory, gradient noise, the zoo."""
+
+from __future__ import annotations
+
+import pickle
+import statistics
+import time
+
+import pytest
+import torch
+
+from goodput.errors import ValidationError
+from goodput.validation import normalize_gpu_type
+from profilers import zoo
+from profilers.devices import cpu_device_type, normalize_device_name, resolve_devices
+from profilers.memory import CpuStepMemory, tensor_bytes
+from profilers.noise import gradient_noise
+from profilers.profile import _sync_sizes, default_grid
+from profilers.sync import sync_time_of
+from profilers import timing
+from profilers.timing import StepClock, summarize, time_steps
+from tests.profiler_jobs import tiny_mlp, wide_mlp
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Two busy cores: one intra-op thread avoids OpenMP stalls when the other core is taken."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------------------- device names
+
+NAMES = [
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H100 PCIe", "h100"),
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100-PCIE-40GB", "a100"),
+    ("Tesla T4", "t4"),
+    ("Tesla V100-SXM2-16GB", "v100"),
+    ("Tesla V100-PCIE-32GB", "v100"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA L40S", "l40s"),
+    ("Tesla K80", "k80"),
+    ("Tesla P100-PCIE-16GB", "p100"),
+    ("NVIDIA A10G", "a10g"),
+    ("NVIDIA GH200 480GB", "gh200"),
+    ("NVIDIA GeForce RTX 2080 Ti", "rtx2080ti"),
+    ("NVIDIA GeForce RTX 3090", "rtx3090"),
+    ("NVIDIA GeForce RTX 4070 SUPER", "rtx4070super"),
+    ("NVIDIA GeForce GTX 1080 Ti", "gtx1080ti"),
+    ("Quadro RTX 6000", "rtx6000"),
+    ("NVIDIA RTX A6000", "rtxa6000"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx6000ada"),
+    ("cpu", "cpu"),
+]
+
+
+@pytest.mark.parametrize("name,expected", NAMES)
+def test_device_names_normalise(name, expected):
+    assert normalize_device_name(name) == expected
+
+
+def test_unknown_device_names_get_stable_valid_slugs():
+    first = normalize_device_name("Acme Tensor Engine 9 (rev B)")
+    assert first == normalize_device_name("Acme Tensor Engine 9 (rev B)") == "acme-tensor-engine-9-rev-b"
+    assert normalize_gpu_type(first) == first  # usable as a gpu_type everywhere
+    assert normalize_device_name("NVIDIA TITAN RTX") == "titan-rtx"
+    with pytest.raises(ValidationError, match="device_name"):
+        normalize_device_name("  ")
+
+
+def test_resolve_devices_on_this_host():
+    cpu = cpu_device_type()
+    assert cpu.gpu_type == "cpu" and cpu.devices == ("cpu",) and not cpu.is_cuda
+    assert [d.gpu_type for d in resolve_devices("cpu")] == ["cpu"]
+    assert [d.gpu_type for d in resolve_devices(["cpu", "cpu"])] == ["cpu"]
+    if not torch.cuda.is_available():
+        assert [d.gpu_type for d in resolve_devices(None)] == ["cpu"]
+        with pytest.raises(ValidationError, match="no CUDA device"):
+            resolve_devices("cuda")
+    with pytest.raises(ValidationError, match="devices"):
+        resolve_devices(["tpu"])
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+class FakeClock:
+    """A deterministic host clock: each step advances it by the seconds the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_steps_discards_warmup_and_takes_the_median(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
+    durations = iter([0.5, 0.4, 0.002, 0.003, 0.001, 0.002, 0.010])  # two slow warm-up steps, then five
+
+    def step():
+        clock.now += next(durations)
+        return clock.now
+
+    result, outputs = time_steps(step, "cpu", warmup=2, min_steps=5, max_steps=5)
+    assert result.warmup == 2 and result.steps == 5 and len(outputs) == 7
+    assert result.samples == pytest.approx((0.002, 0.003, 0.001, 0.002, 0.010))
+    assert result.median == pytest.approx(0.002)  # the warm-up steps are not in it
+    assert result.std == pytest.approx(statistics.stdev([0.002, 0.003, 0.001, 0.002, 0.010]))
+
+
+def test_time_steps_adapts_to_target_and_deadline(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_clock", clock)
+    tick = 2.0**-10  # about 1 ms, exact in binary so that the arithmetic below is exact
+
+    def step():
+        clock.now += tick
+
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=1000, target_seconds=50 * tick)
+    assert result.steps == 50  # fills the target
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=20, target_seconds=50 * tick)
+    assert result.steps == 20  # capped
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=2, max_steps=1000, target_seconds=50 * tick,
+                           deadline=clock.now + 10.5 * tick)
+    assert result.steps == 10  # steps start until the deadline passes (the warm-up used one tick of it)
+    result, _ = time_steps(step, "cpu", warmup=1, min_steps=3, max_steps=1000, target_seconds=10, deadline=clock.now - 1)
+    assert result.steps == 3  # past the deadline: the minimum only
+
+
+def test_time_steps_on_the_real_clock():
+    result, _ = time_steps(lambda: time.sleep(0.01), "cpu", warmup=1, min_steps=3, max_steps=3)
+    assert result.steps == 3 and 0.01 <= result.median < 1.0  # a sleep never ends early
+
+
+def test_step_clock_and_summarize_validate():
+    clock = StepClock("cpu")
+    with clock.measure("a"):
+        time.sleep(0.001)
+    assert clock.samples("a")[0] >= 0.001 and clock.samples("b") == []
+    with pytest.raises(ValidationError):
+        summarize([])
+    with pytest.raises(ValidationError):
+        time_steps(lambda: None, "cpu", min_steps=5, max_steps=2)
+    assert sync_time_of(0.010, 0.007) == pytest.approx(0.003)
+    assert sync_time_of(0.010, 0.012) == 0.0  # compute noise never gives negative sync
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+def test_tensor_bytes_counts_each_storage_once():
+    x = torch.zeros(100)
+    assert tensor_bytes([x, x[:10], {"y": x.view(10, 10)}]) == 400
+    assert tensor_bytes((x, torch.zeros(5, dtype=torch.float64))) == 440
+
+
+def _step_memory(work, optimizer, bsz):
+    meter = CpuStepMemory()
+    batch = work.make_batch(bsz, "cpu")
+    optimizer.zero_grad()
+    with meter.forward(work.model, batch):
+        loss = work.loss_fn(work.model, batch)
+    loss.backward()
+    optimizer.step()
+    return meter.total(work.model, optimizer, batch)
+
+
+def test_cpu_step_memory_counts_state_and_grows_with_activations():
+    work = wide_mlp()
+    optimizer = work.optimizer_factory(work.model.parameters())
+    param_bytes = sum(p.numel() * 4 for p in work.model.parameters())
+    small, large = _step_memory(work, optimizer, 8), _step_memory(work, optimizer, 512)
+    assert small >= 3 * param_bytes  # parameters, gradients, SGD momentum
+    # Two 256-wide hidden layers save at least 2 x 256 floats per sample for backward.
+    assert large - small >= (512 - 8) * 2 * 256 * 4
+
+
+# ---------------------------------------------------------------------------- gradient noise
+
+
+def test_gradient_noise_is_positive_finite_and_leaves_the_model_alone():
+    work = tiny_mlp(init_batch_size=32)
+    before = [p.detach().clone() for p in work.model.parameters()]
+    stats = gradient_noise(work.model, work.loss_fn, work.make_batch, "cpu", 32, rounds=6)
+    assert stats.rounds == 6 and stats.micro_bsz == 8 and stats.micro_batches == 4
+    assert 0 < stats.grad_sqr < float("inf") and 0 < stats.grad_var < float("inf")
+    assert stats.noise_scale == pytest.approx(32 * stats.grad_var / stats.grad_sqr)
+    assert all(torch.equal(a, b) for a, b in zip(before, work.model.parameters()))
+    assert all(p.grad is None for p in work.model.parameters())
+
+
+def test_gradient_noise_respects_its_deadline():
+    work = tiny_mlp(init_batch_size=8)
+    stats = gradient_noise(work.model, work.loss_fn, work.make_batch, "cpu", 8, rounds=50, min_rounds=2,
+                           deadline=time.perf_counter() - 1)
+    assert stats.rounds == 2
+
+
+# ---------------------------------------------------------------------------- grids, zoo
+
+
+def test_default_grid_and_sync_sizes():
+    assert default_grid(64) == [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert default_grid(100, max_batch_size=400) == [6, 12, 24, 48, 96, 100, 192, 384]
+    assert default_grid(1, points=3) == [1, 2, 4]
+    assert _sync_sizes([4, 8, 16, 32, 64], init_batch_size=32, replicas=2, count=3) == [4, 16, 64]
+    assert _sync_sizes([4, 8, 16, 32, 64], init_batch_size=32, replicas=2, count=4) == [4, 16, 32, 64]
+    assert _sync_sizes([4], 32, 2, 3) == [4]
+
+
+@pytest.mark.parametrize("name,options", [
+    ("resnet", {"channels": (4, 8), "image_size": 8}),
+    ("transformer", {"d_model": 16, "heads": 2, "layers": 1, "seq_len": 8, "vocab": 32}),
+    ("mlp", {"width": 16}),
+])
+def test_zoo_models_train_and_pickle(name, options):
+    work = zoo.get(name, **options)
+    clone = pickle.loads(pickle.dumps((work.model, work.optimizer_factory, work.loss_fn, work.make_batch)))
+    model, optimizer_factory, loss_fn, make_batch = clone
+    optimizer = optimizer_factory(model.parameters())
+    batch = make_batch(4, "cpu")
+    losses = []
+    for _ in range(3):  # the same batch: a few real steps lower its loss
+        optimizer.zero_grad()
+        loss = loss_fn(model, batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    assert work.profile_args()["job"] == f"zoo-{name}"
+    with pytest.raises(ValidationError, match="unknown zoo model"):
+        zoo.get("vgg")
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    import profilers.devices
+    import profilers.errors
+    import profilers.profile
+
+    for module in (profilers.devices, profilers.errors, profilers.profile, zoo):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, module.__name__

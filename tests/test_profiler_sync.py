@@ -1,0 +1,74 @@
+"""Synchronisation profiling with real gloo processes on the CPU (DistributedDataParallel, 2 replicas)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from goodput import Cluster, JobModel
+from goodput.errors import ValidationError
+from profilers import ModelFailureError, profile_job
+from profilers.sync import profile_sync
+from tests.profiler_jobs import NanFromBatch, tiny_mlp
+
+
+def test_two_gloo_replicas_record_sync_time(tmp_path):
+    work = tiny_mlp(init_batch_size=16)
+    out = tmp_path / "sync.jsonl"
+    profile = profile_job(**work.profile_args(), batch_sizes=[4, 16, 64], replicas=[2], cpu_threads=1,
+                          sync_sizes=2, time_budget_s=20, out=out, progress=False, min_steps=5, max_steps=20)
+    multi = sorted((o for o in profile.observations if o.num_replicas == 2), key=lambda o: o.local_bsz)
+    assert [o.local_bsz for o in multi] == [4, 64]  # the smallest and the largest measured size
+    for o in multi:
+        assert o.placement == (2,) and o.num_nodes == 1 and o.batch_size == 2 * o.local_bsz
+        # A tiny model's gradients take a gloo all-reduce that its compute cannot hide.
+        assert 0 < o.sync_time <= o.step_time and o.compute_time > 0
+        assert o.memory_bytes > 0 and o.step_time_std >= 0 and o.source == "profile"
+    report = profile.metadata["profiler.cpu"]
+    assert report["threads"] == 1 and report["sync"]["2"]["stopped"] == "done" and report["sync"]["2"]["measured"] == [4, 64]
+    assert set(report["sync"]["2"]["compute_time"]) == {"4", "64"}
+
+    # The replicas' observations bootstrap the synchronisation terms of the job's model.
+    model = JobModel.from_profile(profile)
+    params = model.params("cpu")
+    assert params.alpha_r > 0
+    table = model.table(Cluster.parse("cpu:1x2"))
+    assert list(table.frame["num_gpus"]) == [1, 2] and (table.frame["goodput"] > 0).all()
+
+    # Rerun: every configuration is on disk already, nothing is measured again.
+    size = out.stat().st_size
+    again = profile_job(**work.profile_args(), batch_sizes=[4, 16, 64], replicas=[2], cpu_threads=1, sync_sizes=2,
+                        time_budget_s=20, out=out, progress=False, min_steps=5, max_steps=20)
+    assert again.observations == profile.observations
+    added = out.read_text()[size:].splitlines()
+    assert len(added) == 1 and '"record":"meta"' in added[0]  # this run's settings, no observation
+
+
+def test_a_replica_failure_names_device_batch_and_replicas():
+    work = tiny_mlp()
+    pieces = (NanFromBatch(threshold=16), work.optimizer_factory, work.loss_fn, work.make_batch)
+    seen = []
+    with pytest.raises(ModelFailureError, match=r"'cpu' at local batch size 16 with 2 replicas: .*non-finite") as info:
+        profile_sync(pieces, ["cpu"], 2, [4, 16], gpu_type="cpu", deadline=time.time() + 30, threads=1,
+                     min_steps=2, max_steps=3, target_seconds=0.01, on_result=seen.append)
+    assert info.value.num_replicas == 2 and info.value.local_bsz == 16
+    assert [r.local_bsz for r in seen] == [4]  # what was measured before the failure was delivered
+
+
+def test_unpicklable_pieces_are_refused_before_spawning():
+    work = tiny_mlp()
+    pieces = (work.model, work.optimizer_factory, lambda model, batch: work.loss_fn(model, batch), work.make_batch)
+    with pytest.raises(ValidationError, match="picklable"):
+        profile_sync(pieces, ["cpu"], 2, [4], gpu_type="cpu", deadline=time.time() + 10)
+
+
+def test_replicas_measure_the_first_size_then_stop_at_the_deadline():
+    work = tiny_mlp()
+    pieces = (work.model, work.optimizer_factory, work.loss_fn, work.make_batch)
+    outcome = profile_sync(pieces, ["cpu"], 2, [4, 8, 16], gpu_type="cpu", deadline=time.time() - 1, threads=1,
+                           min_steps=2, max_steps=3, target_seconds=0.01)
+    assert outcome.stopped == "time_budget" and [r.local_bsz for r in outcome.results] == [4]
+    result = outcome.results[0]
+    assert result.num_replicas == 2 and 2 <= result.steps <= 3 and result.sync_time <= result.step_time
+    assert result.compute_time > 0 and outcome.seconds > 0

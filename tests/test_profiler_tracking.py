@@ -1,0 +1,73 @@
+"""Profiles logged to MLflow, and the goodput profile / demo commands, end to end on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from goodput import Profile
+from goodput.cli import main
+from profilers import log_profile, profile_job
+from profilers.tracking import metric_key
+from tests.profiler_jobs import tiny_mlp
+
+
+def _artifacts(run_id: str) -> set[str]:
+    return {Path(a.path).name for a in mlflow.MlflowClient().list_artifacts(run_id)}
+
+
+def test_profile_job_logs_params_metrics_and_artifacts(tmp_path):
+    out = tmp_path / "logged.jsonl"
+    profile = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4, 16], replicas=[], cpu_threads=1,
+                          time_budget_s=5, out=out, progress=False, mlflow=True)
+    runs = mlflow.search_runs(experiment_names=["profiles"])
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["params.job"] == "zoo-mlp" and run["params.init_batch_size"] == "16"
+    assert run["params.device_types"] == '["cpu"]' and run["params.grid"] == "[4, 16]"
+    for obs in profile.observations:
+        assert run[f"metrics.{metric_key(obs)}"] == pytest.approx(obs.throughput)
+        assert run[f"metrics.step_time.cpu.r1.b{obs.local_bsz}"] == pytest.approx(obs.step_time)
+    assert run["metrics.seconds.cpu"] > 0
+    assert _artifacts(run["run_id"]) == {"logged.jsonl", "throughput.png"}
+
+
+def test_log_profile_without_a_file_saves_one(tmp_path):
+    profile = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4], replicas=[], cpu_threads=1,
+                          time_budget_s=5, progress=False)
+    run_id = log_profile(profile, experiment="profiles-2", run_name="x")
+    assert _artifacts(run_id) == {"zoo-mlp.jsonl", "throughput.png"}
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="zoo-mlp.jsonl", dst_path=str(tmp_path))
+    assert Profile.load(local).observations == profile.observations
+    png = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="throughput.png", dst_path=str(tmp_path))
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_profile_zoo_and_factory(tmp_path, capsys):
+    out = tmp_path / "zoo.jsonl"
+    assert main(["profile", "--zoo", "mlp", "--out", str(out), "--batch-sizes", "4,16", "--replicas", "0",
+                 "--time-budget", "5", "--memory-cap", "1G", "--cpu-threads", "1", "--no-progress"]) == 0
+    assert "observations of zoo-mlp on cpu" in capsys.readouterr().out
+    profile = Profile.load(out)
+    assert sorted(o.local_bsz for o in profile.observations) == [4, 16]
+    assert profile.metadata["profiler"]["memory_cap_bytes"] == 2**30 and profile.metadata["profiler.cpu"]["threads"] == 1
+
+    out2 = tmp_path / "factory.jsonl"
+    assert main(["profile", "tests.profiler_jobs:workload_dict", "--out", str(out2), "--batch-sizes", "4",
+                 "--replicas", "0", "--time-budget", "5", "--cpu-threads", "1", "--mlflow"]) == 0
+    printed = capsys.readouterr().out
+    assert "profile of dict-job" in printed and "logged MLflow run" in printed
+    assert Profile.load(out2).init_batch_size == 8
+
+
+def test_cli_profile_errors_are_clean(capsys):
+    assert main(["profile", "no_such_module:f", "--no-progress"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+    assert main(["profile", "--zoo", "vgg", "--no-progress"]) == 2
+    assert "unknown zoo model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["profile", "--zoo", "mlp", "--memory-cap", "lots"])
+    with pytest.raises(SystemExit):
+        main(["profile"])  # a factory or --zoo is required
