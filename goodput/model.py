@@ -58,6 +58,7 @@ from .gp import GPNumericalError
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .table import GoodputTable
+from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
 from .transfer import REGIMES, ClusterPrior, TypeTransfer, build_transfer, config_regime
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
@@ -255,6 +256,7 @@ class JobModel:
         """GPU types with at least one observation."""
         return list(self._observations)
 
+    @single_threaded
     def observe(self, observations: Observation | Iterable[Observation]) -> JobModel:
         """Add one observation or many; returns the model (online update).
 
@@ -317,6 +319,7 @@ class JobModel:
         return build_transfer(own, self._observations, self.cluster_prior, size=self.model_size, defaults=self.default_prior,
                               keep_own=self._prior, cache=self._cache)
 
+    @single_threaded
     def refit(self) -> JobModel:
         """Refit now: Pollux fits of changed types, transfers, GP hyperparameters; rebuild the posterior."""
         if not self._observations:
@@ -371,6 +374,7 @@ class JobModel:
             raise UnknownGPUTypeError(gpu_type, self.gpu_types)
         return name
 
+    @single_threaded
     def params(self, gpu_type: str) -> ThroughputParams:
         """The Pollux parameters of one GPU type in use as the mean.
 
@@ -403,6 +407,7 @@ class JobModel:
         shape = np.broadcast(nodes, replicas, bsz, accum).shape
         return np.exp(self._current().log_mean(gpu_type, nodes, replicas, bsz, accum)).reshape(shape)
 
+    @single_threaded
     def predict(
         self, gpu_type: str, num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps: Any = 0
     ) -> Prediction:
@@ -466,6 +471,7 @@ class JobModel:
         std = np.where(ok, choices.goodput * np.exp(log_std**2 / 2) * np.sqrt(np.expm1(log_std**2)), 0.0)
         return choices, std
 
+    @single_threaded
     def goodput(self, gpu_type: str, num_nodes: int, num_replicas: int) -> GoodputChoice:
         """The goodput-maximising batch size, local batch and accumulation of an allocation."""
         name = self._known(gpu_type)
@@ -488,6 +494,7 @@ class JobModel:
             accum_steps=int(choices.accum_steps[0]),
         )
 
+    @single_threaded
     def table(self, cluster: Cluster) -> GoodputTable:
         """Goodput over the cluster's configuration set (Sia's), one vectorised solve per GPU type.
 

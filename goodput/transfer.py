@@ -63,6 +63,7 @@ from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text
 from .observations import Observation
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
+from .threads import single_threaded
 from .validation import check_float, normalize_gpu_type
 
 __all__ = [
@@ -270,6 +271,7 @@ class ClusterPrior:
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    @single_threaded
     def from_observations(
         cls, observations: Mapping[str, Iterable[Observation]], sizes: Mapping[str, float] | None = None
     ) -> ClusterPrior:
