@@ -18,6 +18,7 @@ from goodput.errors import ValidationError
 SUBCOMMANDS = [
     "goodput.cli.demo",
     "goodput.cli.fit",
+    "goodput.cli.accuracy",
 ]
 
 
