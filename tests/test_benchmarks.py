@@ -12,3 +12,11 @@ def test_bench_core_quick(tmp_path):
     figures = json.loads((tmp_path / "bench_core.json").read_text())
     assert {row["what"].split(",")[0] for row in figures["rows"]} >= {"fit_throughput", "optimize_goodput", "JobModel.table"}
     assert all(row["median_ms"] > 0 for row in figures["rows"])
+
+
+def test_bench_model_quick(tmp_path):
+    assert bench.main(["--only", "model", "--quick", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_model.json").read_text())
+    whats = [row["what"] for row in figures["rows"]]
+    assert any(w.startswith("observe(1) + table(20") for w in whats) and any(w.startswith("full refit") for w in whats)
+    assert all(row["median_ms"] > 0 for row in figures["rows"]) and figures["gp_points"] >= 200
