@@ -314,18 +314,20 @@ class OnlinePosterior:
 # ====================================================================== gpytorch: hyperparameters and the reference posterior
 
 
-def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None):
-    """A gpytorch ExactGP (Hadamard form) holding ``hyper``; float64."""
+def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None,
+                 device: str | None = None):
+    """A gpytorch ExactGP (Hadamard form) holding ``hyper``; float64, on ``device`` (default CPU)."""
     import gpytorch
     import torch
     from linear_operator.operators import RootLinearOperator
 
     dtype = torch.float64
-    tx = torch.as_tensor(x, dtype=dtype)
-    tt = torch.as_tensor(t, dtype=torch.long).reshape(-1, 1)
-    ts = torch.as_tensor(s, dtype=dtype).reshape(len(y), -1)
-    ty = torch.as_tensor(y, dtype=dtype)
-    d = torch.as_tensor(np.zeros(len(y)) if extra_noise is None else extra_noise, dtype=dtype)
+    dev = torch.device(device or "cpu")
+    tx = torch.as_tensor(x, dtype=dtype, device=dev)
+    tt = torch.as_tensor(t, dtype=torch.long, device=dev).reshape(-1, 1)
+    ts = torch.as_tensor(s, dtype=dtype, device=dev).reshape(len(y), -1)
+    ty = torch.as_tensor(y, dtype=dtype, device=dev)
+    d = torch.as_tensor(np.zeros(len(y)) if extra_noise is None else extra_noise, dtype=dtype, device=dev)
 
     class HadamardResidualGP(gpytorch.models.ExactGP):
         def __init__(self, likelihood: Any) -> None:
@@ -349,11 +351,11 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=d, learn_additional_noise=True, noise_constraint=constraint)
     else:
         likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=constraint)
-    model = HadamardResidualGP(likelihood).to(dtype)
-    likelihood = likelihood.to(dtype)
-    model.data_kernel.lengthscale = torch.as_tensor(np.clip(hyper.lengthscale, 0.051, 49.9), dtype=dtype).reshape(1, -1)
-    model.task_kernel.covar_factor.data = torch.as_tensor(hyper.task_factor, dtype=dtype).reshape(-1, 1)
-    model.task_kernel.var = torch.as_tensor(np.maximum(hyper.task_var, 1e-9), dtype=dtype)
+    model = HadamardResidualGP(likelihood).to(dev, dtype)
+    likelihood = likelihood.to(dev, dtype)
+    model.data_kernel.lengthscale = torch.as_tensor(np.clip(hyper.lengthscale, 0.051, 49.9), dtype=dtype, device=dev).reshape(1, -1)
+    model.task_kernel.covar_factor.data = torch.as_tensor(hyper.task_factor, dtype=dtype, device=dev).reshape(-1, 1)
+    model.task_kernel.var = torch.as_tensor(np.maximum(hyper.task_var, 1e-9), dtype=dtype, device=dev)
     _set_noise(likelihood, max(hyper.noise, NOISE_FLOOR * 1.0001))
     return model, likelihood, (tx, tt, ts), ty
 
@@ -361,23 +363,24 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
 def _set_noise(likelihood: Any, value: float) -> None:
     import torch
 
+    device = next(likelihood.parameters()).device
     if getattr(likelihood, "second_noise_covar", None) is not None:
-        likelihood.second_noise_covar.noise = torch.as_tensor([value], dtype=torch.float64)
+        likelihood.second_noise_covar.noise = torch.as_tensor([value], dtype=torch.float64, device=device)
     else:
-        likelihood.noise = torch.as_tensor([value], dtype=torch.float64)
+        likelihood.noise = torch.as_tensor([value], dtype=torch.float64, device=device)
 
 
 def _learned_noise(likelihood: Any) -> float:
     if getattr(likelihood, "second_noise_covar", None) is not None:
-        return float(likelihood.second_noise_covar.noise.detach().reshape(-1)[0])
-    return float(likelihood.noise.detach().reshape(-1)[0])
+        return float(likelihood.second_noise_covar.noise.detach().cpu().reshape(-1)[0])
+    return float(likelihood.noise.detach().cpu().reshape(-1)[0])
 
 
 def _extract(model: Any, likelihood: Any) -> GPHyperparameters:
     return GPHyperparameters(
-        lengthscale=tuple(float(v) for v in model.data_kernel.lengthscale.detach().reshape(-1)),
-        task_factor=tuple(float(v) for v in model.task_kernel.covar_factor.detach().reshape(-1)),
-        task_var=tuple(float(v) for v in model.task_kernel.var.detach().reshape(-1)),
+        lengthscale=tuple(float(v) for v in model.data_kernel.lengthscale.detach().cpu().reshape(-1)),
+        task_factor=tuple(float(v) for v in model.task_kernel.covar_factor.detach().cpu().reshape(-1)),
+        task_var=tuple(float(v) for v in model.task_kernel.var.detach().cpu().reshape(-1)),
         noise=_learned_noise(likelihood),
     )
 
@@ -391,10 +394,13 @@ def fit_hyperparameters(
     *,
     extra_noise: np.ndarray | None = None,
     max_iter: int = 60,
+    device: str | None = None,
 ) -> GPHyperparameters:
     """Maximise gpytorch's exact marginal likelihood (with the length-scale prior) by L-BFGS, from ``init``.
 
-    Returns ``init`` unchanged when the optimisation fails numerically.
+    ``device`` (e.g. ``"cuda"``) runs the optimisation there; the default CPU is
+    faster for the few hundred points a job's model holds. Returns ``init``
+    unchanged when the optimisation fails numerically.
     """
     import gpytorch
     import torch
@@ -404,7 +410,7 @@ def fit_hyperparameters(
     try:
         with gpytorch.settings.max_cholesky_size(100_000), gpytorch.settings.cholesky_jitter(double_value=1e-8), \
                 gpytorch.settings.cholesky_max_tries(4):
-            model, likelihood, inputs, target = _torch_model(init, x, t, s, y, extra_noise)
+            model, likelihood, inputs, target = _torch_model(init, x, t, s, y, extra_noise, device)
             model.train()
             likelihood.train()
             mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
@@ -441,6 +447,7 @@ def gpytorch_posterior(
     sq: np.ndarray,
     *,
     extra_noise: np.ndarray | None = None,
+    device: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Posterior mean and latent variance at query points by gpytorch's batch ExactGP prediction (the reference)."""
     import gpytorch
@@ -448,17 +455,19 @@ def gpytorch_posterior(
 
     if extra_noise is not None and np.any(np.asarray(extra_noise) > 0):
         raise ValueError("the gpytorch reference supports homoscedastic noise only")
-    model, likelihood, _, _ = _torch_model(hyper, x, t, s, y, None)
+    model, likelihood, _, _ = _torch_model(hyper, x, t, s, y, None, device)
     model.eval()
     likelihood.eval()
+    dev = torch.device(device or "cpu")
     with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.max_cholesky_size(100_000), \
-            gpytorch.settings.cholesky_jitter(double_value=1e-300):
+            gpytorch.settings.cholesky_jitter(double_value=1e-300), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         out = model(
-            torch.as_tensor(xq, dtype=torch.float64),
-            torch.as_tensor(tq, dtype=torch.long).reshape(-1, 1),
-            torch.as_tensor(sq, dtype=torch.float64).reshape(len(tq), -1),
+            torch.as_tensor(xq, dtype=torch.float64, device=dev),
+            torch.as_tensor(tq, dtype=torch.long, device=dev).reshape(-1, 1),
+            torch.as_tensor(sq, dtype=torch.float64, device=dev).reshape(len(tq), -1),
         )
-        return out.mean.numpy().copy(), out.variance.numpy().copy()
+        return out.mean.cpu().numpy().copy(), out.variance.cpu().numpy().copy()
 
 
 def log_marginal_likelihood(post: OnlinePosterior) -> float:

@@ -73,6 +73,21 @@ def test_read_measurements_of_the_layout(layout, tmp_path):
         read_measurements(tmp_path / "nothing-here")
 
 
+def test_a_folder_of_profiles_is_measurements(layout, tmp_path):
+    from goodput import Profile
+
+    models = read_measurements(layout).models
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for job in ("resnet", "bert"):
+        Profile(models[job], job=job, init_batch_size=16).save(folder / f"{job}.jsonl")
+    data = read_measurements(folder)
+    assert data.kind == "profiles" and sorted(data.models) == ["bert", "resnet"]
+    assert len(data.models["bert"]) == len(models["bert"])
+    summary = accuracy.run(folder, tmp_path / "out", protocols=["P1"], methods=["bayes", "linear"], progress=False, mlflow=False)
+    assert set(summary["method"]) == {"bayes", "linear"}
+
+
 def test_protocol_splits(layout):
     obs = read_measurements(layout).models["resnet"]
     (p1,) = accuracy.splits_p1(obs)

@@ -132,3 +132,20 @@ def test_online_observe_conditions_without_refitting(monkeypatch):
     assert model.last_z > 3
     model.predict("t4", 1, 1, 64)
     assert model.refits == refits + 1
+
+
+@pytest.mark.cuda
+def test_hyperparameters_and_reference_posterior_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x, t, s, y = _data(60, seed=4)
+    init = GPHyperparameters.default(num_tasks=3)
+    on_gpu = fit_hyperparameters(x, t, s, y, init, device="cuda")
+    on_cpu = fit_hyperparameters(x, t, s, y, init)
+    np.testing.assert_allclose(on_gpu.lengthscale, on_cpu.lengthscale, rtol=1e-3)
+    assert on_gpu.noise == pytest.approx(on_cpu.noise, rel=1e-3)
+    mean_gpu, var_gpu = gpytorch_posterior(on_cpu, x, t, s, y, x[:5], t[:5], s[:5], device="cuda")
+    mean_cpu, var_cpu = OnlinePosterior(on_cpu, x, t, s, y).predict(x[:5], t[:5], s[:5], noise=False)
+    np.testing.assert_allclose(mean_gpu, mean_cpu, atol=1e-8)
+    np.testing.assert_allclose(var_gpu, var_cpu, atol=1e-8)
