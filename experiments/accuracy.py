@@ -67,10 +67,8 @@ from goodput.transfer import ClusterPrior
 __all__ = ["PROTOCOLS", "METHODS", "run", "evaluate_model", "summarize", "markdown", "main"]
 
 from goodput.cli.accuracy import METHODS, PROTOCOLS  # noqa: E402 - one definition for the CLI and the harness
-INTERVAL_METHODS = ("bayes", "bayes-noprior")
 P4_STEPS = (5, 10, 20, 40)
 LEVEL = 0.9
-Z = 1.6448536269514722  # standard normal quantile of 0.95: a central 90% interval
 
 _ROW_COLUMNS = ["model", "protocol", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
                 "accum_steps", "actual", "predicted", "low", "high"]

@@ -96,7 +96,6 @@ INTERCONNECT_LOG_STD = 0.5  # GPU types may sit on different interconnects
 GH_NODES = (-math.sqrt(3.0), 0.0, math.sqrt(3.0))  # 3-point Gauss-Hermite quadrature of N(0, 1)
 GH_WEIGHTS = (1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0)
 ALPHA_C_LOG_STD = 0.3  # the constant/per-sample split of compute copied from another type
-Z90 = 1.6448536269514722
 
 
 @dataclass(frozen=True)
