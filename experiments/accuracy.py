@@ -28,8 +28,9 @@ for these methods:
   as a 1-GPU step at the same local batch; Sia's "linear" baseline);
 * ``sia``: Sia's ratio estimator (Jayaram Subramanya et al., SOSP'23):
   ``T_B(config) = T_A(config) × T_B(1 GPU) / T_A(1 GPU)`` at the same local
-  batch, with A the warm type (P2) or the type with most data (P5); measured
-  T_A where it exists, else A's Pollux fit.
+  batch (P5: at the batch size measured on B closest to it), with A the warm
+  type (P2) or the type with most data (P5); measured T_A where it exists,
+  else A's Pollux fit.
 
 Metrics per protocol and method: median APE, MAPE, p90 APE of step time and the
 coverage of 90% intervals (``n/a`` for methods without intervals). Results per
@@ -216,6 +217,12 @@ class _OneGPU:
         fit = self.theta[0] + self.theta[1] * bsz
         return np.array([self.measured.get(int(b), f) for b, f in zip(bsz, fit)])
 
+    def nearest(self, bsz: np.ndarray) -> np.ndarray:
+        """The measured batch size closest (in log) to each of ``bsz``."""
+        sizes = np.array(sorted(self.measured), dtype=float)
+        idx = np.abs(np.log(sizes)[None, :] - np.log(np.asarray(bsz, float))[:, None]).argmin(axis=1)
+        return sizes[idx]
+
 
 def predict_linear(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
     pred = np.full(len(test), np.nan)
@@ -253,7 +260,9 @@ def predict_sia(train: Sequence[Observation], test: Sequence[Observation], refer
             float(np.exp(np.mean(np.log(measured[key])))) if (key := (int(n), int(r), int(b), int(a))) in measured else f
             for n, r, b, a, f in zip(cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], fit_a)
         ])
-        pred[rows] = t_a * one(cols["local_bsz"]) / ref_one(cols["local_bsz"])
+        # the 1-GPU ratio at the same local batch, or at the nearest one measured on the target type (P5)
+        at = one.nearest(cols["local_bsz"])
+        pred[rows] = t_a * one(at) / ref_one(at)
     return pred, np.full(len(test), np.nan), np.full(len(test), np.nan)
 
 
