@@ -87,15 +87,20 @@ class BayesState:
     def num_sens(self) -> int:
         return _G * len(self.types)
 
-    def design(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Design:
+    def design(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
+               variance: bool = True) -> Design:
+        """GP inputs; ``variance=False`` skips what only the variance needs (the identified groups' sensitivities)."""
         nodes, replicas, bsz, accum = (np.asarray(a, dtype=float).ravel() for a in np.broadcast_arrays(nodes, replicas, bsz, accum))
         k = self.index[gpu]
         transfer = self.transfers[gpu]
         log_mean, d, covered = transfer.predict_log(nodes, replicas, bsz, accum)
+        linear = transfer.regimes.one_bsz and transfer.alpha_c_log_std
+        s = np.zeros((nodes.size, self.num_sens))
+        if not (variance or linear):
+            return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
         sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
         s_id = sens * self._id[gpu] * covered[:, None]
-        s = np.zeros((nodes.size, self.num_sens))
-        if transfer.regimes.one_bsz and transfer.alpha_c_log_std:
+        if linear:
             # the unidentified direction moves α_c against β_c at the one batch size observed
             s[:, _G * k] = sens[:, 0] * (1.0 - bsz / transfer.regimes.bsz0) * transfer.alpha_c_log_std
         return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, s_id)
@@ -135,7 +140,7 @@ class BayesState:
     # ------------------------------------------------------------------ prediction
     def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
         """Posterior mean of log step time (hot path: no variance)."""
-        design = self.design(gpu, nodes, replicas, bsz, accum)
+        design = self.design(gpu, nodes, replicas, bsz, accum, variance=False)
         if self.posterior is None:
             return design.log_mean
         try:
