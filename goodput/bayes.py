@@ -1,18 +1,20 @@
 """The Bayesian layer of a job's model: Pollux mean × GP residual, per refit.
 
 A :class:`BayesState` is what one refit of :class:`goodput.model.JobModel`
-produces: per GPU type the Pollux parameters in use as the mean (the type's own
-fit with unidentified parameters replaced by priors, :mod:`goodput.transfer`),
-the GP hyperparameters and the posterior (:mod:`goodput.gp`). Between refits it
-answers predictions and conditions on new observations online.
+produces: per GPU type the prior mean (the type's own Pollux fit in regimes it
+has been observed in, an ensemble of transferred sync profiles elsewhere:
+:class:`goodput.transfer.TypeTransfer`), the GP hyperparameters and the
+posterior (:mod:`goodput.gp`). Between refits it answers predictions and
+conditions on new observations online.
 
 The log step time of a configuration on GPU type t is predicted as::
 
-    log T = log T_pollux,t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
+    log T = m_t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
 
-and returned as the median ``exp(log T_pollux + μ)`` with the standard deviation
-of its logarithm ``sqrt(σ² + noise + d)`` (``d``: structural variance of a
-regime the type has not been observed in).
+and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
+its logarithm ``sqrt(σ² + noise + d + v_fit)``: ``d`` is the ensemble's
+variance (plus a structural term) in regimes the type has not been observed in,
+``v_fit`` the delta-method variance of the type's own fitted parameters.
 
 If the GP cannot be factorised even with jitter, the state falls back to the
 parametric prediction with an inflated log-std (:data:`FALLBACK_LOG_STD` or 3×
