@@ -15,11 +15,12 @@ from collections.abc import Sequence
 
 from goodput.errors import ValidationError
 
-SUBCOMMANDS = [
-    "goodput.cli.allocate",
+SUBCOMMANDS = [  # in workflow order
     "goodput.cli.demo",
-    "goodput.cli.fit",
     "goodput.cli.profile",
+    "goodput.cli.fit",
+    "goodput.cli.accuracy",
+    "goodput.cli.allocate",
 ]
 
 
