@@ -66,22 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     rows.append({"what": "optimize_goodput, one configuration", "median_ms": opt["median_s"] * 1e3,
                  "p95_ms": opt["p95_s"] * 1e3, "target_ms": 0.2})
 
-    model = JobModel("bench", init_batch_size=128, max_batch_size=4096, local_bsz_bounds=(8, 512))
-    for i, gpu in enumerate(TYPES):
-        model.observe(observations(gpu, 60, seed=i))
-    model.observe(Observation(job="bench", gpu_type="t4", num_nodes=1, num_replicas=1, local_bsz=128,
-                              step_time=0.1, grad_sqr=1.0, grad_var=4.0))
-    for gpu in TYPES:
-        model.params(gpu)  # fit once; the table timing is the scheduler's per-round cost
-    one = time_call(lambda: model.goodput("t4", 2, 8), repeat=reps, number=200)
-    rows.append({"what": "JobModel.goodput, one configuration", "median_ms": one["median_s"] * 1e3,
-                 "p95_ms": one["p95_s"] * 1e3, "target_ms": 0.2})
     cluster = Cluster.parse(CLUSTER_64)
-    table = time_call(lambda: model.table(cluster), repeat=reps, number=20)
-    rows.append({"what": f"JobModel.table, {CLUSTER_64} (19 configurations)", "median_ms": table["median_s"] * 1e3,
-                 "p95_ms": table["p95_s"] * 1e3, "target_ms": 5.0})
+    # The targets are the plain Pollux model's (bayesian=False); the Bayesian model's own
+    # targets (online update + table) are in bench_model.
+    for bayesian, label, targets in ((False, "plain Pollux", (0.2, 5.0)), (True, "Bayesian", (None, None))):
+        model = JobModel("bench", init_batch_size=128, max_batch_size=4096, local_bsz_bounds=(8, 512), bayesian=bayesian)
+        for i, gpu in enumerate(TYPES):
+            model.observe(observations(gpu, 60, seed=i))
+        model.observe(Observation(job="bench", gpu_type="t4", num_nodes=1, num_replicas=1, local_bsz=128,
+                                  step_time=0.1, grad_sqr=1.0, grad_var=4.0))
+        for gpu in TYPES:
+            model.params(gpu)  # fit once; the table timing is the scheduler's per-round cost
+        one = time_call(lambda: model.goodput("t4", 2, 8), repeat=reps, number=200)
+        rows.append({"what": f"JobModel.goodput, one configuration ({label})", "median_ms": one["median_s"] * 1e3,
+                     "p95_ms": one["p95_s"] * 1e3, "target_ms": targets[0]})
+        table = time_call(lambda: model.table(cluster), repeat=reps, number=20)
+        rows.append({"what": f"JobModel.table, {CLUSTER_64} (19 configurations, {label})", "median_ms": table["median_s"] * 1e3,
+                     "p95_ms": table["p95_s"] * 1e3, "target_ms": targets[1]})
     for row in rows:
-        row["meets_target"] = row["median_ms"] <= row["target_ms"]
+        if row.get("target_ms") is not None:
+            row["meets_target"] = row["median_ms"] <= row["target_ms"]
     report("bench_core", rows, args)
     return 0
 

@@ -14,6 +14,11 @@ Formats:
 * **validation CSV** (Pollux): ``progress,iteration,metric,grad_sqr,grad_var`` per epoch.
 * **Gavel throughputs JSON** (Narayanan et al., OSDI'20 artifact): steps/s of
   ``'<model> (batch size B)'`` on 1/2/4/8 GPUs per GPU type.
+* **Zeus power traces** (You et al., NSDI'23 artifact): seconds per epoch of
+  six workloads on one GPU per type, across batch sizes and power limits.
+* **Measurement directories** (:func:`read_measurements`): ``<model>/placements-<gpu_type>.csv``
+  (and ``scalability-<gpu_type>.csv``) per model and GPU type; Pollux's own
+  ``<model>/placements.csv``; a Gavel or Zeus folder; or JSON Lines profiles.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ __all__ = [
     "GavelData",
     "parse_placement",
     "default_data_dir",
+    "read_zeus",
+    "ZeusData",
+    "ZEUS_DATASET_SIZES",
+    "read_measurements",
+    "Measurements",
 ]
 
 
@@ -329,3 +339,162 @@ def read_gavel_throughputs(
                 )
             )
     return result
+
+
+# ====================================================================== Zeus
+
+# Training samples per epoch of Zeus's six workloads (You et al., "Zeus: Understanding and
+# Optimizing GPU Energy Consumption of DNN Training", NSDI'23, Table 3 datasets), from the
+# datasets' own papers. Step time = time_per_epoch × batch_size / samples: the size is one
+# constant per workload, so the APE of step time equals the APE of epoch time, and a wrong
+# size would change no error figure (only the absolute seconds).
+ZEUS_DATASET_SIZES: dict[str, int] = {
+    "cifar100": 50_000,  # CIFAR-100 training images (Krizhevsky, 2009)
+    "imagenet": 1_281_167,  # ILSVRC-2012 training images (Russakovsky et al., IJCV 2015)
+    "librispeech": 281_241,  # LibriSpeech train-960 utterances (Panayotov et al., ICASSP 2015)
+    "movielens-1m": 1_000_209,  # MovieLens-1M ratings (Harper & Konstan, TiiS 2015); nominal for NCF's sampled epochs
+    "squad": 87_599,  # SQuAD v1.1 training questions (Rajpurkar et al., EMNLP 2016)
+    "sentiment140": 1_600_000,  # Sentiment140 training tweets (Go et al., 2009); nominal if Zeus subsampled
+}
+
+_ZEUS_FILE = re.compile(r"^summary_power_(?P<gpu>[A-Za-z0-9_.-]+)\.csv$")
+
+
+@dataclass
+class ZeusData:
+    """Observations read from Zeus's power traces and the choices made (power limit, optimizer per workload)."""
+
+    observations: list[Observation]
+    choices: dict[str, dict[str, Any]] = field(default_factory=dict)  # job -> {optimizer, power_limit per type}
+
+
+def read_zeus(zeus_dir: str | os.PathLike[str]) -> ZeusData:
+    """1-GPU step times from Zeus's ``summary_power_<gpu>.csv`` files.
+
+    One configuration per workload and GPU type: the **largest power limit**
+    listed for that type (the GPU's default, unthrottled limit) and **one
+    optimizer** per workload, the one measured on the most GPU types (ties: by
+    name; e.g. cifar100/shufflenetv2 has Adadelta on all four types and Adam on
+    V100 only, so Adadelta). ``step_time = time_per_epoch × batch_size /
+    ZEUS_DATASET_SIZES[dataset]`` seconds; ``local_bsz = batch_size`` on 1 GPU.
+    The job is ``<dataset>-<network>``.
+    """
+    zeus_dir = Path(zeus_dir)
+    files = sorted(p for p in zeus_dir.glob("summary_power_*.csv") if _ZEUS_FILE.match(p.name))
+    if not files:
+        raise FileNotFoundError(f"no summary_power_<gpu>.csv in {zeus_dir}")
+    schema = {"dataset": "str", "network": "str", "batch_size": "int+", "optimizer": "str", "power_limit": "float+",
+              "time_per_epoch": "float+"}
+    rows: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for path in files:
+        gpu = _ZEUS_FILE.match(path.name).group("gpu").lower()
+        rows[gpu] = list(read_csv_rows(path, schema, optional={"average_power": "float0"}))
+    optimizers: dict[str, dict[str, set[str]]] = {}
+    for gpu, items in rows.items():
+        for _, row in items:
+            job = f"{row['dataset'].lower()}-{row['network'].lower()}"
+            optimizers.setdefault(job, {}).setdefault(row["optimizer"].lower(), set()).add(gpu)
+    chosen = {job: sorted(opts, key=lambda o: (-len(opts[o]), o))[0] for job, opts in optimizers.items()}
+    result = ZeusData([], {job: {"optimizer": opt, "power_limit": {}} for job, opt in chosen.items()})
+    for path, (gpu, items) in zip(files, rows.items()):
+        limits: dict[str, float] = {}
+        for _, row in items:
+            job = f"{row['dataset'].lower()}-{row['network'].lower()}"
+            if row["optimizer"].lower() == chosen[job]:
+                limits[job] = max(limits.get(job, 0.0), row["power_limit"])
+        for line_no, row in items:
+            job = f"{row['dataset'].lower()}-{row['network'].lower()}"
+            if row["optimizer"].lower() != chosen[job] or row["power_limit"] != limits[job]:
+                continue
+            size = ZEUS_DATASET_SIZES.get(row["dataset"].lower())
+            if size is None:
+                raise DataFormatError(path, line_no, "dataset", row["dataset"], f"no dataset size known (have {sorted(ZEUS_DATASET_SIZES)})")
+            result.choices[job]["power_limit"][gpu] = limits[job]
+            result.observations.append(
+                _observation(path, line_no, job=job, gpu_type=gpu, num_nodes=1, num_replicas=1, local_bsz=row["batch_size"],
+                             step_time=row["time_per_epoch"] * row["batch_size"] / size, source=f"zeus:{path.name}")
+            )
+    return result
+
+
+# ====================================================================== measurement directories
+
+_TYPED_FILE = re.compile(r"^(?P<kind>placements|scalability)(?:-(?P<gpu>.+))?\.csv$")
+
+
+@dataclass
+class Measurements:
+    """Observations per model read from a directory, and what the reader assumed or left out."""
+
+    kind: str  # "placements", "gavel", "zeus" or "profiles"
+    models: dict[str, list[Observation]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _gpu_slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", text.strip().lower()).strip("-")
+
+
+def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4") -> Measurements:
+    """Observations per model from any supported layout (see the module docstring).
+
+    * ``<model>/placements-<gpu_type>.csv`` and ``<model>/scalability-<gpu_type>.csv``
+      (several GPU types per model; a model may lack a type); files without a
+      type suffix (Pollux's artifact) are read as ``default_gpu_type``;
+      ``validation-*.csv`` files are not step times and are left out (noted).
+    * a folder holding ``simulation_throughputs.json`` (Gavel) or
+      ``summary_power_<gpu>.csv`` (Zeus);
+    * JSON Lines profiles (``*.jsonl``), grouped by job.
+    """
+    root = Path(path)
+    if root.is_file() and root.suffix == ".jsonl":
+        return _read_profiles([root])
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such directory: {root}")
+    if (root / "simulation_throughputs.json").exists():
+        data = read_gavel_throughputs(root / "simulation_throughputs.json")
+        models: dict[str, list[Observation]] = {}
+        for o in data.observations:
+            models.setdefault(o.job, []).append(o)
+        notes = [f"gavel: {len(data.skipped)} entries left out (infeasible or no batch size)",
+                 "gavel: *_unconsolidated entries read as one GPU per node (num_nodes = GPUs)"]
+        return Measurements("gavel", models, notes)
+    if any(root.glob("summary_power_*.csv")):
+        zeus = read_zeus(root)
+        models = {}
+        for o in zeus.observations:
+            models.setdefault(o.job, []).append(o)
+        notes = [f"zeus: {job}: optimizer {c['optimizer']}, power limit {c['power_limit']}" for job, c in sorted(zeus.choices.items())]
+        return Measurements("zeus", models, notes)
+    profiles = sorted(root.glob("*.jsonl"))
+    if profiles:
+        return _read_profiles(profiles)
+    models = {}
+    notes = []
+    default = _gpu_slug(default_gpu_type)
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        observations: list[Observation] = []
+        for csv_path in sorted(model_dir.glob("*.csv")):
+            match = _TYPED_FILE.match(csv_path.name)
+            if match is None:
+                if not csv_path.name.startswith("validation"):
+                    notes.append(f"{model_dir.name}/{csv_path.name}: not a placements/scalability file, left out")
+                continue
+            gpu = _gpu_slug(match.group("gpu")) if match.group("gpu") else default
+            if not match.group("gpu"):
+                notes.append(f"{model_dir.name}/{csv_path.name}: no GPU type in the name, read as {gpu!r}")
+            reader = read_placements if match.group("kind") == "placements" else read_scalability
+            observations.extend(reader(csv_path, model_dir.name, gpu, source=f"{match.group('kind')}:{csv_path.name}"))
+        if observations:
+            models[model_dir.name] = observations
+    if not models:
+        raise FileNotFoundError(f"no <model>/placements-<gpu_type>.csv, Gavel, Zeus or *.jsonl data in {root}")
+    return Measurements("placements", models, notes)
+
+
+def _read_profiles(paths: list[Path]) -> Measurements:
+    models: dict[str, list[Observation]] = {}
+    for path in paths:
+        for o in Profile.load(path).observations:
+            models.setdefault(o.job, []).append(o)
+    return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"])

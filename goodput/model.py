@@ -7,12 +7,26 @@ answers a scheduler's questions: the step time of a configuration, the best
 batch configuration and goodput of an allocation, and a goodput table over a
 cluster's configurations.
 
-Fits are lazy: :meth:`JobModel.observe` only marks the GPU types its
-observations touch, and the next question refits those types alone.
+The model is Bayesian (``bayesian=True``, the default; see :mod:`goodput.bayes`):
+the mean is Pollux's prediction per GPU type, with the parameters a type's own
+data cannot identify taken from the job's other GPU types and, when given, from
+other jobs on the cluster (:mod:`goodput.transfer`); a Gaussian process on the
+residual of log step time, shared across GPU types (:mod:`goodput.gp`), corrects
+it and gives every prediction a calibrated standard deviation.
 
-This first version's ``std`` is 0: the Pollux fit is a point estimate. The
-Bayesian layer (a Gaussian process on the residual, shared across GPU types)
-adds calibrated uncertainty.
+Updates are online: :meth:`JobModel.observe` conditions the GP posterior on the
+new observations at once (an O(n²) Cholesky update) without refitting anything.
+The Pollux means, the priors and the GP hyperparameters are refitted now and
+then, lazily at the next question: after ``refit_every`` new observations
+(default: a quarter of those held at the last refit, at least 5), when an
+observation is surprising (``|z| > surprise`` under the predictive
+distribution), when a new GPU type appears, or on :meth:`JobModel.refit`. Only
+types whose data changed are refitted by Pollux's L-BFGS-B. Numerical trouble
+never raises: the GP escalates jitter, then the prediction falls back to the
+parametric one with an inflated ``std`` (:attr:`JobModel.diagnostics`).
+
+With ``bayesian=False`` the model is the plain per-type Pollux fit, refitted
+lazily whenever a type's data change, with ``std`` 0.
 
 Example::
 
@@ -31,17 +45,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import numpy as np
 import pandas as pd
 
+from .bayes import BayesState, build_state
 from .cluster import Cluster
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
+from .gp import GPNumericalError
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .table import GoodputTable
+from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
-from .validation import check_bounds, check_int, check_str, normalize_gpu_type
+from .transfer import REGIMES, ClusterPrior, TypeTransfer, build_transfer, config_regime
+from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
 
@@ -50,15 +70,36 @@ __all__ = ["JobModel", "Prediction", "GoodputChoice"]
 class Prediction:
     """Predicted step time of a configuration (scalars, or arrays for array inputs).
 
+    The Bayesian model predicts log step time as a normal distribution:
+    ``step_time`` is its median ``exp(μ)`` (the geometric mean; what a
+    log-space fit estimates), ``log_std`` the std of the log, and ``std`` the
+    standard deviation of the step time itself (log-normal).
+
     Attributes:
-        step_time: mean seconds of one optimizer step.
+        step_time: predicted seconds of one optimizer step (median).
         std: standard deviation of the step time, seconds.
-        throughput: samples/s at the mean step time.
+        throughput: samples/s at ``step_time``.
+        log_std: standard deviation of log step time (0 for a point estimate).
     """
 
     step_time: Any
     std: Any
     throughput: Any
+    log_std: Any = 0.0
+
+    def interval(self, level: float = 0.9) -> tuple[Any, Any]:
+        """Central ``level`` interval of the step time, seconds: ``step_time · exp(±z · log_std)``."""
+        from scipy.stats import norm
+
+        level = check_float("level", level, positive=True)
+        if level >= 1:
+            raise ValidationError("level", level, "must be in (0, 1)")
+        z = float(norm.ppf(0.5 + level / 2))
+        spread = np.exp(z * np.asarray(self.log_std, dtype=float))
+        low, high = np.asarray(self.step_time) / spread, np.asarray(self.step_time) * spread
+        if np.ndim(low) == 0:
+            return float(low), float(high)
+        return low, high
 
 
 @dataclass(frozen=True)
@@ -100,7 +141,23 @@ class JobModel:
             no limit beyond ``max_batch_size``.
         accumulation: allow gradient accumulation to reach large batches.
         prior: per GPU type, values for throughput parameters the job's own
-            observations cannot identify (see :func:`fit_throughput`).
+            observations cannot identify (see :func:`fit_throughput`); they
+            take precedence over transferred priors. A :class:`ClusterPrior`
+            here is taken as ``cluster_prior``.
+        bayesian: the GP residual layer with online updates (``False``: the
+            plain Pollux fit, ``std`` 0).
+        cluster_prior: other jobs' fitted models on the same cluster
+            (:class:`~goodput.transfer.ClusterPrior`): priors for what this
+            job has not been observed in (e.g. multi-GPU sync on a type).
+        model_size: the job's parameter count, when known: scales sync priors
+            from other jobs that report theirs.
+        default_prior: use weak default priors (:data:`goodput.transfer.DEFAULTS`)
+            for sync costs nothing else informs; ``False``: Pollux's optimistic
+            zero-sync default.
+        refit_every: refit means and hyperparameters after this many new
+            observations (``None``: a quarter of those held, at least 5).
+        surprise: refit when a new observation's ``|z|`` exceeds this.
+        max_gp_points: the GP conditions on at most this many (most recent) observations.
     """
 
     def __init__(
@@ -111,7 +168,14 @@ class JobModel:
         local_bsz_bounds: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
         *,
         accumulation: bool = True,
-        prior: Mapping[str, ThroughputParams | Mapping[str, float]] | None = None,
+        prior: Mapping[str, ThroughputParams | Mapping[str, float]] | ClusterPrior | None = None,
+        bayesian: bool = True,
+        cluster_prior: ClusterPrior | None = None,
+        model_size: float | None = None,
+        default_prior: bool = True,
+        refit_every: int | None = None,
+        surprise: float = 3.0,
+        max_gp_points: int = 1024,
     ) -> None:
         self.job = check_str("job", job)
         self.init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
@@ -131,14 +195,37 @@ class JobModel:
         if not isinstance(accumulation, bool):
             raise ValidationError("accumulation", accumulation, "expected True or False")
         self.accumulation = accumulation
+        if isinstance(prior, ClusterPrior):
+            if cluster_prior is not None:
+                raise ValidationError("prior", prior, "a ClusterPrior is given twice (prior= and cluster_prior=)")
+            prior, cluster_prior = None, prior
+        if cluster_prior is not None and not isinstance(cluster_prior, ClusterPrior):
+            raise ValidationError("cluster_prior", cluster_prior, "expected a ClusterPrior")
         self._prior: dict[str, ThroughputParams | Mapping[str, float]] = {}
         for gpu, values in (prior or {}).items():
             self._prior[normalize_gpu_type(gpu, "prior")] = values
+        for flag, value in (("bayesian", bayesian), ("default_prior", default_prior)):
+            if not isinstance(value, bool):
+                raise ValidationError(flag, value, "expected True or False")
+        self.bayesian = bayesian
+        self.cluster_prior = cluster_prior
+        self.model_size = None if model_size is None else check_float("model_size", model_size, positive=True)
+        self.default_prior = default_prior
+        self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
+        self.surprise = check_float("surprise", surprise, positive=True)
+        self.max_gp_points = check_int("max_gp_points", max_gp_points, minimum=2)
         self._observations: dict[str, list[Observation]] = {}
-        self._params: dict[str, ThroughputParams] = {}
+        self._params: dict[str, ThroughputParams] = {}  # each type's own Pollux fit
+        self._cache: dict[Any, Any] = {}  # γ-held fits used as transfer sources
         self._dirty: set[str] = set()
         self.grad_sqr: float | None = None
         self.grad_var: float | None = None
+        # the Bayesian layer
+        self._state: BayesState | None = None
+        self._refit_due = True
+        self._pending = 0  # observations since the last refit
+        self.refits = 0
+        self.last_z: float | None = None  # largest |z| of the last online update
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -153,6 +240,9 @@ class JobModel:
         overrides.setdefault("max_batch_size", profile.max_batch_size)
         if "local_bsz_bounds" not in overrides and profile.max_local_bsz:
             overrides["local_bsz_bounds"] = {gpu: (1, high) for gpu, high in profile.max_local_bsz.items()}
+        size = (profile.metadata or {}).get("num_parameters")
+        if "model_size" not in overrides and isinstance(size, (int, float)) and size > 0:
+            overrides["model_size"] = float(size)
         model = cls(job, init, **overrides)
         return model.observe(o for o in profile.observations if o.job == model.job)
 
@@ -166,13 +256,16 @@ class JobModel:
         """GPU types with at least one observation."""
         return list(self._observations)
 
+    @single_threaded
     def observe(self, observations: Observation | Iterable[Observation]) -> JobModel:
         """Add one observation or many; returns the model (online update).
 
-        Only the GPU types the new observations touch are refitted, lazily, at
-        the next prediction. Observations carrying ``grad_sqr``/``grad_var``
-        update the job's gradient statistics (the latest one wins: the
-        reporter smooths them).
+        Bayesian model: the GP posterior is conditioned on them at once (no
+        refit); a refit is scheduled when due (see the module docstring) and
+        runs lazily at the next question, refitting Pollux only for the GPU
+        types whose data changed. Plain model: the touched types are refitted
+        lazily. Observations carrying ``grad_sqr``/``grad_var`` update the
+        job's gradient statistics (the latest one wins: the reporter smooths them).
         """
         batch = [observations] if isinstance(observations, Observation) else list(observations)
         for index, obs in enumerate(batch):
@@ -190,7 +283,89 @@ class JobModel:
         return self
 
     def _on_observe(self, batch: list[Observation]) -> None:
-        """Hook for subclasses and the Bayesian layer: called after observations are stored."""
+        """Condition the GP posterior on the new observations (no refit); schedule a refit when due."""
+        if not self.bayesian:
+            return
+        self._pending += len(batch)
+        state = self._state
+        if self._refit_due or state is None or state.posterior is None or any(o.gpu_type not in state.index for o in batch):
+            self._refit_due = True
+            return
+        for o in batch:  # a regime the type had not been observed in: its transferred prior gives way to data
+            if int(config_regime(o.num_nodes, o.num_replicas)) not in state.transfers[o.gpu_type].regimes.covered:
+                self._refit_due = True
+        try:
+            self.last_z = state.condition(batch)
+        except (GPNumericalError, np.linalg.LinAlgError, ValueError, FloatingPointError):
+            self._refit_due = True
+            return
+        if self._refit_due:
+            return
+        threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
+        if self.last_z > self.surprise or self._pending >= threshold or len(state.posterior) >= self.max_gp_points:
+            self._refit_due = True
+
+    # ------------------------------------------------------------------ refits
+    def _own_fit(self, name: str) -> ThroughputParams:
+        """The type's Pollux fit to its own data (with the caller's explicit prior), cached until its data change."""
+        if name in self._dirty or name not in self._params:
+            self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name))
+            self._dirty.discard(name)
+        return self._params[name]
+
+    def transfers(self) -> dict[str, TypeTransfer]:
+        """Per GPU type: its own fit and the ensembles for regimes it has not been observed in (:mod:`goodput.transfer`)."""
+        own = {t: self._own_fit(t) for t in self._observations}
+        return build_transfer(own, self._observations, self.cluster_prior, size=self.model_size, defaults=self.default_prior,
+                              keep_own=self._prior, cache=self._cache)
+
+    @single_threaded
+    def refit(self) -> JobModel:
+        """Refit now: Pollux fits of changed types, transfers, GP hyperparameters; rebuild the posterior."""
+        if not self._observations:
+            return self
+        if not self.bayesian:
+            for gpu in self._observations:
+                self._own_fit(gpu)
+            return self
+        previous = self._state.hyper if self._state is not None else None
+        self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points)
+        self._refit_due = False
+        self._pending = 0
+        self.refits += 1
+        return self
+
+    def _current(self) -> BayesState:
+        if self._refit_due or self._state is None:
+            self.refit()
+        assert self._state is not None
+        return self._state
+
+    @property
+    def diagnostics(self) -> dict[str, Any]:
+        """State of the Bayesian layer: refits, hyperparameters, task correlation, prior sources, fallback reason."""
+        if not self.bayesian:
+            return {"bayesian": False, "observations": len(self.observations)}
+        state = self._current() if self._observations else None
+        if state is None:
+            return {"bayesian": True, "observations": 0}
+        return {
+            "bayesian": True,
+            "observations": len(self.observations),
+            "gp_points": 0 if state.posterior is None else len(state.posterior),
+            "refits": self.refits,
+            "pending": self._pending,
+            "types": list(state.types),
+            "hyperparameters": state.hyper.to_dict(),
+            "task_correlation": state.hyper.task_correlation().round(3).tolist(),
+            "transfers": {t: {"covered": [REGIMES[r] for r in tr.regimes.covered], "sources": tr.sources,
+                              "members": {REGIMES[r]: len(m) for r, m in tr.members.items()}}
+                          for t, tr in state.transfers.items()},
+            "fallback": state.posterior is None,
+            "reason": state.reason,
+            "jitter": None if state.posterior is None else state.posterior.jitter,
+            "last_z": self.last_z,
+        }
 
     # ------------------------------------------------------------------ throughput
     def _known(self, gpu_type: str) -> str:
@@ -199,22 +374,40 @@ class JobModel:
             raise UnknownGPUTypeError(gpu_type, self.gpu_types)
         return name
 
+    @single_threaded
     def params(self, gpu_type: str) -> ThroughputParams:
-        """The fitted Pollux parameters of one GPU type (refitted if new data arrived)."""
+        """The Pollux parameters of one GPU type in use as the mean.
+
+        Plain model: the type's fit, refitted if new data arrived. Bayesian
+        model: that fit with unidentified parameters from the priors, as of
+        the last refit (refits happen now and then, see the module docstring).
+        """
         name = self._known(gpu_type)
-        if name in self._dirty or name not in self._params:
-            self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name))
-            self._dirty.discard(name)
-        return self._params[name]
+        if not self.bayesian:
+            return self._own_fit(name)
+        return self._current().means[name]
 
     def _mean_and_log_std(
         self, gpu_type: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Mean step time (s) and std of log step time; the Bayesian layer overrides this."""
-        theta = self.params(gpu_type).as_array()
-        mean = _step_time(theta, nodes, replicas, bsz, accum)
-        return mean, np.zeros_like(mean)
+        """Predicted step time (s, the median) and std of log step time; never raises on numerical trouble."""
+        if not self.bayesian:
+            theta = self.params(gpu_type).as_array()
+            mean = _step_time(theta, nodes, replicas, bsz, accum)
+            return mean, np.zeros_like(mean)
+        state = self._current()
+        shape = np.broadcast(nodes, replicas, bsz, accum).shape
+        log_mean, log_std = state.predict(gpu_type, nodes, replicas, bsz, accum)
+        return np.exp(log_mean).reshape(shape), log_std.reshape(shape)
 
+    def _step_time_mean(self, gpu_type: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+        """Predicted step time without its spread (the goodput optimiser's hot path)."""
+        if not self.bayesian:
+            return _step_time(self.params(gpu_type).as_array(), nodes, replicas, bsz, accum)
+        shape = np.broadcast(nodes, replicas, bsz, accum).shape
+        return np.exp(self._current().log_mean(gpu_type, nodes, replicas, bsz, accum)).reshape(shape)
+
+    @single_threaded
     def predict(
         self, gpu_type: str, num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps: Any = 0
     ) -> Prediction:
@@ -225,11 +418,11 @@ class JobModel:
         name = self._known(gpu_type)
         nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)
         mean, log_std = self._mean_and_log_std(name, nodes, replicas, bsz, accum)
-        std = mean * np.sqrt(np.expm1(log_std**2))  # std of a log-normal with this median-ish mean
+        std = mean * np.exp(log_std**2 / 2) * np.sqrt(np.expm1(log_std**2))  # std of a log-normal with this median
         throughput = replicas * bsz * (accum + 1.0) / mean
         if mean.ndim == 0:
-            return Prediction(float(mean), float(std), float(throughput))
-        return Prediction(mean, std, throughput)
+            return Prediction(float(mean), float(std), float(throughput), float(log_std))
+        return Prediction(mean, std, throughput, log_std)
 
     # ------------------------------------------------------------------ efficiency and goodput
     @property
@@ -263,7 +456,7 @@ class JobModel:
         """Best configurations and the std of their goodput for allocations on one type."""
 
         def step_time(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
-            return self._mean_and_log_std(gpu_type, n, r, b, a)[0]
+            return self._step_time_mean(gpu_type, n, r, b, a)
 
         choices = optimize_goodput(step_time, self.efficiency, num_nodes, num_replicas, self.limits(gpu_type))
         ok = choices.feasible
@@ -274,10 +467,11 @@ class JobModel:
             np.where(ok, choices.local_bsz, 1).astype(float),
             choices.accum_steps.astype(float),
         )
-        # goodput ∝ 1/step_time: the same relative spread (delta method on the log scale)
-        std = np.where(ok, choices.goodput * np.sqrt(np.expm1(log_std**2)), 0.0)
+        # goodput ∝ 1/step_time: log-normal with the same log-std
+        std = np.where(ok, choices.goodput * np.exp(log_std**2 / 2) * np.sqrt(np.expm1(log_std**2)), 0.0)
         return choices, std
 
+    @single_threaded
     def goodput(self, gpu_type: str, num_nodes: int, num_replicas: int) -> GoodputChoice:
         """The goodput-maximising batch size, local batch and accumulation of an allocation."""
         name = self._known(gpu_type)
@@ -300,6 +494,7 @@ class JobModel:
             accum_steps=int(choices.accum_steps[0]),
         )
 
+    @single_threaded
     def table(self, cluster: Cluster) -> GoodputTable:
         """Goodput over the cluster's configuration set (Sia's), one vectorised solve per GPU type.
 

@@ -354,6 +354,7 @@ def fit_throughput(
     observations: Iterable[Observation],
     *,
     prior: ThroughputParams | Mapping[str, float] | None = None,
+    gamma: float | None = None,
 ) -> ThroughputParams:
     """Fit Pollux's throughput model to one job's observations on one GPU type.
 
@@ -364,6 +365,8 @@ def fit_throughput(
             example the synchronisation costs learned from other jobs on the
             same GPU type). Without one, Pollux's optimistic defaults apply
             (see the module docstring).
+        gamma: hold γ at this value instead of fitting it (sync costs of
+            fits that share γ are comparable across jobs and GPU types).
 
     Returns:
         The fitted :class:`ThroughputParams`; ``fixed`` names the parameters
@@ -407,6 +410,10 @@ def fit_throughput(
         fixed[_A_R] = prior_values.get("alpha_r", _TINY)
         fixed[_B_R] = prior_values.get("beta_r", _TINY)
         fixed[_G] = prior_values.get("gamma", 1.0)
+    if gamma is not None:
+        fixed[_G] = check_float("gamma", gamma)
+        if not 1.0 <= fixed[_G] <= _GAMMA_MAX:
+            raise ValidationError("gamma", gamma, f"must be in [1, {_GAMMA_MAX}]")
     if not has_inter:
         # The inter-node premium over intra-node costs: from the prior, else 0.
         fixed[_DA_N] = _premium(prior_values, "alpha_n", "alpha_r")

@@ -21,3 +21,11 @@ def test_bench_profiler_quick(tmp_path):
     assert cost[0]["seconds"] > 0 and cost[0]["batch_sizes"] >= 1 and cost[0]["budget_s"] == 4.0, cost
     accuracy = json.loads((tmp_path / "bench_profiler_accuracy.json").read_text())["rows"]
     assert accuracy[0]["profiler_ms"] > 0 and accuracy[0]["timer_ms"] > 0 and accuracy[0]["rel_error_pct"] >= 0, accuracy
+
+
+def test_bench_model_quick(tmp_path):
+    assert bench.main(["--only", "model", "--quick", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_model.json").read_text())
+    whats = [row["what"] for row in figures["rows"]]
+    assert any(w.startswith("observe(1) + table(20") for w in whats) and any(w.startswith("full refit") for w in whats)
+    assert all(row["median_ms"] > 0 for row in figures["rows"]) and figures["gp_points"] >= 200

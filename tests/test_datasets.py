@@ -88,3 +88,20 @@ def test_real_files_load(data_dir):
     gavel = read_gavel_throughputs(data_dir / "gavel" / "simulation_throughputs.json")
     assert {o.gpu_type for o in gavel.observations} == {"k80", "p100", "v100"}
     assert {o.num_replicas for o in gavel.observations} == {1, 2, 4, 8}
+
+
+def test_zeus_reader_picks_one_optimizer_and_the_largest_power_limit(tmp_path):
+    from experiments.datasets import ZEUS_DATASET_SIZES, read_zeus
+
+    header = "dataset,network,batch_size,optimizer,power_limit,time_per_epoch,average_power\n"
+    (tmp_path / "summary_power_v100.csv").write_text(
+        header + "cifar100,shufflenetv2,128,adadelta,250,20.0,200\ncifar100,shufflenetv2,128,adadelta,150,30.0,140\n"
+        "cifar100,shufflenetv2,128,adam,250,18.0,200\ncifar100,shufflenetv2,256,adadelta,250,15.0,210\n")
+    (tmp_path / "summary_power_a40.csv").write_text(header + "cifar100,shufflenetv2,128,adadelta,300,12.0,250\n")
+    data = read_zeus(tmp_path)
+    assert data.choices["cifar100-shufflenetv2"] == {"optimizer": "adadelta", "power_limit": {"a40": 300.0, "v100": 250.0}}
+    v100 = {o.local_bsz: o.step_time for o in data.observations if o.gpu_type == "v100"}
+    assert v100 == {128: pytest.approx(20.0 * 128 / ZEUS_DATASET_SIZES["cifar100"]), 256: pytest.approx(15.0 * 256 / 50_000)}
+    (tmp_path / "summary_power_p100.csv").write_text(header + "mnist,lenet,64,sgd,250,5.0,100\n")
+    with pytest.raises(DataFormatError, match="dataset"):
+        read_zeus(tmp_path)

@@ -21,18 +21,27 @@ def observations(job="j"):
     )
 
 
-def test_predict_matches_truth_and_broadcasts():
-    model = JobModel("j", init_batch_size=64).observe(observations())
+@pytest.mark.parametrize("bayesian", [False, True])
+def test_predict_matches_truth_and_broadcasts(bayesian):
+    model = JobModel("j", init_batch_size=64, bayesian=bayesian).observe(observations())
     pred = model.predict("t4", 1, 4, 64)
     truth = float(predict_step_time(T4, 1, 4, 64))
     assert pred.step_time == pytest.approx(truth, rel=0.05)
     assert pred.throughput == pytest.approx(4 * 64 / pred.step_time)
-    assert pred.std == 0.0
+    if bayesian:  # the Bayesian layer's std: the observations carry 3% noise
+        assert 0.005 < pred.log_std < 0.2 and pred.std > 0
+        low, high = pred.interval(0.9)
+        assert low < pred.step_time < high
+    else:  # the plain Pollux fit is a point estimate
+        assert pred.std == 0.0 and pred.log_std == 0.0
     arr = model.predict("a100", 1, np.array([1, 2, 8]), 32)
-    assert arr.step_time.shape == (3,)
+    assert arr.step_time.shape == (3,) and arr.std.shape == (3,)
 
 
-def test_observe_refits_only_the_types_it_touches(monkeypatch):
+@pytest.mark.parametrize("bayesian", [False, True])
+def test_observe_refits_only_the_types_it_touches(monkeypatch, bayesian):
+    # The Bayesian model refits now and then (here: after every observation, refit_every=1);
+    # either way a refit runs Pollux's fit only for types whose data changed.
     calls = []
     real_fit = model_module.fit_throughput
 
@@ -42,7 +51,7 @@ def test_observe_refits_only_the_types_it_touches(monkeypatch):
         return real_fit(obs, **kwargs)
 
     monkeypatch.setattr(model_module, "fit_throughput", counting_fit)
-    model = JobModel("j", init_batch_size=64).observe(observations())
+    model = JobModel("j", init_batch_size=64, bayesian=bayesian, refit_every=1).observe(observations())
     model.predict("t4", 1, 1, 32)
     model.predict("a100", 1, 1, 32)
     assert sorted(calls) == ["a100", "t4"]

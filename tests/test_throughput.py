@@ -200,3 +200,12 @@ def test_pollux_traces_fit_with_single_digit_error(pollux_traces, record_propert
     print("median APE of step time, all placements:", {k: f"{v:.1%}" for k, v in report.items()})
     record_property("median_ape", report)
     assert all(v < 0.10 for v in report.values()), report
+
+
+def test_fit_with_gamma_held():
+    obs = synthetic(TRUE, [(1, 1), (1, 2), (1, 4), (2, 8)])
+    held = fit_throughput(obs, gamma=2.5)
+    assert held.gamma == 2.5 and "gamma" in held.fixed
+    assert fit_throughput(obs).gamma == pytest.approx(TRUE.gamma, rel=0.2)  # free: recovered
+    with pytest.raises(ValidationError, match="gamma"):
+        fit_throughput(obs, gamma=0.5)

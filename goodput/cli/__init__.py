@@ -19,6 +19,7 @@ SUBCOMMANDS = [  # in workflow order
     "goodput.cli.demo",
     "goodput.cli.profile",
     "goodput.cli.fit",
+    "goodput.cli.accuracy",
     "goodput.cli.allocate",
     "goodput.cli.simulate",
     "goodput.cli.compare",

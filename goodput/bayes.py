@@ -1,0 +1,239 @@
+"""The Bayesian layer of a job's model: Pollux mean × GP residual, per refit.
+
+A :class:`BayesState` is what one refit of :class:`goodput.model.JobModel`
+produces: per GPU type the prior mean (the type's own Pollux fit in regimes it
+has been observed in, an ensemble of transferred sync profiles elsewhere:
+:class:`goodput.transfer.TypeTransfer`), the GP hyperparameters and the
+posterior (:mod:`goodput.gp`). Between refits it answers predictions and
+conditions on new observations online.
+
+The log step time of a configuration on GPU type t is predicted as::
+
+    log T = m_t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
+
+and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
+its logarithm ``sqrt(σ² + noise + d + v_fit)``: ``d`` is the ensemble's
+variance (plus a structural term) in regimes the type has not been observed in,
+``v_fit`` the delta-method variance of the type's own fitted parameters.
+
+If the GP cannot be factorised even with jitter, the state falls back to the
+parametric prediction with an inflated log-std (:data:`FALLBACK_LOG_STD` or 3×
+the residual RMS, whichever is larger) and records why in ``reason``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .gp import (
+    GPHyperparameters,
+    GPNumericalError,
+    OnlinePosterior,
+    config_features,
+    fit_hyperparameters,
+)
+from .observations import Observation
+from .throughput import ThroughputParams, throughput_arrays
+from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
+
+__all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
+
+FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
+MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (random subset)
+_G = len(GROUPS)
+
+
+@dataclass
+class Design:
+    """GP inputs of a set of configurations on one type."""
+
+    x: np.ndarray  # (N, D) features
+    t: np.ndarray  # (N,) type index
+    s: np.ndarray  # (N, P) sensitivities × prior stds of the unidentified groups (the GP's linear part)
+    d: np.ndarray  # (N,) structural variance
+    log_mean: np.ndarray  # (N,) log Pollux step time
+    s_id: np.ndarray  # (N, G) sensitivities × prior stds of the identified groups of this type
+
+
+@dataclass
+class BayesState:
+    """One refit's mean, priors, hyperparameters and (online-updated) posterior."""
+
+    types: list[str]
+    transfers: dict[str, TypeTransfer]
+    hyper: GPHyperparameters
+    posterior: OnlinePosterior | None
+    fallback_log_std: float = FALLBACK_LOG_STD
+    reason: str | None = None
+    n_fit: int = 0  # observations the refit used
+    index: dict[str, int] = field(init=False)
+    cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
+    _id: dict[str, np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = {t: i for i, t in enumerate(self.types)}
+        self._id = {}
+        for t in self.types:
+            unidentified = self.transfers[t].regimes.unidentified()
+            self._id[t] = np.array([0.0 if g in unidentified else IDENTIFIED_LOG_STD for g in GROUPS])
+
+    @property
+    def means(self) -> dict[str, ThroughputParams]:
+        return {t: tr.params for t, tr in self.transfers.items()}
+
+    @property
+    def num_sens(self) -> int:
+        return _G * len(self.types)
+
+    def design(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
+               variance: bool = True) -> Design:
+        """GP inputs; ``variance=False`` skips what only the variance needs (the identified groups' sensitivities)."""
+        nodes, replicas, bsz, accum = (np.asarray(a, dtype=float).ravel() for a in np.broadcast_arrays(nodes, replicas, bsz, accum))
+        k = self.index[gpu]
+        transfer = self.transfers[gpu]
+        log_mean, d, covered = transfer.predict_log(nodes, replicas, bsz, accum)
+        linear = transfer.regimes.one_bsz and transfer.alpha_c_log_std
+        s = np.zeros((nodes.size, self.num_sens))
+        if not (variance or linear):
+            return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
+        sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
+        s_id = sens * self._id[gpu] * covered[:, None]
+        if linear:
+            # the unidentified direction moves α_c against β_c at the one batch size observed
+            s[:, _G * k] = sens[:, 0] * (1.0 - bsz / transfer.regimes.bsz0) * transfer.alpha_c_log_std
+        return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, s_id)
+
+    def design_observations(self, observations: Sequence[Observation]) -> tuple[Design, np.ndarray]:
+        """Design of observations (any mix of known types) and their residuals, in input order."""
+        parts: list[tuple[np.ndarray, Design]] = []
+        y_all = np.empty(len(observations))
+        by_type: dict[str, list[int]] = {}
+        for i, o in enumerate(observations):
+            by_type.setdefault(o.gpu_type, []).append(i)
+        for gpu, rows in by_type.items():
+            cols = throughput_arrays([observations[i] for i in rows])
+            design = self.design(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+            y_all[rows] = np.log(cols["step_time"]) - design.log_mean
+            parts.append((np.asarray(rows), design))
+        order = np.concatenate([rows for rows, _ in parts])
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        merged = Design(
+            x=np.vstack([p.x for _, p in parts])[inverse],
+            t=np.concatenate([p.t for _, p in parts])[inverse],
+            s=np.vstack([p.s for _, p in parts])[inverse],
+            d=np.concatenate([p.d for _, p in parts])[inverse],
+            log_mean=np.concatenate([p.log_mean for _, p in parts])[inverse],
+            s_id=np.vstack([p.s_id for _, p in parts])[inverse],
+        )
+        return merged, y_all
+
+    def _id_var(self, gpu: str, design: Design) -> np.ndarray:
+        """Delta-method variance of the Pollux fit's identified parameters at the query points."""
+        cov = self.cov_id.get(gpu)
+        if cov is None:
+            return np.zeros(design.log_mean.shape)
+        return np.einsum("ij,jk,ik->i", design.s_id, cov, design.s_id)
+
+    # ------------------------------------------------------------------ prediction
+    def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+        """Posterior mean of log step time (hot path: no variance)."""
+        design = self.design(gpu, nodes, replicas, bsz, accum, variance=False)
+        if self.posterior is None:
+            return design.log_mean
+        try:
+            mu = self.posterior.predict_mean(design.x, design.t, design.s)
+        except (FloatingPointError, ValueError, np.linalg.LinAlgError):
+            return design.log_mean
+        out = design.log_mean + mu
+        return np.where(np.isfinite(out), out, design.log_mean)
+
+    def predict(
+        self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and std of log step time (of a new measurement: noise included)."""
+        design = self.design(gpu, nodes, replicas, bsz, accum)
+        fallback = np.full(design.log_mean.shape, self.fallback_log_std)
+        if self.posterior is None:
+            return design.log_mean, np.sqrt(fallback**2 + design.d)
+        try:
+            mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
+            var = var + self._id_var(gpu, design)
+        except (FloatingPointError, ValueError, np.linalg.LinAlgError):
+            return design.log_mean, fallback
+        ok = np.isfinite(mu) & np.isfinite(var)
+        return np.where(ok, design.log_mean + mu, design.log_mean), np.where(ok, np.sqrt(var), fallback)
+
+    # ------------------------------------------------------------------ online
+    def condition(self, observations: Sequence[Observation]) -> float:
+        """Condition the posterior on observations of known types; returns the largest |z| seen before each update.
+
+        Raises :class:`GPNumericalError` when the update cannot be factorised.
+        """
+        if self.posterior is None:
+            raise GPNumericalError("no posterior to update")
+        design, y = self.design_observations(observations)
+        mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
+        z = np.abs(y - mu) / np.sqrt(var)
+        self.posterior.condition(design.x, design.t, design.s, y, design.d)
+        return float(np.max(z)) if z.size else 0.0
+
+
+def build_state(
+    observations: Mapping[str, Sequence[Observation]],
+    transfers: Mapping[str, TypeTransfer],
+    previous: GPHyperparameters | None = None,
+    *,
+    max_points: int = 1024,
+    fit_hyper: bool = True,
+    seed: int = 0,
+) -> BayesState:
+    """Residuals of every observation under ``means``, GP hyperparameters fitted, posterior built."""
+    types = list(observations)
+    hyper = (previous or GPHyperparameters.default(num_tasks=len(types))).with_tasks(len(types))
+    state = BayesState(types=types, transfers=dict(transfers), hyper=hyper, posterior=None)
+    obs = [o for t in types for o in observations[t]]
+    if len(obs) > max_points:  # the most recent ones (each type's list is in arrival order)
+        stamps = np.array([o.timestamp if o.timestamp is not None else -math.inf for o in obs])
+        keep = np.sort(np.argsort(stamps, kind="stable")[-max_points:]) if np.isfinite(stamps).any() else None
+        if keep is None:
+            per = {t: observations[t][-max(1, max_points * len(observations[t]) // len(obs)):] for t in types}
+            obs = [o for t in types for o in per[t]]
+        else:
+            obs = [obs[i] for i in keep]
+    state.n_fit = len(obs)
+    design, y = state.design_observations(obs)
+    rms = float(np.sqrt(np.mean(y**2))) if y.size else 0.0
+    state.fallback_log_std = max(FALLBACK_LOG_STD, 3.0 * rms) if np.isfinite(rms) else FALLBACK_LOG_STD
+    if not np.all(np.isfinite(y)):
+        state.reason = "non-finite residuals"
+        return state
+    if fit_hyper and len(y) >= 4:
+        idx = np.arange(len(y))
+        if len(y) > MAX_FIT_POINTS:
+            idx = np.sort(np.random.default_rng(seed).choice(len(y), MAX_FIT_POINTS, replace=False))
+        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper, extra_noise=design.d[idx])
+    # Laplace (delta-method) covariance of each type's identified parameter groups, whitened by
+    # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the unbiased residual variance of the fit.
+    for k, gpu in enumerate(types):
+        rows = design.t == k
+        s_id = design.s_id[rows]
+        active = np.linalg.norm(s_id, axis=0) > 1e-9
+        n, p = int(rows.sum()), int(active.sum())
+        rss = float(np.sum(y[rows] ** 2))
+        r2 = max(rss / (n - p) if n > p else 0.0, state.hyper.noise, 1e-6)
+        info = s_id.T @ s_id / r2 + np.eye(_G)
+        try:
+            state.cov_id[gpu] = np.linalg.inv(info)
+        except np.linalg.LinAlgError:
+            state.cov_id[gpu] = np.eye(_G)
+    try:
+        state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y, extra_noise=design.d)
+    except GPNumericalError as exc:
+        state.reason = f"GP not positive definite: {exc}"
+        state.posterior = None
+    return state

@@ -1,0 +1,42 @@
+"""``goodput accuracy DATA_DIR``: accuracy of step-time prediction on measured data (see experiments/accuracy.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+PROTOCOLS = ("P1", "P2", "P3", "P4", "P5")
+METHODS = ("bayes", "bayes-noprior", "pollux", "linear", "sia")
+
+
+def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The accuracy harness's arguments (shared by ``goodput accuracy`` and ``python -m experiments.accuracy``)."""
+    p.add_argument("data_dir", help="measurements: <model>/placements-<gpu_type>.csv, Pollux traces, Gavel/Zeus folder or *.jsonl profiles")
+    p.add_argument("--out", default="accuracy-results", help="output folder (default: accuracy-results/)")
+    p.add_argument("--models", help="comma-separated models to evaluate (default: all)")
+    p.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"comma-separated subset of {','.join(PROTOCOLS)}")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--seeds", type=int, default=2, help="random orders per type in P4 (default 2)")
+    p.add_argument("--p4-max-test", type=int, default=400, help="held-out observations evaluated per P4 checkpoint")
+    p.add_argument("--gpu-type", default="t4", help="GPU type of files without one in their name (Pollux's traces: t4)")
+    p.add_argument("--resume", action="store_true", help="reuse OUT/rows-<model>.csv of models already evaluated")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "accuracy",
+        help="evaluate the Bayesian model and Sia/Pollux baselines on measured step times (protocols P1-P5)",
+        description="Run protocols P1 (cold), P2 (one type warm), P3 (multi-node), P4 (online) and P5 (batch sweep) "
+        "on a directory of measurements (<model>/placements-<gpu_type>.csv, Pollux traces, Gavel or Zeus folders, "
+        "or JSON Lines profiles); print and save a markdown table and log an MLflow run.",
+    )
+    configure(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from experiments.accuracy import run_from_args
+
+    return run_from_args(args)

@@ -1,0 +1,482 @@
+"""Gaussian-process residual of log step time, shared across GPU types (Hadamard multitask).
+
+The Bayesian layer of :class:`goodput.model.JobModel` models the residual of
+the log step time of a configuration with respect to the Pollux prediction
+(Qiao et al., OSDI'21, eq. 10–12), ``r = log(step_time) − log(T_pollux)``, as
+
+    r(x, t) = f(x, t) + s(x, t)ᵀ δ + ε
+
+* ``f`` is a Gaussian process with the Hadamard multitask kernel
+  ``k((x, t), (x', t')) = B[t, t'] · k_RBF(x, x')`` (Bonilla et al., "Multi-task
+  Gaussian process prediction", NIPS'07; gpytorch's ``IndexKernel`` ×
+  ``RBFKernel``): ``B = w wᵀ + diag(v)`` is a rank-1-plus-diagonal covariance
+  between GPU types, so residual structure learned on one type moves to the
+  others in proportion to their learned correlation. ``x`` are the
+  configuration features of :func:`config_features`.
+* ``s(x, t)ᵀ δ`` is a Bayesian linear model in the (log) Pollux parameters:
+  ``s`` holds, per GPU type, the sensitivities ``∂ log T / ∂ δ`` of the
+  prediction to each parameter group scaled by that group's prior standard
+  deviation, and ``δ ~ N(0, I)``. Marginalising ``δ`` adds the fixed kernel
+  ``s sᵀ``; conditioning on data is then the linearised (Laplace) posterior of
+  the parameters. This carries the uncertainty of parameters that the job's own
+  data do not identify (transferred from other GPU types or other jobs, see
+  :mod:`goodput.transfer`) and of those fitted from few observations.
+* ``ε ~ N(0, σ² + d(x))``: learned measurement noise plus an optional fixed
+  per-point variance ``d`` (structural error in regimes a type has not been
+  observed in).
+
+Hyperparameters (``RBF`` length scales, ``w``, ``v``, ``σ²``) are fitted by
+maximising gpytorch's exact marginal likelihood in float64; the posterior is
+then held as a Cholesky factor in numpy (:class:`OnlinePosterior`) that new
+observations extend incrementally in O(n²), without refitting the
+hyperparameters. Gpytorch's ``get_fantasy_model`` does the same; an explicit
+factor keeps the scheduler's hot path free of torch and lets the jitter be
+escalated per update. :func:`gpytorch_posterior` computes the same posterior
+with gpytorch's own batch prediction — the reference the online update is
+tested against.
+
+Numerical trouble (a covariance that is not positive definite) is answered by
+escalating jitter; if that fails, :class:`GPNumericalError` is raised for the
+caller (``JobModel``) to fall back to the parametric prediction.
+
+Example::
+
+    x = config_features(np.ones(3), np.array([1, 2, 4]), np.full(3, 64.0), np.zeros(3))
+    hyper = GPHyperparameters.default(num_features=x.shape[1], num_tasks=1)
+    post = OnlinePosterior(hyper, x, np.zeros(3, int), np.zeros((3, 0)), np.array([0.0, 0.1, 0.2]))
+    mean, var = post.predict(x[:1], np.zeros(1, int), np.zeros((1, 0)))
+    post.condition(x[1:2], np.zeros(1, int), np.zeros((1, 0)), np.array([0.12]))
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+__all__ = [
+    "FEATURE_NAMES",
+    "config_features",
+    "GPHyperparameters",
+    "GPNumericalError",
+    "OnlinePosterior",
+    "covariance",
+    "cholesky_with_jitter",
+    "fit_hyperparameters",
+    "gpytorch_posterior",
+]
+
+FEATURE_NAMES = ("log2_local_bsz", "log2_replicas", "log2_nodes", "multi_replica", "multi_node", "log2_accum")
+
+# Relative jitters tried, in order, when a covariance is not numerically positive definite.
+JITTERS = (0.0, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2)
+NOISE_FLOOR = 1e-5  # variance of log step time: a 0.3% measurement spread
+NOISE_PRIOR = 1e-3  # median of the noise variance's log-normal prior: a 3% spread
+
+
+class GPNumericalError(ArithmeticError):
+    """The covariance could not be factorised even with the largest jitter."""
+
+
+def config_features(nodes: Any, replicas: Any, bsz: Any, accum: Any) -> np.ndarray:
+    """GP inputs of configurations, shape (N, 6): see :data:`FEATURE_NAMES`.
+
+    Logarithms base 2 make a doubling one unit; the two indicators mark the
+    regimes where Pollux's model changes form (gradient sync appears at 2
+    replicas; inter-node sync at 2 nodes).
+    """
+    nodes, replicas, bsz, accum = (np.asarray(a, dtype=float).ravel() for a in np.broadcast_arrays(nodes, replicas, bsz, accum))
+    return np.column_stack(
+        [np.log2(bsz), np.log2(replicas), np.log2(nodes), (replicas > 1).astype(float), (nodes > 1).astype(float), np.log2(accum + 1.0)]
+    )
+
+
+@dataclass(frozen=True)
+class GPHyperparameters:
+    """Hyperparameters of the residual GP.
+
+    Attributes:
+        lengthscale: RBF length scale per feature (feature units: doublings, indicators).
+        task_factor: ``w`` of the task covariance ``B = w wᵀ + diag(v)`` (one per GPU type).
+        task_var: ``v``, per-type variance not shared with other types.
+        noise: variance of the measurement noise of log step time.
+    """
+
+    lengthscale: tuple[float, ...]
+    task_factor: tuple[float, ...]
+    task_var: tuple[float, ...]
+    noise: float
+
+    @classmethod
+    def default(cls, num_features: int = len(FEATURE_NAMES), num_tasks: int = 1) -> GPHyperparameters:
+        """A prior guess: residual std ≈ 0.1 (10%), 90% correlated across types, length scale 2 doublings, 3% noise."""
+        return cls(
+            lengthscale=(2.0,) * num_features,
+            task_factor=(0.095,) * num_tasks,
+            task_var=(0.001,) * num_tasks,
+            noise=1e-3,
+        )
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_factor)
+
+    def task_covariance(self) -> np.ndarray:
+        w = np.asarray(self.task_factor, dtype=float)
+        return np.outer(w, w) + np.diag(np.asarray(self.task_var, dtype=float))
+
+    def task_correlation(self) -> np.ndarray:
+        b = self.task_covariance()
+        d = np.sqrt(np.diag(b))
+        return b / np.outer(d, d)
+
+    def with_tasks(self, num_tasks: int) -> GPHyperparameters:
+        """The same hyperparameters for more GPU types (new ones start at the mean of the known)."""
+        if num_tasks <= self.num_tasks:
+            return replace(self, task_factor=self.task_factor[:num_tasks], task_var=self.task_var[:num_tasks])
+        extra = num_tasks - self.num_tasks
+        w = float(np.mean(self.task_factor)) if self.task_factor else 0.095
+        v = float(np.mean(self.task_var)) if self.task_var else 0.001
+        return replace(self, task_factor=self.task_factor + (w,) * extra, task_var=self.task_var + (v,) * extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lengthscale": list(self.lengthscale), "task_factor": list(self.task_factor),
+                "task_var": list(self.task_var), "noise": self.noise}
+
+
+def covariance(
+    hyper: GPHyperparameters,
+    x1: np.ndarray,
+    t1: np.ndarray,
+    s1: np.ndarray,
+    x2: np.ndarray,
+    t2: np.ndarray,
+    s2: np.ndarray,
+) -> np.ndarray:
+    """Prior covariance of the residual (without noise) between two sets of points.
+
+    ``x``: features (N, D); ``t``: GPU-type indices (N,); ``s``: sensitivity
+    features (N, P) of the linear parameter model (P may be 0).
+    """
+    ls = np.asarray(hyper.lengthscale, dtype=float)
+    a = x1 / ls
+    b = x2 / ls
+    d2 = np.maximum((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T), 0.0)
+    task = hyper.task_covariance()
+    k = np.exp(-0.5 * d2) * task[np.ix_(t1, t2)]
+    if s1.shape[1]:
+        k = k + s1 @ s2.T
+    return k
+
+
+def cholesky_with_jitter(k: np.ndarray, start: float = 0.0) -> tuple[np.ndarray, float]:
+    """Lower Cholesky factor of ``k``, adding jitter (relative to its mean diagonal) until it factorises.
+
+    Returns the factor and the absolute jitter added; raises :class:`GPNumericalError`.
+    """
+    if not np.all(np.isfinite(k)):
+        raise GPNumericalError("covariance has non-finite entries")
+    scale = float(np.mean(np.diag(k))) if k.size else 1.0
+    if not scale > 0:
+        scale = 1.0
+    for rel in JITTERS:
+        jitter = max(rel * scale, start)
+        if rel and jitter <= start and start:
+            continue
+        try:
+            factor = np.linalg.cholesky(k + jitter * np.eye(k.shape[0]) if jitter else k)
+        except np.linalg.LinAlgError:
+            continue
+        if np.all(np.isfinite(factor)):
+            return factor, jitter
+    raise GPNumericalError(f"covariance of size {k.shape[0]} is not positive definite even with jitter {JITTERS[-1]:g}×{scale:.3g}")
+
+
+@dataclass
+class OnlinePosterior:
+    """The GP posterior given training points, extended online by :meth:`condition`.
+
+    Holds ``L`` with ``L Lᵀ = K + diag(σ² + d) + jitter·I`` and ``α = (L Lᵀ)⁻¹ y``.
+    Conditioning on m new points appends m rows to ``L`` (a block Cholesky
+    update, O(n² m)); the hyperparameters stay fixed.
+
+    Args:
+        hyper: the GP hyperparameters.
+        x, t, s, y: features, type indices, sensitivity features, residuals.
+        extra_noise: per-point extra variance ``d`` (default 0).
+    """
+
+    hyper: GPHyperparameters
+    x: np.ndarray
+    t: np.ndarray
+    s: np.ndarray
+    y: np.ndarray
+    extra_noise: np.ndarray | None = None
+    jitter: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self.x = np.asarray(self.x, dtype=float).reshape(len(self.y), -1)
+        self.t = np.asarray(self.t, dtype=int).ravel()
+        self.s = np.asarray(self.s, dtype=float).reshape(len(self.y), -1)
+        self.y = np.asarray(self.y, dtype=float).ravel()
+        d = np.zeros_like(self.y) if self.extra_noise is None else np.asarray(self.extra_noise, dtype=float).ravel()
+        self.extra_noise = d
+        k = covariance(self.hyper, self.x, self.t, self.s, self.x, self.t, self.s)
+        k[np.diag_indices_from(k)] += self.hyper.noise + d
+        self.L, self.jitter = cholesky_with_jitter(k)
+        self._refresh()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def _refresh(self) -> None:
+        self.alpha = scipy.linalg.cho_solve((self.L, True), self.y, check_finite=False)
+        # mean of the linear part's weights: the posterior mean of δ, E[δ] = Sᵀ α
+        self.weights = self.s.T @ self.alpha
+        ls = np.asarray(self.hyper.lengthscale, dtype=float)
+        self._scaled_x = self.x / ls
+        self._scaled_sq = (self._scaled_x**2).sum(1)
+        self._task = self.hyper.task_covariance()
+
+    def condition(self, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None = None) -> None:
+        """Add observations without refitting hyperparameters (block Cholesky update)."""
+        y = np.asarray(y, dtype=float).ravel()
+        m = len(y)
+        if m == 0:
+            return
+        x = np.asarray(x, dtype=float).reshape(m, -1)
+        t = np.asarray(t, dtype=int).ravel()
+        s = np.asarray(s, dtype=float).reshape(m, -1)
+        d = np.zeros(m) if extra_noise is None else np.asarray(extra_noise, dtype=float).ravel()
+        k_old_new = covariance(self.hyper, self.x, self.t, self.s, x, t, s)
+        k_new = covariance(self.hyper, x, t, s, x, t, s)
+        k_new[np.diag_indices_from(k_new)] += self.hyper.noise + d + self.jitter
+        l12 = scipy.linalg.solve_triangular(self.L, k_old_new, lower=True, check_finite=False)
+        schur = k_new - l12.T @ l12
+        schur = 0.5 * (schur + schur.T)
+        l22, extra_jitter = cholesky_with_jitter(schur)
+        n = len(self.y)
+        big = np.zeros((n + m, n + m))
+        big[:n, :n] = self.L
+        big[n:, :n] = l12.T
+        big[n:, n:] = l22
+        self.L = big
+        if extra_jitter:  # the new block absorbed more jitter: record it for diagnostics
+            self.jitter = max(self.jitter, extra_jitter)
+        self.x = np.vstack([self.x, x])
+        self.t = np.concatenate([self.t, t])
+        self.s = np.vstack([self.s, s])
+        self.y = np.concatenate([self.y, y])
+        self.extra_noise = np.concatenate([self.extra_noise, d])
+        self._refresh()
+
+    def _cross(self, x: np.ndarray, t: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """k(X_train, x): (n, m)."""
+        ls = np.asarray(self.hyper.lengthscale, dtype=float)
+        b = x / ls
+        d2 = np.maximum(self._scaled_sq[:, None] + (b * b).sum(1)[None, :] - 2.0 * (self._scaled_x @ b.T), 0.0)
+        k = np.exp(-0.5 * d2) * self._task[np.ix_(self.t, t)]
+        if self.s.shape[1]:
+            k += self.s @ s.T
+        return k
+
+    def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Posterior mean of the residual at query points (the hot path: no variance)."""
+        ls = np.asarray(self.hyper.lengthscale, dtype=float)
+        b = x / ls
+        d2 = np.maximum(self._scaled_sq[:, None] + (b * b).sum(1)[None, :] - 2.0 * (self._scaled_x @ b.T), 0.0)
+        k = np.exp(-0.5 * d2) * self._task[np.ix_(self.t, t)]
+        mean = k.T @ self.alpha
+        if self.s.shape[1]:
+            mean = mean + s @ self.weights
+        return mean
+
+    def predict(
+        self, x: np.ndarray, t: np.ndarray, s: np.ndarray, *, noise: bool = True, extra_noise: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and variance of the residual; ``noise=True`` adds σ² (+ ``extra_noise``): a new measurement's spread."""
+        x = np.asarray(x, dtype=float).reshape(len(t), -1)
+        t = np.asarray(t, dtype=int).ravel()
+        s = np.asarray(s, dtype=float).reshape(len(t), -1)
+        k = self._cross(x, t, s)
+        mean = k.T @ self.alpha
+        v = scipy.linalg.solve_triangular(self.L, k, lower=True, check_finite=False)
+        prior = self._task[t, t] + (np.einsum("ij,ij->i", s, s) if s.shape[1] else 0.0)
+        var = np.maximum(prior - np.einsum("ij,ij->j", v, v), 1e-12)
+        if noise:
+            var = var + self.hyper.noise + (0.0 if extra_noise is None else np.asarray(extra_noise, dtype=float))
+        return mean, var
+
+
+# ====================================================================== gpytorch: hyperparameters and the reference posterior
+
+
+def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None,
+                 device: str | None = None):
+    """A gpytorch ExactGP (Hadamard form) holding ``hyper``; float64, on ``device`` (default CPU)."""
+    import gpytorch
+    import torch
+    from linear_operator.operators import RootLinearOperator
+
+    dtype = torch.float64
+    dev = torch.device(device or "cpu")
+    tx = torch.as_tensor(x, dtype=dtype, device=dev)
+    tt = torch.as_tensor(t, dtype=torch.long, device=dev).reshape(-1, 1)
+    ts = torch.as_tensor(s, dtype=dtype, device=dev).reshape(len(y), -1)
+    ty = torch.as_tensor(y, dtype=dtype, device=dev)
+    d = torch.as_tensor(np.zeros(len(y)) if extra_noise is None else extra_noise, dtype=dtype, device=dev)
+
+    class HadamardResidualGP(gpytorch.models.ExactGP):
+        def __init__(self, likelihood: Any) -> None:
+            super().__init__((tx, tt, ts), ty, likelihood)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.data_kernel = gpytorch.kernels.RBFKernel(
+                ard_num_dims=x.shape[1], lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 0.5),
+                lengthscale_constraint=gpytorch.constraints.Interval(0.05, 50.0),
+            )
+            self.task_kernel = gpytorch.kernels.IndexKernel(num_tasks=hyper.num_tasks, rank=1)
+
+        def forward(self, xi: Any, ti: Any, si: Any) -> Any:
+            covar = self.data_kernel(xi).mul(self.task_kernel(ti))
+            if si.shape[-1]:
+                covar = covar + RootLinearOperator(si)
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(xi), covar)
+
+    constraint = gpytorch.constraints.GreaterThan(NOISE_FLOOR)
+    # A weak prior on the noise variance, centred on a 3% spread of step times: with a handful of
+    # observations the Pollux mean fits them almost exactly, and the maximum-likelihood noise
+    # would collapse to the floor (overconfident intervals); with many, the data decide.
+    noise_prior = gpytorch.priors.LogNormalPrior(math.log(NOISE_PRIOR), 1.0)
+    if float(d.max() if d.numel() else 0.0) > 0:
+        # learned homoscedastic noise on top of the fixed per-point variance d
+        likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=d, learn_additional_noise=True, noise_constraint=constraint,
+                                                                       noise_prior=noise_prior)
+    else:
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=constraint, noise_prior=noise_prior)
+    model = HadamardResidualGP(likelihood).to(dev, dtype)
+    likelihood = likelihood.to(dev, dtype)
+    model.data_kernel.lengthscale = torch.as_tensor(np.clip(hyper.lengthscale, 0.051, 49.9), dtype=dtype, device=dev).reshape(1, -1)
+    model.task_kernel.covar_factor.data = torch.as_tensor(hyper.task_factor, dtype=dtype, device=dev).reshape(-1, 1)
+    model.task_kernel.var = torch.as_tensor(np.maximum(hyper.task_var, 1e-9), dtype=dtype, device=dev)
+    _set_noise(likelihood, max(hyper.noise, NOISE_FLOOR * 1.0001))
+    return model, likelihood, (tx, tt, ts), ty
+
+
+def _set_noise(likelihood: Any, value: float) -> None:
+    import torch
+
+    device = next(likelihood.parameters()).device
+    if getattr(likelihood, "second_noise_covar", None) is not None:
+        likelihood.second_noise_covar.noise = torch.as_tensor([value], dtype=torch.float64, device=device)
+    else:
+        likelihood.noise = torch.as_tensor([value], dtype=torch.float64, device=device)
+
+
+def _learned_noise(likelihood: Any) -> float:
+    if getattr(likelihood, "second_noise_covar", None) is not None:
+        return float(likelihood.second_noise_covar.noise.detach().cpu().reshape(-1)[0])
+    return float(likelihood.noise.detach().cpu().reshape(-1)[0])
+
+
+def _extract(model: Any, likelihood: Any) -> GPHyperparameters:
+    return GPHyperparameters(
+        lengthscale=tuple(float(v) for v in model.data_kernel.lengthscale.detach().cpu().reshape(-1)),
+        task_factor=tuple(float(v) for v in model.task_kernel.covar_factor.detach().cpu().reshape(-1)),
+        task_var=tuple(float(v) for v in model.task_kernel.var.detach().cpu().reshape(-1)),
+        noise=_learned_noise(likelihood),
+    )
+
+
+def fit_hyperparameters(
+    x: np.ndarray,
+    t: np.ndarray,
+    s: np.ndarray,
+    y: np.ndarray,
+    init: GPHyperparameters,
+    *,
+    extra_noise: np.ndarray | None = None,
+    max_iter: int = 60,
+    device: str | None = None,
+) -> GPHyperparameters:
+    """Maximise gpytorch's exact marginal likelihood (with the length-scale prior) by L-BFGS, from ``init``.
+
+    ``device`` (e.g. ``"cuda"``) runs the optimisation there; the default CPU is
+    faster for the few hundred points a job's model holds. Returns ``init``
+    unchanged when the optimisation fails numerically.
+    """
+    import gpytorch
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # matrices of a few hundred rows: threads only contend (5-15x slower on a busy 2-core host)
+    try:
+        with gpytorch.settings.max_cholesky_size(100_000), gpytorch.settings.cholesky_jitter(double_value=1e-8), \
+                gpytorch.settings.cholesky_max_tries(4):
+            model, likelihood, inputs, target = _torch_model(init, x, t, s, y, extra_noise, device)
+            model.train()
+            likelihood.train()
+            mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+            optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+            def closure() -> Any:
+                optimizer.zero_grad()
+                loss = -mll(model(*inputs), target)
+                loss.backward()
+                return loss
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # gpytorch's NumericalWarning on jitter, sparse-tensor notices
+                optimizer.step(closure)
+            result = _extract(model, likelihood)
+    except Exception:  # noqa: BLE001 - any numerical failure keeps the previous hyperparameters
+        return init
+    finally:
+        torch.set_num_threads(threads)
+    values = np.concatenate([result.lengthscale, result.task_factor, result.task_var, [result.noise]])
+    if not np.all(np.isfinite(values)):
+        return init
+    return result
+
+
+def gpytorch_posterior(
+    hyper: GPHyperparameters,
+    x: np.ndarray,
+    t: np.ndarray,
+    s: np.ndarray,
+    y: np.ndarray,
+    xq: np.ndarray,
+    tq: np.ndarray,
+    sq: np.ndarray,
+    *,
+    extra_noise: np.ndarray | None = None,
+    device: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and latent variance at query points by gpytorch's batch ExactGP prediction (the reference)."""
+    import gpytorch
+    import torch
+
+    if extra_noise is not None and np.any(np.asarray(extra_noise) > 0):
+        raise ValueError("the gpytorch reference supports homoscedastic noise only")
+    model, likelihood, _, _ = _torch_model(hyper, x, t, s, y, None, device)
+    model.eval()
+    likelihood.eval()
+    dev = torch.device(device or "cpu")
+    with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.max_cholesky_size(100_000), \
+            gpytorch.settings.cholesky_jitter(double_value=1e-300), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model(
+            torch.as_tensor(xq, dtype=torch.float64, device=dev),
+            torch.as_tensor(tq, dtype=torch.long, device=dev).reshape(-1, 1),
+            torch.as_tensor(sq, dtype=torch.float64, device=dev).reshape(len(tq), -1),
+        )
+        return out.mean.cpu().numpy().copy(), out.variance.cpu().numpy().copy()
+
+
+def log_marginal_likelihood(post: OnlinePosterior) -> float:
+    """log p(y) of the posterior's data under its hyperparameters (diagnostics)."""
+    n = len(post.y)
+    return float(-0.5 * post.y @ post.alpha - np.log(np.diag(post.L)).sum() - 0.5 * n * math.log(2 * math.pi))

@@ -1,0 +1,680 @@
+"""What a job's other GPU types and other jobs teach about what its own data cannot identify.
+
+Pollux's throughput model (Qiao et al., OSDI'21, §3.2) has seven parameters per
+job and GPU type. A job profiled on 1 GPU per type identifies only the compute
+terms α_c, β_c; the synchronisation terms α_r, β_r (intra-node), α_n, β_n
+(inter-node) and the overlap γ stay unknown, and Pollux falls back to
+optimistic defaults (no sync cost: linear scaling). Transferring single
+parameters is fragile: α_r and γ are nearly collinear on few configurations
+(more overlap needs more sync to explain the same step time), so a ratio taken
+from another job or type, applied to a differently fitted α_r, can be far off.
+
+This module therefore transfers **whole, self-consistent sync profiles**. For
+each *regime* a GPU type has not been observed in (:data:`REGIMES`: 2 GPUs on
+one node, more GPUs on one node, several nodes) it builds an ensemble of
+*members*: complete parameter vectors that keep the job's own compute terms
+and take the sync terms (α_r, β_r, α_n, β_n, γ) from a source that has been
+observed in that regime, scaled by a factor λ:
+
+* **the same job on another GPU type A** (:func:`build_transfer`): λ is fitted
+  to the type's own multi-GPU observations when it has any; otherwise
+  ``λ = (c_B / c_A)^ρ`` with ``c`` the compute time of the smallest
+  micro-batch, over ρ ∈ {0, ½, 1} (ρ = 0: sync costs the same seconds on both
+  types; ρ = 1: sync scales with compute, as Sia's ratio estimator assumes —
+  Jayaram Subramanya et al., SOSP'23 §4.2) and an interconnect factor
+  ``exp(±√3 · 0.5)`` (3-point Gauss–Hermite), since types may sit on different
+  interconnects;
+* **other jobs on the same type** (:class:`ClusterPrior`): λ is fitted to the
+  job's own multi-GPU observations on that type, else to its observations on
+  another type that the other job also ran on (their sync costs relate as on
+  that type), else the ratio of model sizes when both are known, else the
+  ratio of compute times of the smallest micro-batch (compute at a small batch
+  tracks the model's size, as gradient bytes do);
+* **a weak default** when nothing else covers the regime (:data:`DEFAULTS`).
+
+A configuration in an unobserved regime is predicted by the weighted mean of
+the members' log step times; their weighted variance, plus a structural
+variance for Pollux's form (:data:`DEFAULTS` ``struct_std`` or the residuals
+of other jobs' fits), is its prior uncertainty, carried by the Gaussian process
+(:mod:`goodput.gp`) as a per-point variance. In regimes the type has been
+observed in, its own fit is used, and :func:`sensitivities` gives the
+delta-method uncertainty of its identified parameters.
+
+Example::
+
+    prior = ClusterPrior.from_observations(other_jobs_observations)   # {job: [Observation]}
+    model = JobModel("new-job", init_batch_size=128, cluster_prior=prior)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+
+from .errors import DataFormatError, ValidationError
+from .io import atomic_write_text
+from .observations import Observation
+from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
+from .threads import single_threaded
+from .validation import check_float, normalize_gpu_type
+
+__all__ = [
+    "GROUPS",
+    "REGIMES",
+    "DEFAULTS",
+    "LogNormal",
+    "Regimes",
+    "Member",
+    "TypeTransfer",
+    "ClusterPrior",
+    "JobTypeSummary",
+    "config_regime",
+    "compute_reference",
+    "build_transfer",
+    "sensitivities",
+]
+
+# Parameter groups of the delta-method uncertainty of a type's own fit (see sensitivities()):
+#   alpha_c: α_c × e^δ            beta_c: β_c × e^δ
+#   sync:    α_r, β_r, α_n, β_n × e^δ (all sync costs)
+#   slope:   β_r, β_n × e^δ        inter: α_n, β_n × e^δ (the inter-node terms)
+#   gamma:   γ + δ
+GROUPS = ("alpha_c", "beta_c", "sync", "slope", "inter", "gamma")
+# Configuration regimes: 1 GPU; 2 GPUs on one node; more GPUs on one node; several nodes.
+REGIMES = ("one", "intra2", "intramany", "inter")
+IDENTIFIED_LOG_STD = 1.0  # weak prior std of a group the type's own data identify (the data narrow it)
+RHOS = (0.0, 0.5, 1.0)  # exponents of the compute ratio in cross-type sync transfer
+INTERCONNECT_LOG_STD = 0.5  # GPU types may sit on different interconnects
+GH_NODES = (-math.sqrt(3.0), 0.0, math.sqrt(3.0))  # 3-point Gauss-Hermite quadrature of N(0, 1)
+GH_WEIGHTS = (1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0)
+ALPHA_C_LOG_STD = 0.3  # the constant/per-sample split of compute copied from another type
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """A positive quantity's prior: median ``value`` and standard deviation of its logarithm."""
+
+    value: float
+    log_std: float
+
+    def __post_init__(self) -> None:
+        check_float("value", self.value, positive=True)
+        check_float("log_std", self.log_std, nonnegative=True)
+
+
+# Weak defaults when neither the job's other types nor other jobs cover a regime:
+DEFAULTS: dict[str, LogNormal] = {
+    "sync_ratio": LogNormal(0.5, 1.0),  # α_r / compute time of the smallest micro-batch: a factor ~5 either way at 90%
+    "slope_ratio": LogNormal(0.02, 1.0),  # β / α: the per-extra-replica cost a few % of the constant
+    "inter_ratio": LogNormal(3.0, 0.7),  # α_n / α_r: inter-node sync 1–10× intra-node (network vs PCIe/NVLink bandwidth)
+    "struct_std": LogNormal(0.1, 0.0),  # error of Pollux's form in a regime not observed (std of log step time)
+}
+# Sync profiles are transferred as fits with γ held at this value: on configurations where
+# sync hides behind compute, γ and the sync costs are nearly collinear, so profiles with
+# different fitted γ are not comparable (one job's γ = 2.5 with large α_r explains the same
+# single-node steps as γ = 1 with small α_r, but predicts very different multi-node ones).
+TRANSFER_GAMMA = 1.5  # between no overlap (1) and full overlap (10)
+DEFAULT_GAMMA = TRANSFER_GAMMA
+
+
+def config_regime(nodes: Any, replicas: Any) -> np.ndarray:
+    """Regime index (into :data:`REGIMES`) of configurations."""
+    nodes = np.asarray(nodes, dtype=float)
+    replicas = np.asarray(replicas, dtype=float)
+    return np.where(replicas <= 1, 0, np.where(nodes > 1, 3, np.where(replicas > 2, 2, 1))).astype(int)
+
+
+# ====================================================================== what a type's data identify
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """What a job has been observed in on one GPU type."""
+
+    covered: tuple[int, ...]  # regime indices (REGIMES) with at least one observation
+    has_many: bool  # some observation with num_replicas > 2 (on one node or several)
+    one_bsz: bool  # a single local batch size
+    min_bsz: float  # smallest local batch observed (1-replica observations preferred)
+    bsz0: float  # the batch size of a one_bsz type
+
+    @classmethod
+    def of(cls, observations: Iterable[Observation]) -> Regimes:
+        cols = throughput_arrays(observations)
+        nodes, replicas, bsz = cols["num_nodes"], cols["num_replicas"], cols["local_bsz"]
+        single = replicas == 1
+        return cls(
+            covered=tuple(sorted({int(r) for r in config_regime(nodes, replicas)})),
+            has_many=bool(np.any(replicas > 2)),
+            one_bsz=len(np.unique(bsz)) == 1,
+            min_bsz=float(bsz[single].min()) if single.any() else float(bsz.min()),
+            bsz0=float(bsz[0]),
+        )
+
+    @property
+    def has_multi(self) -> bool:
+        return any(r > 0 for r in self.covered)
+
+    @property
+    def has_single_node_multi(self) -> bool:
+        return 1 in self.covered or 2 in self.covered
+
+    @property
+    def has_inter(self) -> bool:
+        return 3 in self.covered
+
+    def unidentified(self) -> tuple[str, ...]:
+        """Parameter groups the type's data cannot identify (mirrors :func:`fit_throughput`)."""
+        out = []
+        if self.one_bsz:
+            out.append("alpha_c")
+        if not self.has_multi:
+            out += ["sync", "slope", "inter", "gamma"]
+        else:
+            if not self.has_many:
+                out.append("slope")
+            if not self.has_inter:
+                out.append("inter")
+        return tuple(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"covered": list(self.covered), "has_many": self.has_many, "one_bsz": self.one_bsz,
+                "min_bsz": self.min_bsz, "bsz0": self.bsz0}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Regimes:
+        return cls(covered=tuple(int(r) for r in data["covered"]), has_many=bool(data["has_many"]),
+                   one_bsz=bool(data["one_bsz"]), min_bsz=float(data["min_bsz"]), bsz0=float(data["bsz0"]))
+
+
+def compute_reference(params: ThroughputParams, bsz: float) -> float:
+    """Seconds of one micro-batch of compute at ``bsz``: ``α_c + β_c · bsz``."""
+    return float(params.alpha_c + params.beta_c * bsz)
+
+
+# ====================================================================== priors from other jobs
+
+
+@dataclass(frozen=True)
+class JobTypeSummary:
+    """What one job's fitted model says about one GPU type (an entry of a :class:`ClusterPrior`)."""
+
+    job: str
+    gpu_type: str
+    params: ThroughputParams
+    regimes: Regimes
+    c_ref: float  # compute seconds at the job's smallest micro-batch on this type
+    size: float | None = None  # model parameters (when reported)
+    params_g: ThroughputParams | None = None  # fit with γ held at TRANSFER_GAMMA (when it ran multi-GPU)
+    struct_multi: float | None = None  # RMS log residual of its fit on multi-GPU single-node configurations
+    struct_inter: float | None = None  # ... on multi-node configurations
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "job": self.job,
+            "gpu_type": self.gpu_type,
+            "params": {k: v for k, v in self.params.to_dict().items() if k != "fixed"},
+            "fixed": list(self.params.fixed),
+            "regimes": self.regimes.to_dict(),
+            "c_ref": self.c_ref,
+        }
+        for key in ("size", "struct_multi", "struct_inter"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.params_g is not None:
+            out["params_g"] = {k: v for k, v in self.params_g.to_dict().items() if k != "fixed"}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobTypeSummary:
+        params = ThroughputParams(**data["params"], fixed=tuple(data.get("fixed", ())))
+        return cls(
+            job=data["job"],
+            gpu_type=normalize_gpu_type(data["gpu_type"]),
+            params=params,
+            regimes=Regimes.from_dict(data["regimes"]),
+            c_ref=float(data["c_ref"]),
+            size=data.get("size"),
+            params_g=ThroughputParams(**data["params_g"]) if data.get("params_g") else None,
+            struct_multi=data.get("struct_multi"),
+            struct_inter=data.get("struct_inter"),
+        )
+
+
+def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any) -> float | None:
+    cols = throughput_arrays(obs)
+    mask = mask_fn(cols["num_nodes"], cols["num_replicas"])
+    if mask.sum() < 2:
+        return None
+    pred = _step_time(params.as_array(), cols["num_nodes"][mask], cols["num_replicas"][mask], cols["local_bsz"][mask], cols["accum_steps"][mask])
+    return float(np.sqrt(np.mean(np.log(cols["step_time"][mask] / pred) ** 2)))
+
+
+@dataclass
+class ClusterPrior:
+    """Per-GPU-type knowledge from other jobs' fitted models on the same cluster.
+
+    Build it with :meth:`from_observations` (fits Pollux's model per job and
+    type) or :meth:`from_models` (other :class:`~goodput.model.JobModel`\\ s);
+    save/load it as JSON. ``exclude`` drops a job (leave-one-out evaluation).
+    """
+
+    summaries: list[JobTypeSummary] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    @single_threaded
+    def from_observations(
+        cls, observations: Mapping[str, Iterable[Observation]], sizes: Mapping[str, float] | None = None
+    ) -> ClusterPrior:
+        """Fit every (job, GPU type) of ``{job: observations}`` and summarise it."""
+        out = []
+        for job, obs in observations.items():
+            by_type: dict[str, list[Observation]] = {}
+            for o in obs:
+                by_type.setdefault(o.gpu_type, []).append(o)
+            for gpu, items in sorted(by_type.items()):
+                params = fit_throughput(items)
+                out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job)))
+        return cls(out)
+
+    @classmethod
+    def from_models(cls, models: Iterable[Any]) -> ClusterPrior:
+        """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type refitted to all its data)."""
+        models = list(models)
+        return cls.from_observations({m.job: m.observations for m in models},
+                                     sizes={m.job: m.model_size for m in models if getattr(m, "model_size", None)})
+
+    @staticmethod
+    def _summary(job: str, gpu: str, params: ThroughputParams, items: list[Observation], size: float | None) -> JobTypeSummary:
+        regimes = Regimes.of(items)
+        return JobTypeSummary(
+            job=job,
+            gpu_type=gpu,
+            params=params,
+            regimes=regimes,
+            c_ref=compute_reference(params, regimes.min_bsz),
+            size=size,
+            params_g=fit_throughput(items, gamma=TRANSFER_GAMMA) if regimes.has_multi else None,
+            struct_multi=_rms_residual(params, items, lambda n, r: (r > 1) & (n == 1)),
+            struct_inter=_rms_residual(params, items, lambda n, r: n > 1),
+        )
+
+    def exclude(self, job: str) -> ClusterPrior:
+        return ClusterPrior([s for s in self.summaries if s.job != job])
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted({s.job for s in self.summaries})
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({s.gpu_type for s in self.summaries})
+
+    def __len__(self) -> int:
+        return len(self.summaries)
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {"summaries": [s.to_dict() for s in self.summaries]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
+        if not isinstance(data, Mapping) or not isinstance(data.get("summaries"), list):
+            raise ValidationError("cluster_prior", data, "expected {'summaries': [...]}")
+        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]])
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ClusterPrior:
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValidationError) as exc:
+            raise DataFormatError(path, None, "cluster_prior", str(exc)[:80], "not a saved ClusterPrior") from None
+
+    # ------------------------------------------------------------------ queries
+    def on(self, gpu_type: str, regime: int | None = None) -> list[JobTypeSummary]:
+        """Summaries of other jobs on ``gpu_type`` (observed in ``regime`` when given)."""
+        return [s for s in self.summaries if s.gpu_type == gpu_type and (regime is None or regime in s.regimes.covered)]
+
+    def find(self, job: str, gpu_type: str) -> JobTypeSummary | None:
+        for s in self.summaries:
+            if s.job == job and s.gpu_type == gpu_type:
+                return s
+        return None
+
+    def struct(self, gpu_type: str, regime: int) -> float | None:
+        """Typical error of Pollux's form in a regime: RMS log residual of other jobs' fits there."""
+        key = "struct_inter" if regime == 3 else "struct_multi"
+        values = [getattr(s, key) for s in self.summaries if s.gpu_type == gpu_type and getattr(s, key) is not None]
+        if not values:
+            values = [getattr(s, key) for s in self.summaries if getattr(s, key) is not None]
+        return float(np.sqrt(np.mean(np.square(values)))) if values else None
+
+
+# ====================================================================== ensembles for unobserved regimes
+
+
+@dataclass(frozen=True)
+class Member:
+    """One complete parameter vector (θ in PARAM_NAMES order) of an ensemble, with its weight and origin."""
+
+    theta: np.ndarray
+    weight: float
+    source: str
+
+
+@dataclass
+class TypeTransfer:
+    """One GPU type of a job: its own fit, and ensembles for the regimes it has not been observed in.
+
+    Attributes:
+        gpu_type: the type.
+        regimes: what its data cover.
+        params: its own fit (compute split from other types when it saw one
+            batch size); unobserved sync terms replaced by the ensemble's
+            weighted geometric mean (a representative, for display).
+        members: per unobserved regime index, the ensemble (weights sum to 1).
+        struct: per unobserved regime index, the structural std of log step time.
+        alpha_c_log_std: prior std of the compute split when it came from other types (else 0).
+        sources: per regime name, where its ensemble came from.
+        inflate: per unobserved regime index, a factor on the ensemble's variance.
+    """
+
+    gpu_type: str
+    regimes: Regimes
+    params: ThroughputParams
+    members: dict[int, list[Member]] = field(default_factory=dict)
+    struct: dict[int, float] = field(default_factory=dict)
+    alpha_c_log_std: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict)
+    inflate: dict[int, float] = field(default_factory=dict)  # per regime: factor on the ensemble variance
+
+    def __post_init__(self) -> None:
+        self.theta = self.params.as_array()
+        self._stack = {r: (np.stack([m.theta for m in ms]), np.array([m.weight for m in ms])) for r, ms in self.members.items() if ms}
+
+    def predict_log(self, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Prior mean and variance of log step time, and whether each configuration's regime was observed."""
+        log_mean = np.log(_step_time(self.theta, nodes, replicas, bsz, accum))
+        var = np.zeros_like(log_mean)
+        regime = config_regime(nodes, replicas)
+        covered = np.isin(regime, self.regimes.covered) | (regime == 0)
+        if covered.all():
+            return log_mean, var, covered
+        for r in np.unique(regime[~covered]):
+            rows = regime == r
+            if r in self._stack:
+                thetas, weights = self._stack[r]
+                logs = np.log(np.stack([_step_time(th, nodes[rows], replicas[rows], bsz[rows], accum[rows]) for th in thetas]))
+                mean = weights @ logs
+                log_mean[rows] = mean
+                var[rows] = (weights @ (logs - mean) ** 2) * self.inflate.get(int(r), 1.0)
+            var[rows] += self.struct.get(int(r), 0.0) ** 2
+        return log_mean, var, covered
+
+
+def _member_theta(own: np.ndarray, source: np.ndarray, scale: float) -> np.ndarray:
+    """Own compute terms, the source's sync terms × ``scale``, γ = :data:`TRANSFER_GAMMA`."""
+    theta = source.copy()
+    theta[0], theta[1] = own[0], own[1]
+    theta[2:6] = source[2:6] * scale
+    theta[6] = TRANSFER_GAMMA
+    return theta
+
+
+SCALE_RANGE = 100.0  # a fitted λ may differ from its compute-ratio guess by at most this factor
+
+
+def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarray], guess: float = 1.0) -> float | None:
+    """λ minimising the squared log error of ``_member_theta(own, source, λ)`` on multi-GPU observations.
+
+    Searched within ``guess`` ×/÷ :data:`SCALE_RANGE`; ``None`` when the optimum sits on that
+    bound (the observations do not identify λ, e.g. the source shows no sync cost at all).
+    """
+    target = np.log(cols["step_time"])
+
+    def loss(u: float) -> float:
+        pred = _step_time(_member_theta(own, source, math.exp(u)), cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+        return float(np.sum((np.log(pred) - target) ** 2))
+
+    low, high = math.log(guess / SCALE_RANGE), math.log(guess * SCALE_RANGE)
+    result = scipy.optimize.minimize_scalar(loss, bounds=(low, high), method="bounded", options={"xatol": 1e-3})
+    u = float(result.x)
+    if not np.isfinite(u) or min(u - low, high - u) < 0.01:
+        return None
+    return math.exp(u)
+
+
+def _default_source(c_ref: float) -> np.ndarray:
+    alpha_r = DEFAULTS["sync_ratio"].value * c_ref
+    alpha_n = DEFAULTS["inter_ratio"].value * alpha_r
+    slope = DEFAULTS["slope_ratio"].value
+    return np.array([0.0, 0.0, alpha_n, slope * alpha_n, alpha_r, slope * alpha_r, DEFAULT_GAMMA])
+
+
+def _normalised(members: list[Member], total: float = 1.0) -> list[Member]:
+    weight = sum(m.weight for m in members)
+    return [Member(m.theta, total * m.weight / weight, m.source) for m in members] if weight > 0 else []
+
+
+def build_transfer(
+    own_fits: Mapping[str, ThroughputParams],
+    observations: Mapping[str, Sequence[Observation]],
+    cluster_prior: ClusterPrior | None = None,
+    *,
+    size: float | None = None,
+    defaults: bool = True,
+    keep_own: Iterable[str] = (),
+    cache: dict[Any, Any] | None = None,
+) -> dict[str, TypeTransfer]:
+    """Ensembles for every type of one job (see the module docstring).
+
+    ``own_fits`` holds each type's Pollux fit to its own ``observations``;
+    types in ``keep_own`` (fitted with a caller's explicit prior) keep their fit everywhere.
+    ``cache`` (a dict the caller keeps) memoises the γ-held fits by (type, number of observations).
+    """
+    keep_own = set(keep_own)
+    regimes = {t: Regimes.of(obs) for t, obs in observations.items()}
+    c_ref = {t: max(compute_reference(own_fits[t], regimes[t].min_bsz), 1e-9) for t in own_fits}
+    multi_cols = {}
+    held: dict[str, np.ndarray] = {}  # γ-held fits of the types with multi-GPU data (the sources)
+    for t, obs in observations.items():
+        multi = [o for o in obs if o.num_replicas > 1]
+        if multi:
+            multi_cols[t] = throughput_arrays(multi)
+            if gpu_sources_needed(regimes, t):
+                key = ("held", t, len(obs))
+                if cache is None or key not in cache:
+                    value = fit_throughput(obs, gamma=TRANSFER_GAMMA).as_array()
+                    if cache is None:
+                        held[t] = value
+                        continue
+                    cache[key] = value
+                held[t] = cache[key]
+    out: dict[str, TypeTransfer] = {}
+    for gpu, params in own_fits.items():
+        reg = regimes[gpu]
+        own = params.as_array()
+        sources: dict[str, str] = {}
+        alpha_c_std = 0.0
+        if reg.one_bsz:
+            fractions = [p.alpha_c / compute_reference(p, reg.bsz0) for t, p in own_fits.items() if t != gpu and not regimes[t].one_bsz]
+            if fractions:
+                c0 = compute_reference(params, reg.bsz0)
+                f = min(max(float(np.median(fractions)), 1e-6), 1 - 1e-6)
+                own[0], own[1] = f * c0, (1 - f) * c0 / reg.bsz0
+                alpha_c_std = ALPHA_C_LOG_STD if len(fractions) == 1 else max(float(np.std(np.log(fractions))), ALPHA_C_LOG_STD)
+                sources["compute split"] = "other GPU types of this job"
+            else:
+                alpha_c_std = 0.7
+                sources["compute split"] = "Pollux default (half the compute)"
+        members: dict[int, list[Member]] = {}
+        struct: dict[int, float] = {}
+        inflate: dict[int, float] = {}
+        for regime in (1, 2, 3):
+            if regime in reg.covered or gpu in keep_own:
+                continue
+            family_w: list[Member] = []
+            for src_type, src_reg in regimes.items():
+                if src_type == gpu or regime not in src_reg.covered:
+                    continue
+                source = held[src_type]
+                if gpu in multi_cols:
+                    lam = _fit_scale(own, source, multi_cols[gpu], c_ref[gpu] / c_ref[src_type])
+                    if lam is not None:
+                        family_w.append(Member(_member_theta(own, source, lam), 1.0, f"{src_type}, scaled to own multi-GPU data"))
+                else:
+                    ratio = c_ref[gpu] / c_ref[src_type]
+                    group = [
+                        Member(_member_theta(own, source, ratio**rho * math.exp(z * INTERCONNECT_LOG_STD)), w / len(RHOS), f"{src_type}, compute ratio^{rho}")
+                        for rho in RHOS
+                        for z, w in zip(GH_NODES, GH_WEIGHTS)
+                    ]
+                    family_w += _normalised(group)
+            family_x: list[Member] = []
+            if cluster_prior is not None:
+                for other in cluster_prior.on(gpu, regime):
+                    if other.params_g is None:
+                        continue
+                    source = other.params_g.as_array()
+                    guess = size / other.size if size is not None and other.size else c_ref[gpu] / other.c_ref
+                    lam, how = None, ""
+                    if gpu in multi_cols:
+                        lam, how = _fit_scale(own, source, multi_cols[gpu], guess), "scaled to own multi-GPU data"
+                        if lam is None:
+                            continue  # its sync profile cannot be matched to the job's: no vote
+                    else:
+                        for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
+                            on_ref = cluster_prior.find(other.job, ref)
+                            if on_ref is not None and on_ref.params_g is not None:
+                                ref_guess = size / other.size if size is not None and other.size else c_ref[ref] / on_ref.c_ref
+                                lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess)
+                                if lam is not None:
+                                    how = f"scaled as on {ref}"
+                                    break
+                        if lam is None:
+                            lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by compute")
+                    family_x.append(Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}"))
+            family_d: list[Member] = []
+            if defaults:
+                source = _default_source(c_ref[gpu])
+                lam = _fit_scale(own, source, multi_cols[gpu]) if gpu in multi_cols else None
+                if lam is not None:
+                    spread = DEFAULTS["inter_ratio"].log_std if regime == 3 else DEFAULTS["slope_ratio"].log_std
+                    for z, w in zip(GH_NODES, GH_WEIGHTS):
+                        theta = _member_theta(own, source, lam)
+                        if regime == 3:
+                            theta[2:4] *= math.exp(z * spread)
+                        else:
+                            theta[3] *= math.exp(z * spread)
+                            theta[5] *= math.exp(z * spread)
+                        family_d.append(Member(theta, w, "weak default, scaled to own multi-GPU data"))
+                else:
+                    spread = DEFAULTS["sync_ratio"].log_std
+                    family_d = [Member(_member_theta(own, source, math.exp(z * spread)), w, "weak default") for z, w in zip(GH_NODES, GH_WEIGHTS)]
+            chosen: list[Member] = []
+            m = len(family_x)
+            # Every source has one vote: each other job, each other type of this job, and — when
+            # nothing else covers the regime, or when the members were scaled to the job's own
+            # multi-GPU data (then they agree on what was observed and may share a shape the job
+            # does not have) — the weak default. The spread of m votes is inflated by (m+1)/(m-1),
+            # the predictive variance of a new draw.
+            calibrated = gpu in multi_cols
+            use_default = bool(family_d) and (not (family_w or family_x) or calibrated)
+            groups_w: dict[str, list[Member]] = {}
+            for mem in family_w:
+                groups_w.setdefault(mem.source.split(",")[0], []).append(mem)
+            votes = len(groups_w) + m + (1 if use_default else 0)
+            for group in groups_w.values():
+                chosen += _normalised(group, 1.0 / votes)
+            for mem in family_x:
+                chosen.append(Member(mem.theta, 1.0 / votes, mem.source))
+            if use_default:
+                chosen += _normalised(family_d, 1.0 / votes)
+            if m >= 2:
+                inflate[regime] = (votes + 1.0) / (votes - 1.0)
+            if chosen:
+                members[regime] = _normalised(chosen)
+                sources[REGIMES[regime]] = "; ".join(sorted({m.source for m in chosen}))
+                value = cluster_prior.struct(gpu, regime) if cluster_prior is not None else None
+                if value is None and defaults:
+                    value = DEFAULTS["struct_std"].value
+                if value:
+                    struct[regime] = value
+        out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate)
+    return out
+
+
+def gpu_sources_needed(regimes: Mapping[str, Regimes], source: str) -> bool:
+    """Whether ``source`` covers a regime some other type of the job lacks (so it serves as a source)."""
+    return any(r != source and any(g not in regimes[r].covered for g in regimes[source].covered if g) for r in regimes)
+
+
+def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed: tuple[str, ...]) -> ThroughputParams:
+    """Own θ with the sync terms of unobserved regimes at the ensembles' weighted geometric means."""
+    theta = own.copy()
+    sync_members = members.get(1) or members.get(2)
+    if sync_members:
+        w = np.array([m.weight for m in sync_members])
+        stack = np.stack([m.theta for m in sync_members])
+        theta[4:6] = np.exp(w @ np.log(np.maximum(stack[:, 4:6], 1e-12)))
+        theta[6] = float(w @ stack[:, 6])
+    if members.get(3):
+        w = np.array([m.weight for m in members[3]])
+        stack = np.stack([m.theta for m in members[3]])
+        theta[2:4] = np.exp(w @ np.log(np.maximum(stack[:, 2:4], 1e-12)))
+    theta[6] = min(max(theta[6], 1.0), 10.0)
+    return ThroughputParams(*theta.tolist(), fixed=fixed)
+
+
+# ====================================================================== sensitivities
+
+
+def sensitivities(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+    """∂ log T_iter / ∂ δ_g for each group of :data:`GROUPS`, shape (N, 6).
+
+    Analytic derivatives of Pollux's T_iter = a·C + (C^γ + S^γ)^{1/γ}
+    (DESIGN.md) with C = α_c + β_c·b and S the sync time.
+    """
+    a_c, b_c, a_n, b_n, a_r, b_r, g = (float(v) for v in theta)
+    nodes, replicas, bsz, accum = (np.asarray(v, dtype=float).ravel() for v in np.broadcast_arrays(nodes, replicas, bsz, accum))
+    multi = replicas > 1
+    inter = multi & (nodes > 1)
+    extra = np.maximum(replicas - 2.0, 0.0)
+    compute = a_c + b_c * bsz
+    alpha = np.where(inter, a_n, a_r)
+    beta = np.where(inter, b_n, b_r)
+    sync = np.where(multi, alpha + beta * extra, 0.0)
+    top = np.maximum(compute, sync)
+    x = compute / top
+    y = sync / top
+    xg, yg = x**g, y**g
+    q = xg + yg
+    overlap = top * q ** (1.0 / g)
+    step = accum * compute + overlap
+    d_c = accum + (compute / overlap) ** (g - 1.0)
+    d_s = np.where(multi & (sync > 0), (np.where(sync > 0, sync, 1.0) / overlap) ** (g - 1.0), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ylogy = np.where(yg > 0, yg * np.log(np.where(y > 0, y, 1.0)), 0.0)
+        d_g = overlap * (-np.log(q) / g**2 + (xg * np.log(x) + ylogy) / (g * q))
+    out = np.empty((step.size, len(GROUPS)))
+    out[:, 0] = d_c * a_c
+    out[:, 1] = d_c * b_c * bsz
+    out[:, 2] = d_s * sync
+    out[:, 3] = d_s * np.where(multi, beta * extra, 0.0)
+    out[:, 4] = d_s * np.where(inter, alpha + beta * extra, 0.0)
+    out[:, 5] = np.where(multi, d_g, 0.0)
+    out /= step[:, None]
+    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+

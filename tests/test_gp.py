@@ -1,0 +1,151 @@
+"""The residual GP: online conditioning equals batch conditioning, jitter, fallback, shrinking uncertainty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from goodput import JobModel, Observation
+from goodput import bayes as bayes_module
+from goodput.gp import (
+    GPHyperparameters,
+    GPNumericalError,
+    OnlinePosterior,
+    cholesky_with_jitter,
+    config_features,
+    fit_hyperparameters,
+    gpytorch_posterior,
+)
+from goodput.throughput import ThroughputParams, predict_step_time
+from tests.test_throughput import synthetic
+
+
+def _data(n: int, tasks: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    nodes = rng.integers(1, 4, n)
+    replicas = nodes * rng.integers(1, 5, n)
+    bsz = 2 ** rng.uniform(3, 9, n)
+    accum = rng.integers(0, 2, n)
+    x = config_features(nodes, replicas, bsz, accum)
+    t = rng.integers(0, tasks, n)
+    s = rng.normal(0, 0.1, (n, 4))
+    y = 0.1 * np.sin(x[:, 0]) + 0.05 * x[:, 1] + 0.1 * s[:, 0] + rng.normal(0, 0.03, n)
+    return x, t, s, y
+
+
+def test_online_update_equals_batch_conditioning():
+    x, t, s, y = _data(50)
+    hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 4.0, 2.5, 2.0, 3.0), task_factor=(0.1, 0.12, 0.08),
+                              task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
+    online = OnlinePosterior(hyper, x[:20], t[:20], s[:20], y[:20])
+    for start in range(20, 50, 7):  # uneven chunks, one at a time at the end
+        online.condition(x[start:start + 7], t[start:start + 7], s[start:start + 7], y[start:start + 7])
+    batch = OnlinePosterior(hyper, x, t, s, y)
+    xq, tq, sq, _ = _data(15, seed=1)
+    m_online, v_online = online.predict(xq, tq, sq, noise=False)
+    m_batch, v_batch = batch.predict(xq, tq, sq, noise=False)
+    np.testing.assert_allclose(m_online, m_batch, atol=1e-10)
+    np.testing.assert_allclose(v_online, v_batch, atol=1e-10)
+    np.testing.assert_allclose(online.predict_mean(xq, tq, sq), m_batch, atol=1e-10)
+    # and gpytorch's own batch ExactGP prediction (Hadamard multitask) with the same hyperparameters
+    m_ref, v_ref = gpytorch_posterior(hyper, x, t, s, y, xq, tq, sq)
+    np.testing.assert_allclose(m_online, m_ref, atol=1e-8)
+    np.testing.assert_allclose(v_online, v_ref, atol=1e-8)
+
+
+def test_hyperparameter_fit_improves_the_marginal_likelihood():
+    from goodput.gp import log_marginal_likelihood
+
+    x, t, s, y = _data(80, seed=2)
+    init = GPHyperparameters.default(num_tasks=3)
+    fitted = fit_hyperparameters(x, t, s, y, init)
+    assert fitted != init
+    assert log_marginal_likelihood(OnlinePosterior(fitted, x, t, s, y)) > log_marginal_likelihood(OnlinePosterior(init, x, t, s, y))
+    assert 1e-4 < fitted.noise < 4e-3  # generated with noise std 0.03 (variance 9e-4)
+
+
+def test_jitter_rescues_a_rank_deficient_covariance():
+    x, t, s, y = _data(5, tasks=1)
+    x, t, s = np.repeat(x[:1], 12, 0), np.repeat(t[:1], 12), np.zeros((12, 0))
+    hyper = GPHyperparameters((2.0,) * 6, (0.1,), (0.0,), noise=0.0)  # duplicates and no noise: singular
+    post = OnlinePosterior(hyper, x, t, s, np.full(12, 0.05))
+    assert post.jitter > 0
+    mean, var = post.predict(x[:1], t[:1], s[:1])
+    assert np.isfinite(mean).all() and np.isfinite(var).all() and mean[0] == pytest.approx(0.05, abs=1e-3)
+    with pytest.raises(GPNumericalError):
+        cholesky_with_jitter(np.full((3, 3), np.nan))
+
+
+def _duplicates(n: int = 12) -> list[Observation]:
+    return [Observation(job="j", gpu_type="t4", num_nodes=1, num_replicas=2, local_bsz=32, step_time=0.1) for _ in range(n)] + [
+        Observation(job="j", gpu_type="t4", num_nodes=1, num_replicas=1, local_bsz=b, step_time=0.01 + 0.001 * b) for b in (8, 16, 64)
+    ]
+
+
+def test_fallback_to_the_parametric_prediction_never_raises(monkeypatch):
+    # A deliberately ill-conditioned input: identical observations, zero noise, and no jitter allowed.
+    monkeypatch.setattr("goodput.gp.JITTERS", (0.0,))
+    singular = GPHyperparameters((2.0,) * 6, (0.1,), (0.0,), noise=0.0)
+    monkeypatch.setattr(bayes_module, "fit_hyperparameters", lambda *args, **kwargs: singular)
+    model = JobModel("j", init_batch_size=32).observe(_duplicates())
+    pred = model.predict("t4", 1, 2, 32)
+    assert model.diagnostics["fallback"] and "positive definite" in model.diagnostics["reason"]
+    assert pred.step_time == pytest.approx(0.1, rel=0.05)  # the Pollux mean
+    assert pred.log_std >= bayes_module.FALLBACK_LOG_STD  # with an inflated std
+    table = model.table(__import__("goodput").Cluster.parse("t4:2x4"))
+    assert np.isfinite(table.frame["std"]).all() and (table.frame["goodput"] > 0).all()
+    # an online update that cannot be factorised schedules a refit instead of raising
+    monkeypatch.setattr("goodput.gp.JITTERS", (0.0, 1e-6))
+    model.refit()
+    assert not model.diagnostics["fallback"]
+    model.observe(_duplicates(1)[0])
+    assert np.isfinite(model.predict("t4", 1, 2, 32).step_time)
+
+
+def test_uncertainty_shrinks_where_data_arrive():
+    truth = ThroughputParams(0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6)
+    model = JobModel("j", init_batch_size=64).observe(synthetic(truth, [(1, 1), (1, 2)], job="j", gpu="t4"))
+    before = model.predict("t4", 1, 4, 64)
+    near_before = model.predict("t4", 1, 4, 128)
+    single_before = model.predict("t4", 1, 1, 64)
+    for bsz in (32, 64, 128):  # the job now runs on 4 GPUs and reports step times
+        t = float(predict_step_time(truth, 1, 4, bsz))
+        model.observe(Observation(job="j", gpu_type="t4", num_nodes=1, num_replicas=4, local_bsz=bsz, step_time=t))
+    after = model.predict("t4", 1, 4, 64)
+    assert after.log_std < 0.6 * before.log_std
+    assert model.predict("t4", 1, 4, 128).log_std < near_before.log_std
+    assert abs(after.step_time / float(predict_step_time(truth, 1, 4, 64)) - 1) < 0.05
+    assert model.predict("t4", 1, 1, 64).log_std <= single_before.log_std * 1.5  # elsewhere: about unchanged
+
+
+def test_online_observe_conditions_without_refitting(monkeypatch):
+    truth = ThroughputParams(0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6)
+    obs = synthetic(truth, [(1, 1), (1, 2), (1, 4), (2, 8)], job="j", gpu="t4")
+    model = JobModel("j", init_batch_size=64, refit_every=1000).observe(obs[:-5])
+    model.predict("t4", 1, 1, 64)
+    refits = model.refits
+    points = model.diagnostics["gp_points"]
+    for o in obs[-5:-1]:
+        model.observe(o)
+    assert model.refits == refits and model.diagnostics["gp_points"] == points + 4  # conditioned, not refitted
+    model.observe(Observation(**{**obs[-1].__dict__, "step_time": obs[-1].step_time * 3}))  # a surprise: |z| > 3
+    assert model.last_z > 3
+    model.predict("t4", 1, 1, 64)
+    assert model.refits == refits + 1
+
+
+@pytest.mark.cuda
+def test_hyperparameters_and_reference_posterior_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x, t, s, y = _data(60, seed=4)
+    init = GPHyperparameters.default(num_tasks=3)
+    on_gpu = fit_hyperparameters(x, t, s, y, init, device="cuda")
+    on_cpu = fit_hyperparameters(x, t, s, y, init)
+    np.testing.assert_allclose(on_gpu.lengthscale, on_cpu.lengthscale, rtol=1e-3)
+    assert on_gpu.noise == pytest.approx(on_cpu.noise, rel=1e-3)
+    mean_gpu, var_gpu = gpytorch_posterior(on_cpu, x, t, s, y, x[:5], t[:5], s[:5], device="cuda")
+    mean_cpu, var_cpu = OnlinePosterior(on_cpu, x, t, s, y).predict(x[:5], t[:5], s[:5], noise=False)
+    np.testing.assert_allclose(mean_gpu, mean_cpu, atol=1e-8)
+    np.testing.assert_allclose(var_gpu, var_cpu, atol=1e-8)

@@ -1,0 +1,160 @@
+"""Transfer across GPU types and jobs: sensitivities, ensembles, the cross-job prior, calibration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.accuracy import predict_linear, predict_sia
+from goodput import JobModel
+from goodput.errors import DataFormatError
+from goodput.throughput import ThroughputParams, _step_time, predict_step_time
+from goodput.transfer import (
+    GROUPS,
+    ClusterPrior,
+    Regimes,
+    build_transfer,
+    config_regime,
+    sensitivities,
+)
+from tests.test_throughput import synthetic
+
+
+def _scaled(params: ThroughputParams, compute: float = 1.0, sync: float = 1.0) -> ThroughputParams:
+    p = params
+    return ThroughputParams(p.alpha_c * compute, p.beta_c * compute, p.alpha_n * sync, p.beta_n * sync,
+                            p.alpha_r * sync, p.beta_r * sync, p.gamma)
+
+
+# A fast type and a 4x slower one on the same interconnect: gradient sync moves the same bytes
+# over the same links in the same seconds; it does not scale with compute, as Sia's ratio
+# estimator assumes (nor does the model know which: its prior spans both).
+FAST = ThroughputParams(0.010, 0.0005, 0.12, 0.006, 0.03, 0.003, 1.5)
+SLOW = ThroughputParams(0.040, 0.0020, 0.12, 0.006, 0.03, 0.003, 1.5)
+SINGLE = [(1, 1)]
+INTRA = [(1, 2), (1, 4), (1, 8)]
+TESTS = [(1, 2), (1, 4), (1, 8), (2, 8), (4, 16)]
+
+
+def _job(name: str, compute: float, sync: float, seed: int, fast_configs=SINGLE + INTRA + [(2, 8)], slow_configs=SINGLE + INTRA + [(2, 8)]):
+    return synthetic(_scaled(FAST, compute, sync), fast_configs, job=name, gpu="fast", seed=seed, accums=(0,)) + synthetic(
+        _scaled(SLOW, compute, sync), slow_configs, job=name, gpu="slow", seed=seed + 100, accums=(0,)
+    )
+
+
+def _ape(pred: np.ndarray, obs) -> np.ndarray:
+    return np.abs(pred / np.array([o.step_time for o in obs]) - 1)
+
+
+def test_sensitivities_match_finite_differences():
+    theta = np.array([0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6])
+    nodes = np.array([1, 1, 1, 2, 4, 1.0])
+    replicas = np.array([1, 2, 4, 8, 16, 4.0])
+    bsz = np.array([16, 32, 64, 128, 64, 8.0])
+    accum = np.array([0, 1, 0, 0, 2, 0.0])
+    analytic = sensitivities(theta, nodes, replicas, bsz, accum)
+    eps = 1e-6
+    perturb = {
+        "alpha_c": lambda th, d: th * np.r_[np.exp(d), 1, 1, 1, 1, 1, 1],
+        "beta_c": lambda th, d: th * np.r_[1, np.exp(d), 1, 1, 1, 1, 1],
+        "sync": lambda th, d: th * np.r_[1, 1, np.exp(d), np.exp(d), np.exp(d), np.exp(d), 1],
+        "slope": lambda th, d: th * np.r_[1, 1, 1, np.exp(d), 1, np.exp(d), 1],
+        "inter": lambda th, d: th * np.r_[1, 1, np.exp(d), np.exp(d), 1, 1, 1],
+        "gamma": lambda th, d: th + np.r_[0, 0, 0, 0, 0, 0, d],
+    }
+    for k, group in enumerate(GROUPS):
+        up = np.log(_step_time(perturb[group](theta, eps), nodes, replicas, bsz, accum))
+        down = np.log(_step_time(perturb[group](theta, -eps), nodes, replicas, bsz, accum))
+        np.testing.assert_allclose(analytic[:, k], (up - down) / (2 * eps), atol=1e-6, err_msg=group)
+
+
+def test_regimes_and_what_they_identify():
+    assert config_regime([1, 1, 1, 2], [1, 2, 4, 2]).tolist() == [0, 1, 2, 3]
+    one_gpu = Regimes.of(synthetic(FAST, SINGLE, gpu="fast"))
+    assert one_gpu.covered == (0,) and set(one_gpu.unidentified()) == {"sync", "slope", "inter", "gamma"}
+    single_node = Regimes.of(synthetic(FAST, SINGLE + [(1, 2)], gpu="fast", bszs=(32,)))
+    assert single_node.unidentified() == ("alpha_c", "slope", "inter")
+
+
+def test_transfer_beats_the_ratio_estimator_on_two_types():
+    """The slow type has only 1-GPU profiles; the fast one ran on 1, 2, 4, 8 GPUs of one node."""
+    train = _job("j", 1.0, 1.0, seed=0, fast_configs=SINGLE + INTRA, slow_configs=SINGLE)
+    test = synthetic(SLOW, TESTS, job="j", gpu="slow", seed=7, accums=(0,))
+    model = JobModel("j", init_batch_size=8).observe(train)
+    ours = model.predict("slow", *(np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")))
+    sia, _, _ = predict_sia(train, test, reference="fast")
+    linear, _, _ = predict_linear(train, test)
+    assert np.median(_ape(ours.step_time, test)) < 0.75 * np.median(_ape(sia, test))
+    assert np.median(_ape(ours.step_time, test)) < np.median(_ape(linear, test))
+    # the intervals are honest about the unknown relation between the two types' interconnects
+    low, high = ours.interval(0.9)
+    actual = np.array([o.step_time for o in test])
+    assert np.mean((low <= actual) & (actual <= high)) > 0.8
+    assert model.diagnostics["transfers"]["slow"]["sources"]["intra2"].startswith("fast")
+
+
+def test_cross_job_prior_gives_a_brand_new_job_multi_gpu_predictions():
+    others = {name: _job(name, c, s, seed=i) for i, (name, c, s) in enumerate([("a", 0.5, 0.6), ("b", 2.0, 1.7), ("c", 1.3, 1.4)])}
+    prior = ClusterPrior.from_observations(others)
+    assert prior.jobs == ["a", "b", "c"] and prior.gpu_types == ["fast", "slow"]
+    new = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE, slow_configs=SINGLE)  # 1-GPU profiles only
+    test = synthetic(SLOW, TESTS, job="new", gpu="slow", seed=12, accums=(0,)) + synthetic(FAST, TESTS, job="new", gpu="fast", seed=13, accums=(0,))
+    errors = {}
+    for name, kwargs in {"prior": {"cluster_prior": prior}, "default": {}, "pollux": {"default_prior": False}}.items():
+        model = JobModel("new", init_batch_size=8, **kwargs).observe(new)
+        pred = np.array([model.predict(o.gpu_type, o.num_nodes, o.num_replicas, o.local_bsz).step_time for o in test])
+        errors[name] = float(np.median(_ape(pred, test)))
+    assert errors["prior"] < 0.06  # other jobs' sync, scaled by this job's compute
+    assert errors["prior"] < errors["default"] < errors["pollux"]  # Pollux's default: linear scaling
+    # and the prior informs a job that has run multi-GPU on one type only (P2): scaled as on that type
+    warm = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE + INTRA, slow_configs=SINGLE)
+    model = JobModel("new", init_batch_size=8, cluster_prior=prior).observe(warm)
+    slow = [o for o in test if o.gpu_type == "slow"]
+    pred = np.array([model.predict("slow", o.num_nodes, o.num_replicas, o.local_bsz).step_time for o in slow])
+    assert np.median(_ape(pred, slow)) < 0.08
+    assert "scaled as on fast" in model.diagnostics["transfers"]["slow"]["sources"]["inter"]
+
+
+def test_cluster_prior_round_trip_and_exclude(tmp_path):
+    prior = ClusterPrior.from_observations({"a": _job("a", 1, 1, 0), "b": _job("b", 2, 2, 1)}, sizes={"a": 1e7})
+    path = prior.save(tmp_path / "prior.json")
+    loaded = ClusterPrior.load(path)
+    assert loaded.to_dict() == prior.to_dict()
+    assert loaded.exclude("a").jobs == ["b"] and len(loaded.exclude("a")) == 2
+    (tmp_path / "bad.json").write_text("{\"summaries\": 3}")
+    with pytest.raises(DataFormatError):
+        ClusterPrior.load(tmp_path / "bad.json")
+
+
+def test_model_size_scales_sync_from_other_jobs():
+    others = {"a": _job("a", 1.0, 0.5, 0), "b": _job("b", 1.0, 2.0, 1)}
+    prior = ClusterPrior.from_observations(others, sizes={"a": 5e6, "b": 2e7})
+    new = _job("new", 1.0, 1.0, seed=3, fast_configs=SINGLE, slow_configs=SINGLE)
+    own = {t: JobModel("new", 8, bayesian=False).observe(new).params(t) for t in ("fast", "slow")}
+    by_type = {t: [o for o in new if o.gpu_type == t] for t in own}
+    transfer = build_transfer(own, by_type, prior, size=1e7)
+    members = transfer["slow"].members[1]
+    assert all("model size" in m.source for m in members if m.source.startswith("job"))
+    mean = np.exp(sum(m.weight * np.log(m.theta[4]) for m in members if m.source.startswith("job")) /
+                  sum(m.weight for m in members if m.source.startswith("job")))
+    assert mean == pytest.approx(SLOW.alpha_r, rel=0.25)  # 0.5x at 5e6 and 2x at 2e7 parameters: 1x at 1e7
+
+
+def test_intervals_are_calibrated_on_held_out_configurations():
+    rng = np.random.default_rng(5)
+    configs = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 4), (2, 8), (3, 12), (4, 16)]
+    bszs = (8, 12, 16, 24, 32, 48, 64, 96, 128)
+    obs = synthetic(SLOW, configs, bszs=bszs, accums=(0, 1), noise=0.05, seed=3, gpu="slow")
+    order = rng.permutation(len(obs))
+    train = [obs[i] for i in order[:40]]
+    test = [obs[i] for i in order[40:]]
+    model = JobModel("j", init_batch_size=8).observe(train)
+    cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz", "accum_steps")}
+    pred = model.predict("slow", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+    low, high = pred.interval(0.9)
+    actual = np.array([o.step_time for o in test])
+    coverage = float(np.mean((low <= actual) & (actual <= high)))
+    assert 0.8 <= coverage <= 0.98, coverage
+    assert np.median(_ape(pred.step_time, test)) < 0.06
+    truth = predict_step_time(SLOW, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+    assert np.median(np.abs(pred.step_time / truth - 1)) < 0.03  # the noise-free truth: closer than the 5% noise
