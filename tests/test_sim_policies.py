@@ -23,13 +23,16 @@ def small_workload(n=8, gap=120.0):
 
 
 def test_oracle_beats_a_deliberately_misinformed_model():
+    """One job at a time on 4 T4s or 4 A100s: a model told that A100s are 6x slower than they are picks T4s."""
     families = load_catalog()
-    jobs = small_workload()
-    oracle = Simulator(jobs, families, SimConfig(cluster=CLUSTER), make_policy("sia-oracle")).run()
-    # every step time the jobs report on A100s is claimed 6x slower than it is: the model shuns the fast type
-    wrong = Simulator(jobs, families, SimConfig(cluster=CLUSTER, observation_bias={"a100": 6.0}), make_policy("sia")).run()
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    jobs = [WorkloadJob(f"c{i}", 4000.0 * i, "cifar10", 4, 512) for i in range(3)]
+    oracle = Simulator(jobs, families, SimConfig(cluster=cluster), make_policy("sia-oracle")).run()
+    wrong = Simulator(jobs, families, SimConfig(cluster=cluster, observation_bias={"a100": 6.0}), make_policy("sia")).run()
     assert oracle.summary["finished"] == wrong.summary["finished"] == len(jobs)
-    assert oracle.summary["avg_jct_s"] < 0.9 * wrong.summary["avg_jct_s"]
+    assert (oracle.jobs["gpu_types_used"] == "a100").all()
+    assert (wrong.jobs["gpu_types_used"] == "t4").all()
+    assert oracle.summary["avg_jct_s"] < 0.6 * wrong.summary["avg_jct_s"]
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
