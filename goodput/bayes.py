@@ -43,6 +43,8 @@ from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
 
 FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
+COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
+WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (random subset)
 _G = len(GROUPS)
 
@@ -216,7 +218,11 @@ def build_state(
         idx = np.arange(len(y))
         if len(y) > MAX_FIT_POINTS:
             idx = np.sort(np.random.default_rng(seed).choice(len(y), MAX_FIT_POINTS, replace=False))
-        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper, extra_noise=design.d[idx])
+        # A refit starts from the previous hyperparameters, which are close: a few L-BFGS
+        # iterations suffice (15 instead of 60 cuts a scheduled refit ~4x at no measured accuracy cost).
+        iterations = WARM_REFIT_ITERATIONS if previous is not None and previous.num_tasks == len(types) else COLD_FIT_ITERATIONS
+        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper,
+                                          extra_noise=design.d[idx], max_iter=iterations)
     # Laplace (delta-method) covariance of each type's identified parameter groups, whitened by
     # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the unbiased residual variance of the fit.
     for k, gpu in enumerate(types):

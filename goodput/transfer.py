@@ -286,11 +286,24 @@ class ClusterPrior:
         return cls(out)
 
     @classmethod
+    @single_threaded
     def from_models(cls, models: Iterable[Any]) -> ClusterPrior:
-        """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type refitted to all its data)."""
-        models = list(models)
-        return cls.from_observations({m.job: m.observations for m in models},
-                                     sizes={m.job: m.model_size for m in models if getattr(m, "model_size", None)})
+        """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type's fit to all its data).
+
+        A model's own per-type fits are reused where it holds them up to date
+        (no refit); anything else is fitted here.
+        """
+        out = []
+        for model in models:
+            size = getattr(model, "model_size", None)
+            by_type: dict[str, list[Observation]] = {}
+            for o in model.observations:
+                by_type.setdefault(o.gpu_type, []).append(o)
+            own_fit = getattr(model, "own_fit", None)
+            for gpu, items in sorted(by_type.items()):
+                params = own_fit(gpu) if own_fit is not None else fit_throughput(items)
+                out.append(cls._summary(model.job, gpu, params, items, size))
+        return cls(out)
 
     @staticmethod
     def _summary(job: str, gpu: str, params: ThroughputParams, items: list[Observation], size: float | None) -> JobTypeSummary:
