@@ -95,3 +95,18 @@ def test_model_bootstrap_profiles_every_type():
     single = [o for o in model.observations if o.num_replicas == 1 and o.source == "simulated"]
     assert len(single) >= 2 * 3  # several batch sizes on each type
     assert result.summary["finished"] == 1
+
+
+def test_cluster_knowledge_reaches_new_jobs():
+    """Finished jobs that ran on several GPUs become the prior of later jobs' models; GP hyperparameters carry over."""
+    from experiments.simulator.policies import make_policy
+
+    families = load_catalog()
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    jobs = [WorkloadJob(f"c{i}", 1500.0 * i, "cifar10", 4, 512) for i in range(4)]
+    sim = Simulator(jobs, families, SimConfig(cluster=cluster), make_policy("sia"))
+    sim.run()
+    assert sim.knowledge.summaries and sim.knowledge.gp_hyperparameters is not None
+    first, last = sim.jobs[0].model, sim.jobs[-1].model
+    assert first.cluster_prior is None  # nothing was known when the first job arrived
+    assert last.cluster_prior is not None and "c0" in last.cluster_prior.jobs

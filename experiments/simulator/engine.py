@@ -180,13 +180,50 @@ class SimResult:
     settings: dict[str, Any]
 
 
-ModelFactory = Callable[[WorkloadJob, Family, Cluster], JobModel]
+@dataclass
+class ClusterKnowledge:
+    """What the scheduler learns across jobs, and hands to each new job's model.
+
+    * ``prior``: a :class:`~goodput.transfer.ClusterPrior` summarising the
+      finished jobs that ran on several GPUs (a rolling window of the
+      ``window`` most recent), so a new job's multi-GPU predictions are not
+      blind (its bootstrap profile holds 1-GPU runs only);
+    * ``gp_hyperparameters``: the latest refitted job's GP hyperparameters, the
+      starting point of a new job's first fit (a short warm refit).
+    """
+
+    window: int = 24
+    summaries: list[Any] = field(default_factory=list)
+    gp_hyperparameters: Any = None
+
+    def prior(self) -> Any:
+        from goodput.transfer import ClusterPrior
+
+        return ClusterPrior(list(self.summaries)) if self.summaries else None
+
+    def learn(self, model: JobModel) -> None:
+        """Fold a finished job's model in (only jobs observed on several GPUs teach anything new)."""
+        if model is None or not any(o.num_replicas > 1 for o in model.observations):
+            return
+        from goodput.transfer import ClusterPrior
+
+        self.summaries = [s for s in self.summaries if s.job != model.job]
+        self.summaries += ClusterPrior.from_models([model]).summaries
+        jobs = list(dict.fromkeys(s.job for s in self.summaries))
+        if len(jobs) > self.window:
+            keep = set(jobs[-self.window:])
+            self.summaries = [s for s in self.summaries if s.job in keep]
 
 
-def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster) -> JobModel:
-    """The job's own model: M0, batch limits and per-type memory limits from its family."""
+ModelFactory = Callable[[WorkloadJob, Family, Cluster, ClusterKnowledge], JobModel]
+
+
+def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster, knowledge: ClusterKnowledge) -> JobModel:
+    """The job's own Bayesian model: M0, batch and per-type memory limits from its family; the
+    cluster's knowledge (other jobs' sync costs, GP hyperparameters) as its prior."""
     bounds = {g: (family.min_local_bsz, family.max_local_bsz[g]) for g in cluster.gpu_types if family.supports(g)}
-    return JobModel(spec.name, family.init_batch_size, max_batch_size=family.max_batch_size, local_bsz_bounds=bounds)
+    return JobModel(spec.name, family.init_batch_size, max_batch_size=family.max_batch_size, local_bsz_bounds=bounds,
+                    cluster_prior=knowledge.prior(), gp_hyperparameters=knowledge.gp_hyperparameters)
 
 
 class Simulator:
@@ -221,6 +258,7 @@ class Simulator:
             raise ValidationError("workload", [], "holds no jobs")
         self.jobs.sort(key=lambda j: (j.spec.time, j.name))
         self.round_records: list[dict[str, Any]] = []
+        self.knowledge = ClusterKnowledge()
         self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
 
@@ -243,7 +281,7 @@ class Simulator:
 
     def _bootstrap(self, job: SimJob) -> None:
         """Sia-style profile on arrival: 1 GPU of every type, a few batch sizes."""
-        job.model = self.model_factory(job.spec, job.family, self.cluster)
+        job.model = self.model_factory(job.spec, job.family, self.cluster, self.knowledge)
         batch: list[Observation] = []
         for gpu_type in self.cluster.gpu_types:
             if not job.family.supports(gpu_type):
@@ -308,6 +346,9 @@ class Simulator:
         if job.table is None or job.table_stale:
             job.table = job.model.table(self.cluster)
             job.table_stale = False
+            hyper = getattr(job.model, "gp_hyperparameters", None)
+            if hyper is not None:
+                self.knowledge.gp_hyperparameters = hyper
         return job.table
 
     # ------------------------------------------------------------------ allocation
@@ -459,6 +500,8 @@ class Simulator:
             done = [j for j in active if j.finish_time is not None]
             for job in done:
                 job.assignment = None
+                if self.policy.adaptive_batch and not self.policy.oracle:
+                    self.knowledge.learn(job.model)
             active = [j for j in active if j.finish_time is None]
             finished += len(done)
             now += round_s
