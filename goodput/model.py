@@ -158,8 +158,10 @@ class JobModel:
             observations (``None``: a quarter of those held, at least 5).
         surprise: refit when a new observation's ``|z|`` exceeds this.
         gp_hyperparameters: initial GP hyperparameters (e.g. another job's on
-            the same cluster, :attr:`gp_hyperparameters`); the first fit then
-            starts from them and takes a short warm refit instead of a cold one.
+            the same cluster, :attr:`gp_hyperparameters`): the model uses them
+            until its own observations call for a refit of the hyperparameters
+            (``refit_every`` new ones, or a surprising one), which then starts
+            from them (a short warm refit instead of a cold one).
         max_gp_points: the GP conditions on at most this many (most recent) observations.
     """
 
@@ -230,7 +232,8 @@ class JobModel:
         # the Bayesian layer
         self._state: BayesState | None = None
         self._refit_due = True
-        self._hyper_due = True  # the next refit also re-optimises the GP hyperparameters
+        # the next refit also re-optimises the GP hyperparameters (not at first when given some)
+        self._hyper_due = gp_hyperparameters is None
         self._pending = 0  # observations since the last refit
         self.refits = 0
         self.last_z: float | None = None  # largest |z| of the last online update
@@ -297,7 +300,9 @@ class JobModel:
         self._pending += len(batch)
         state = self._state
         if self._refit_due or state is None or state.posterior is None or any(o.gpu_type not in state.index for o in batch):
-            self._refit_due = self._hyper_due = True
+            self._refit_due = True
+            if state is not None and (state.posterior is None or any(o.gpu_type not in state.index for o in batch)):
+                self._hyper_due = True  # a new GPU type (a new task) or a failed posterior
             return
         for o in batch:  # a regime the type had not been observed in: its transferred prior gives way to data
             # (the means and transfers are refitted; the GP hyperparameters only on the triggers below)
@@ -343,7 +348,7 @@ class JobModel:
                 self._own_fit(gpu)
             return self
         previous = self._state.hyper if self._state is not None else self._gp_init
-        fit_hyper = hyperparameters or self._state is None or previous is None
+        fit_hyper = hyperparameters or previous is None
         self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points,
                                   fit_hyper=fit_hyper)
         self._refit_due = self._hyper_due = False
