@@ -145,3 +145,16 @@ def test_gp_hyperparameters_of_another_job_warm_start_the_first_fit():
     assert a.step_time == pytest.approx(b.step_time, rel=0.05)
     with pytest.raises(ValidationError, match="gp_hyperparameters"):
         JobModel("j", init_batch_size=64, gp_hyperparameters={"noise": 0.1})
+
+
+def test_given_gp_hyperparameters_are_used_until_the_jobs_own_data_call_for_a_refit():
+    donor = JobModel("donor", init_batch_size=64).observe(observations(job="donor"))
+    donor.predict("t4", 1, 1, 32)
+    given = donor.gp_hyperparameters
+    model = JobModel("j", init_batch_size=64, gp_hyperparameters=given, refit_every=5)
+    model.observe(observations())
+    model.predict("t4", 1, 2, 32)
+    assert model.gp_hyperparameters == given  # the first refit rebuilt means and posterior only
+    model.observe(synthetic(T4, [(1, 2)], bszs=(16, 32, 64), accums=(0, 1), job="j", gpu="t4", seed=9))
+    model.predict("t4", 1, 2, 32)
+    assert model.gp_hyperparameters != given  # six new observations: a regular refit, hyperparameters included
