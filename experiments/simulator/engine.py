@@ -306,42 +306,30 @@ class Simulator:
             job.table_stale = True
 
     # ------------------------------------------------------------------ tables
-    def _oracle_table(self, job: SimJob) -> GoodputTable:
+    def _truth_table(self, job: SimJob, *, fixed_batch: int | None = None) -> GoodputTable:
+        """A table from the ground truth: true goodput at the job's current progress (an oracle's view),
+        or, with ``fixed_batch``, true samples/s at that batch (what Gavel profiles)."""
         rows = []
+        progress = 0.0 if fixed_batch else job.progress
         for pool in self.cluster:
             if not job.family.supports(pool.gpu_type):
                 continue
             configs = pool.configurations()
             nodes = np.array([c[1] for c in configs])
             gpus = np.array([c[2] for c in configs])
-            best = job.family.best_config(pool.gpu_type, nodes, gpus, job.progress)
+            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
+            value = best.throughput if fixed_batch else best.goodput
             for i, (_, n, g) in enumerate(configs):
-                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g, "goodput": float(best.goodput[i]),
+                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g, "goodput": float(value[i]),
                              "batch_size": int(best.batch_size[i]), "local_bsz": int(best.local_bsz[i]),
                              "accum_steps": int(best.accum_steps[i]), "std": 0.0})
-        return GoodputTable(job.name, rows)
-
-    def _fixed_batch_table(self, job: SimJob) -> GoodputTable:
-        """True samples/s at the requested batch on every configuration (what Gavel profiles)."""
-        rows = []
-        for pool in self.cluster:
-            if not job.family.supports(pool.gpu_type):
-                continue
-            configs = pool.configurations()
-            nodes = np.array([c[1] for c in configs])
-            gpus = np.array([c[2] for c in configs])
-            best = job.family.best_config(pool.gpu_type, nodes, gpus, 0.0, fixed_batch=job.spec.batch_size)
-            for i, (_, n, g) in enumerate(configs):
-                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g,
-                             "goodput": float(best.throughput[i]), "batch_size": int(best.batch_size[i]),
-                             "local_bsz": int(best.local_bsz[i]), "accum_steps": int(best.accum_steps[i])})
         return GoodputTable(job.name, rows)
 
     def _table(self, job: SimJob) -> GoodputTable:
         if self.policy.oracle:
             phi = job.family.noise_scale(job.progress)
             if job.table is None or abs(phi / job.table_phi - 1.0) > self.config.table_refresh:
-                job.table, job.table_phi = self._oracle_table(job), phi
+                job.table, job.table_phi = self._truth_table(job), phi
             return job.table
         if job.table is None or job.table_stale:
             job.table = job.model.table(self.cluster)
@@ -357,7 +345,7 @@ class Simulator:
         for job in active:
             adaptive = self.policy.adaptive_batch
             if not adaptive and job.throughput_table is None:
-                job.throughput_table = self._fixed_batch_table(job)
+                job.throughput_table = self._truth_table(job, fixed_batch=job.spec.batch_size)
             views.append(JobView(
                 name=job.name, application=job.spec.application, arrival=job.spec.time, age_s=now - job.spec.time,
                 attained_s=min(job.held_seconds, now - job.spec.time),
