@@ -30,8 +30,8 @@ def test_catalog_is_complete_and_consistent():
 def test_catalog_rate_matches_pollux_progress_definition():
     family = load_catalog()["cifar10"]
     progress = family.work / 3
-    phi = family.noise_scale(progress)
     m0, batch = family.init_batch_size, 4 * 256
+    phi = family.noise_scale(progress, batch)  # the noise of training at this batch
     t_iter = float(predict_step_time(family.params["t4"], 1, 4, 256, 0))
     expected = (phi + m0) / (phi + batch) * batch / m0 / t_iter
     assert family.rate("t4", 1, 4, 256, 0, progress) == pytest.approx(expected)
@@ -116,3 +116,23 @@ def test_synthetic_workload_is_reproducible_and_philly_like():
     assert {j.application for j in a} <= set(families)
     with pytest.raises(ValidationError):
         WorkloadJob("x", -1, "cifar10", 1, 128)
+
+
+def test_noise_scale_interpolates_across_batch_size_runs():
+    """φ of a job training at batch M: between the runs that bracket M (log φ over log batch), clamped outside."""
+    family = ParametricFamily(name="x", init_batch_size=10, max_batch_size=1000, min_local_bsz=1,
+                              max_local_bsz={"t4": 50}, work=100.0,
+                              noise={10: ((0.0, 100.0), (1.0, 100.0)), 1000: ((0.0, 10_000.0), (1.0, 10_000.0))},
+                              params={"t4": ThroughputParams(0.1, 0.01, 0.2, 0.0, 0.1, 0.0, 1.0)})
+    assert family.noise_scale(50) == pytest.approx(100.0)  # the reference run
+    assert family.noise_scale(50, 100) == pytest.approx(1000.0)  # halfway in log batch
+    assert family.noise_scale(50, [5, 5000]).tolist() == pytest.approx([100.0, 10_000.0])
+    e = family.efficiency(50, 100)
+    assert e == pytest.approx((1000.0 + 10) / (1000.0 + 100))
+
+
+def test_catalog_holds_every_batch_size_run():
+    family = load_catalog()["cifar10"]
+    late = family.work * 0.9
+    # Pollux's traces: later in training, larger-batch runs show a larger noise scale
+    assert family.noise_scale(late, 4096) > 2 * family.noise_scale(late, 128)

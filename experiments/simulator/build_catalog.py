@@ -28,7 +28,10 @@ here, from these sources, and the file records how:
   finish is the progress (scale-invariant iterations at the reference batch)
   at that epoch, the minimum over the validated batch sizes as Pollux does.
   The gradient noise scale φ = M0·grad_var/grad_sqr along training is taken
-  from the reference-batch validation trace, summarised by log-spaced knots.
+  from every batch-size run's validation trace (φ differs markedly between
+  them: cifar10 late in training, 2·10⁴ at batch 128 but 1.3·10⁵ at 4096),
+  each summarised by 12 knots; the simulator interpolates between the runs that
+  bracket a job's batch size, as Pollux's simulator does.
 * **Restart cost**: 30 s per reallocation, the delay Pollux's simulator charges.
 * **Workload generator**: application mix from the 8 Pollux workloads
   (``pollux/workloads``), GPU-count distribution and hourly arrival profile
@@ -165,9 +168,9 @@ def derive_params(t4: ThroughputParams, gpu: str, speed: float) -> ThroughputPar
     )
 
 
-def noise_knots(trace_dir: Path, m0: int) -> list[list[float]]:
-    """(fraction of work done, φ) knots from the reference-batch validation trace."""
-    rows = read_validation(trace_dir / f"validation-{m0}.csv")
+def noise_knots(path: Path, m0: int) -> list[list[float]]:
+    """(fraction of the run's progress, φ) knots from one validation trace (φ = M0·grad_var/grad_sqr)."""
+    rows = read_validation(path)
     total = rows[-1].progress
     # Epochs whose |g|² estimate vanished (φ undefined) are skipped: φ is interpolated across them.
     rows = [r for r in rows if r.grad_sqr > 0]
@@ -176,6 +179,12 @@ def noise_knots(trace_dir: Path, m0: int) -> list[list[float]]:
     # Knots evenly spaced in the index (epochs), the first and last always kept.
     picks = np.unique(np.round(np.linspace(0, len(rows) - 1, min(NOISE_KNOTS, len(rows)))).astype(int))
     return [[round(float(fraction[i]), 6), float(f"{phi[i]:.6g}")] for i in picks]
+
+
+def noise_runs(trace_dir: Path, m0: int) -> dict[str, list[list[float]]]:
+    """φ trajectories of every batch-size run (Pollux trained each application at several batch sizes)."""
+    paths = sorted(trace_dir.glob("validation-*.csv"), key=lambda p: int(p.stem.split("-")[1]))
+    return {p.stem.split("-")[1]: noise_knots(p, m0) for p in paths}
 
 
 def family(trace_dir: Path, speed_model: dict[str, Any], gpu_types: list[str]) -> dict[str, Any]:
@@ -200,7 +209,7 @@ def family(trace_dir: Path, speed_model: dict[str, Any], gpu_types: list[str]) -
         "max_local_bsz": max_local,
         "epochs": epochs,
         "work": round(float(work), 3),
-        "noise": noise_knots(trace_dir, m0),
+        "noise": noise_runs(trace_dir, m0),
         "restart_cost_s": RESTART_COST_S,
         "host_bound": name in HOST_BOUND,
         "params": params,

@@ -266,12 +266,16 @@ class Simulator:
     def _noise(self, sigma: float) -> float:
         return float(math.exp(self.rng.normal(0.0, sigma))) if sigma > 0 else 1.0
 
-    def _measure(self, job: SimJob, gpu_type: str, nodes: int, gpus: int, local_bsz: int, accum: int) -> Observation:
+    def _measure(self, job: SimJob, gpu_type: str, nodes: int, gpus: int, local_bsz: int, accum: int,
+                 *, noise_at_reference: bool = False) -> Observation:
+        """A noisy report of a configuration: step and sync times, and the gradient noise the job measures —
+        of the batch it trains at, or (``noise_at_reference``, a profile) of its reference batch M0."""
         family = job.family
         t_iter, sync = family.iter_time(gpu_type, nodes, gpus, local_bsz, accum)
         factor = self._noise(self.config.step_noise) * self.config.observation_bias.get(gpu_type, 1.0)
         step = t_iter * factor
-        phi = family.noise_scale(job.progress) * self._noise(self.config.grad_noise)
+        batch = None if noise_at_reference else gpus * local_bsz * (accum + 1)
+        phi = family.noise_scale(job.progress, batch) * self._noise(self.config.grad_noise)
         m0 = family.init_batch_size
         return Observation(
             job=job.name, gpu_type=gpu_type, num_nodes=nodes, num_replicas=gpus, local_bsz=local_bsz,
@@ -289,7 +293,7 @@ class Simulator:
             low, high = job.family.min_local_bsz, job.family.max_local_bsz[gpu_type]
             sizes = sorted({int(round(x)) for x in np.geomspace(low, high, self.config.bootstrap_batches)})
             for bsz in sizes:
-                batch.append(self._measure(job, gpu_type, 1, 1, bsz, 0))
+                batch.append(self._measure(job, gpu_type, 1, 1, bsz, 0, noise_at_reference=True))
         job.model.observe(batch)
         job.table_stale = True
 

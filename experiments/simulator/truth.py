@@ -55,7 +55,10 @@ class Family(ABC):
         min_local_bsz: smallest per-replica micro-batch.
         max_local_bsz: largest micro-batch per GPU type (memory).
         work: progress (scale-invariant iterations at M0) to finish.
-        noise: ``(fraction of work, φ)`` knots of the gradient noise scale, samples.
+        noise: the gradient noise scale φ (samples) along training, as
+            ``{batch size of the run: ((fraction of work, φ), ...)}`` — one
+            trajectory per batch size the job was trained at (Pollux's
+            validation runs); a single ``((fraction, φ), ...)`` is the run at M0.
         restart_cost_s: seconds lost on every reallocation.
     """
 
@@ -65,17 +68,21 @@ class Family(ABC):
     min_local_bsz: int
     max_local_bsz: dict[str, int]
     work: float
-    noise: tuple[tuple[float, float], ...]
+    noise: Any
     restart_cost_s: float = 30.0
-    _noise_x: np.ndarray = field(init=False, repr=False)
-    _noise_y: np.ndarray = field(init=False, repr=False)
+    _noise_runs: list[tuple[float, np.ndarray, np.ndarray]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        knots = sorted(self.noise)
-        if not knots:
-            raise ValidationError(f"{self.name}.noise", self.noise, "needs at least one (fraction, φ) knot")
-        self._noise_x = np.array([k[0] for k in knots], dtype=float)
-        self._noise_y = np.log(np.maximum([k[1] for k in knots], 1e-12))
+        runs = self.noise if isinstance(self.noise, Mapping) else {self.init_batch_size: self.noise}
+        self._noise_runs = []
+        for batch, knots in sorted(runs.items()):
+            knots = sorted(knots)
+            if not knots:
+                raise ValidationError(f"{self.name}.noise[{batch}]", knots, "needs at least one (fraction, φ) knot")
+            self._noise_runs.append((math.log(float(batch)), np.array([k[0] for k in knots], dtype=float),
+                                     np.log(np.maximum([k[1] for k in knots], 1e-12))))
+        if not self._noise_runs:
+            raise ValidationError(f"{self.name}.noise", self.noise, "needs at least one trajectory")
         if self.work <= 0:
             raise ValidationError(f"{self.name}.work", self.work, "must be > 0")
 
@@ -97,15 +104,31 @@ class Family(ABC):
         )
 
     # ------------------------------------------------------------------ statistics
-    def noise_scale(self, progress: float) -> float:
-        """φ (samples) at a progress (scale-invariant iterations), log-interpolated between knots."""
+    def noise_scale(self, progress: float, batch_size: Any = None) -> Any:
+        """φ (samples) at a progress (scale-invariant iterations) for a job training at ``batch_size``.
+
+        Along each run's trajectory φ is interpolated in log space between
+        knots; across runs, in log φ over log batch size between the runs that
+        bracket ``batch_size`` (clamped at the smallest and largest), as
+        Pollux's simulator interpolates gradient statistics between its
+        batch-size runs. ``batch_size=None``: the run at the reference batch M0.
+        """
         fraction = min(max(progress / self.work, 0.0), 1.0)
-        return float(np.exp(np.interp(fraction, self._noise_x, self._noise_y)))
+        at_runs = np.array([np.interp(fraction, x, y) for _, x, y in self._noise_runs])
+        if batch_size is None or len(self._noise_runs) == 1:
+            log_phi = at_runs[0] if batch_size is None else np.full(np.shape(batch_size), at_runs[0])
+        else:
+            batches = np.array([b for b, _, _ in self._noise_runs])
+            log_phi = np.interp(np.log(np.asarray(batch_size, dtype=float)), batches, at_runs)
+        phi = np.exp(log_phi)
+        return float(phi) if np.ndim(phi) == 0 else phi
 
     def efficiency(self, progress: float, batch_size: Any) -> Any:
-        phi = self.noise_scale(progress)
+        """E(M) = (φ_M + M0)/(φ_M + M), with φ_M the noise scale of training at batch M (Pollux, OSDI'21)."""
+        batch = np.asarray(batch_size, dtype=float)
+        phi = self.noise_scale(progress, batch)
         m0 = self.init_batch_size
-        return (phi + m0) / (phi + np.asarray(batch_size, dtype=float))
+        return (phi + m0) / (phi + batch)
 
     # ------------------------------------------------------------------ speed
     @abstractmethod
@@ -129,9 +152,7 @@ class Family(ABC):
         def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._vector_iter_time(gpu_type, n, r, b, a)
 
-        phi = self.noise_scale(progress)
-        m0 = self.init_batch_size
-        return optimize_goodput(step_fn, lambda m: (phi + m0) / (phi + m), num_nodes, num_replicas,
+        return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_replicas,
                                 self.limits(gpu_type, fixed_batch))
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -175,11 +196,18 @@ def load_catalog(path: str | Path = CATALOG_PATH, gpu_types: list[str] | None = 
             min_local_bsz=int(entry["min_local_bsz"]),
             max_local_bsz={g: int(entry["max_local_bsz"][g]) for g in types},
             work=float(entry["work"]),
-            noise=tuple((float(x), float(y)) for x, y in entry["noise"]),
+            noise=_noise_from_json(entry["noise"]),
             restart_cost_s=float(entry.get("restart_cost_s", 30.0)),
             params={g: ThroughputParams(**entry["params"][g]) for g in types},
         )
     return families
+
+
+def _noise_from_json(value: Any) -> Any:
+    """``[[fraction, φ], ...]`` (the run at M0) or ``{"<batch>": [[fraction, φ], ...]}``."""
+    if isinstance(value, Mapping):
+        return {int(b): tuple((float(x), float(y)) for x, y in knots) for b, knots in value.items()}
+    return tuple((float(x), float(y)) for x, y in value)
 
 
 def catalog_workload_stats(path: str | Path = CATALOG_PATH) -> Mapping[str, Any]:
@@ -291,8 +319,12 @@ def load_measured(directory: str | Path, default_gpu_type: str = "t4", restart_c
         max_bs = int(validations[-1].stem.split("-")[1])
         traces = [read_validation(p) for p in validations]
         work = min(t[-1].progress for t in traces)
-        ref = [r for r in traces[0] if r.grad_sqr > 0]
-        noise = tuple((r.progress / traces[0][-1].progress, m0 * r.grad_var / r.grad_sqr) for r in ref)
+        noise = {}
+        for path, trace in zip(validations, traces):
+            rows = [r for r in trace if r.grad_sqr > 0]  # φ is undefined where |g|² vanished
+            if rows:
+                noise[int(path.stem.split("-")[1])] = tuple((r.progress / trace[-1].progress, m0 * r.grad_var / r.grad_sqr)
+                                                            for r in rows)
         local = sorted({o.local_bsz for obs in per_type.values() for o in obs})
         families[model_dir.name] = MeasuredFamily(
             name=model_dir.name,
