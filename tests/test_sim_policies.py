@@ -78,3 +78,16 @@ def test_sweep_runs_are_logged_and_found_by_compare(tmp_path, capsys):
 def test_compare_on_a_missing_experiment_is_a_clean_error(capsys):
     assert main(["compare", "no-such-experiment"]) == 2
     assert "no MLflow experiment" in capsys.readouterr().err
+
+
+def test_unaware_jobs_model_every_gpu_type_as_one():
+    """The Pollux-like baseline: one model per job that cannot tell GPU types apart; its table is the same on each type."""
+    families = load_catalog()
+    sim = Simulator(small_workload(3), families, SimConfig(cluster=CLUSTER), make_policy("unaware"))
+    sim.run()
+    model = sim.jobs[0].model
+    assert model.gpu_types == ["pooled"]
+    table = sim.jobs[0].table.frame
+    t4 = table[(table.gpu_type == "t4") & (table.num_gpus == 4)].goodput.iloc[0]
+    a100 = table[(table.gpu_type == "a100") & (table.num_gpus == 4)].goodput.iloc[0]
+    assert t4 == pytest.approx(a100)

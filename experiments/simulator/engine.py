@@ -89,6 +89,7 @@ class Policy(Protocol):
     round_s: float  # seconds between reallocations
     oracle: bool  # sees the ground truth instead of the jobs' models
     adaptive_batch: bool  # picks each job's batch size (True) or runs the requested one (False)
+    pooled_model: bool  # the jobs' models cannot tell GPU types apart (Pollux-like); optional, default False
 
     def decide(self, now: float, cluster: Cluster, jobs: list[JobView]) -> Mapping[str, Any]:
         """Allocation per job name (an object with gpu_type, num_nodes, num_gpus, placement) or None."""
@@ -215,13 +216,21 @@ class ClusterKnowledge:
             self.summaries = [s for s in self.summaries if s.job in keep]
 
 
-ModelFactory = Callable[[WorkloadJob, Family, Cluster, ClusterKnowledge], JobModel]
+ModelFactory = Callable[..., JobModel]
+
+POOLED = "pooled"  # the one GPU type a heterogeneity-unaware job's model knows
 
 
-def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster, knowledge: ClusterKnowledge) -> JobModel:
+def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster, knowledge: ClusterKnowledge,
+                          *, pooled: bool = False) -> JobModel:
     """The job's own Bayesian model: M0, batch and per-type memory limits from its family; the
-    cluster's knowledge (other jobs' sync costs, GP hyperparameters) as its prior."""
-    bounds = {g: (family.min_local_bsz, family.max_local_bsz[g]) for g in cluster.gpu_types if family.supports(g)}
+    cluster's knowledge (other jobs' sync costs, GP hyperparameters) as its prior. A ``pooled``
+    model (Pollux-like) sees every GPU type as one, with the tightest memory limit of them."""
+    types = [g for g in cluster.gpu_types if family.supports(g)]
+    if pooled:
+        bounds: Any = (family.min_local_bsz, min(family.max_local_bsz[g] for g in types))
+    else:
+        bounds = {g: (family.min_local_bsz, family.max_local_bsz[g]) for g in types}
     return JobModel(spec.name, family.init_batch_size, max_batch_size=family.max_batch_size, local_bsz_bounds=bounds,
                     cluster_prior=knowledge.prior(), gp_hyperparameters=knowledge.gp_hyperparameters)
 
@@ -259,6 +268,7 @@ class Simulator:
         self.jobs.sort(key=lambda j: (j.spec.time, j.name))
         self.round_records: list[dict[str, Any]] = []
         self.knowledge = ClusterKnowledge()
+        self.pooled = bool(getattr(policy, "pooled_model", False))
         self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
 
@@ -278,14 +288,14 @@ class Simulator:
         phi = family.noise_scale(job.progress, batch) * self._noise(self.config.grad_noise)
         m0 = family.init_batch_size
         return Observation(
-            job=job.name, gpu_type=gpu_type, num_nodes=nodes, num_replicas=gpus, local_bsz=local_bsz,
+            job=job.name, gpu_type=POOLED if self.pooled else gpu_type, num_nodes=nodes, num_replicas=gpus, local_bsz=local_bsz,
             accum_steps=accum, step_time=step, sync_time=min(sync * factor, step),
             grad_sqr=1.0, grad_var=phi / m0, source="simulated",
         )
 
     def _bootstrap(self, job: SimJob) -> None:
         """Sia-style profile on arrival: 1 GPU of every type, a few batch sizes."""
-        job.model = self.model_factory(job.spec, job.family, self.cluster, self.knowledge)
+        job.model = self.model_factory(job.spec, job.family, self.cluster, self.knowledge, pooled=self.pooled)
         batch: list[Observation] = []
         for gpu_type in self.cluster.gpu_types:
             if not job.family.supports(gpu_type):
@@ -329,6 +339,22 @@ class Simulator:
                              "accum_steps": int(best.accum_steps[i]), "std": 0.0})
         return GoodputTable(job.name, rows)
 
+    def _pooled_table(self, job: SimJob) -> GoodputTable:
+        """A pooled model's table: the same predictions on every GPU type's configurations (it cannot tell them apart)."""
+        import pandas as pd
+
+        from goodput.cluster import NodePool
+
+        frames = []
+        for pool in self.cluster:
+            if not job.family.supports(pool.gpu_type):
+                continue
+            shape = Cluster((NodePool(POOLED, pool.nodes, pool.gpus_per_node),))
+            frame = job.model.table(shape).frame.drop(columns=["normalized_goodput"])
+            frame["gpu_type"] = pool.gpu_type
+            frames.append(frame)
+        return GoodputTable(job.name, pd.concat(frames, ignore_index=True))
+
     def _table(self, job: SimJob) -> GoodputTable:
         if self.policy.oracle:
             phi = job.family.noise_scale(job.progress)
@@ -336,7 +362,7 @@ class Simulator:
                 job.table, job.table_phi = self._truth_table(job), phi
             return job.table
         if job.table is None or job.table_stale:
-            job.table = job.model.table(self.cluster)
+            job.table = self._pooled_table(job) if self.pooled else job.model.table(self.cluster)
             job.table_stale = False
             hyper = getattr(job.model, "gp_hyperparameters", None)
             if hyper is not None:
@@ -385,7 +411,7 @@ class Simulator:
         if self.policy.oracle:
             best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress)
             return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
-        choice = job.model.goodput(a.gpu_type, a.num_nodes, a.num_gpus)
+        choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, a.num_gpus)
         if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
             return max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus)), 0
         return choice.local_bsz, choice.accum_steps

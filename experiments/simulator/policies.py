@@ -5,7 +5,8 @@ name       what it does                                                     roun
 ========== ================================================================ ======== ===========
 sia        Sia's goodput ILP on each job's online :class:`JobModel`          60 s     model's best
 sia-oracle the same ILP on the ground truth (separates modelling error)      60 s     true best
-unaware    GPU types pooled, Pollux-like goodput ILP on the jobs' models     60 s     model's best
+unaware    GPU types pooled, Pollux-like: one model per job that cannot      60 s     model's best
+           tell GPU types apart, and the pooled goodput ILP
 gavel      Gavel's heterogeneity-aware max-sum-throughput, requested GPUs   360 s    requested
 fifo       first in, first out with the requested GPUs                       60 s     requested
 ========== ================================================================ ======== ===========
@@ -39,6 +40,7 @@ class AllocatorPolicy:
     oracle: bool
     adaptive_batch: bool
     round_s: float
+    pooled_model: bool = False  # the jobs' models cannot tell GPU types apart (Pollux-like)
     p: float = -0.5
     options: dict[str, Any] = field(default_factory=dict)
     last_info: Any = None
@@ -74,4 +76,5 @@ def make_policy(name: str, round_s: float | None = None, **options: Any) -> Allo
     if name not in presets:
         raise ValidationError("policy", name, f"unknown policy (known: {', '.join(POLICY_NAMES)})")
     allocator_policy, oracle, adaptive, default_round = presets[name]
-    return AllocatorPolicy(name, allocator_policy, oracle, adaptive, float(round_s or default_round), options=options)
+    return AllocatorPolicy(name, allocator_policy, oracle, adaptive, float(round_s or default_round),
+                           pooled_model=name == "unaware", options=options)
