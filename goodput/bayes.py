@@ -46,6 +46,7 @@ FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor
 COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
 WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (random subset)
+RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance in the Laplace covariance
 _G = len(GROUPS)
 
 
@@ -214,24 +215,40 @@ def build_state(
     if not np.all(np.isfinite(y)):
         state.reason = "non-finite residuals"
         return state
-    if fit_hyper and len(y) >= 4:
-        idx = np.arange(len(y))
-        if len(y) > MAX_FIT_POINTS:
-            idx = np.sort(np.random.default_rng(seed).choice(len(y), MAX_FIT_POINTS, replace=False))
+    # Residuals of a type whose own fit has as many identified parameter groups as it has
+    # observations are zero by construction: they say nothing about the residual's scale, and
+    # would drive its task variance to 0 (cutting it off from the other types). They are left out
+    # of the hyperparameter fit, the type takes the task parameters of a typical type
+    # (GPHyperparameters.borrowed), and they still condition the posterior.
+    informative = np.ones(len(y), dtype=bool)
+    for k in range(len(types)):
+        rows = design.t == k
+        if int(rows.sum()) <= int((np.linalg.norm(design.s_id[rows], axis=0) > 1e-9).sum()):
+            informative[rows] = False
+    if fit_hyper and informative.sum() >= 4:
+        idx = np.flatnonzero(informative)
+        if len(idx) > MAX_FIT_POINTS:
+            idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
         # A refit starts from the previous hyperparameters, which are close: a few L-BFGS
         # iterations suffice (15 instead of 60 cuts a scheduled refit ~4x at no measured accuracy cost).
         iterations = WARM_REFIT_ITERATIONS if previous is not None and previous.num_tasks == len(types) else COLD_FIT_ITERATIONS
         state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper,
                                           extra_noise=design.d[idx], max_iter=iterations)
+        state.hyper = state.hyper.borrowed(np.unique(design.t[~informative]))
     # Laplace (delta-method) covariance of each type's identified parameter groups, whitened by
-    # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the unbiased residual variance of the fit.
+    # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the residual variance of the fit: the
+    # posterior mean of a scaled-inverse-χ² with RESIDUAL_PRIOR_DOF pseudo-observations at the
+    # GP's prior variance and n − p residual degrees of freedom (→ the unbiased rss/(n − p) with
+    # many observations; the prior scale when the fit interpolates few, n ≤ p).
+    prior_var = state.hyper.task_covariance().diagonal() + state.hyper.noise
     for k, gpu in enumerate(types):
         rows = design.t == k
         s_id = design.s_id[rows]
         active = np.linalg.norm(s_id, axis=0) > 1e-9
         n, p = int(rows.sum()), int(active.sum())
         rss = float(np.sum(y[rows] ** 2))
-        r2 = max(rss / (n - p) if n > p else 0.0, state.hyper.noise, 1e-6)
+        dof = max(n - p, 0)
+        r2 = max((RESIDUAL_PRIOR_DOF * prior_var[k] + rss) / (RESIDUAL_PRIOR_DOF + dof), state.hyper.noise, 1e-6)
         info = s_id.T @ s_id / r2 + np.eye(_G)
         try:
             state.cov_id[gpu] = np.linalg.inv(info)

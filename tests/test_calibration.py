@@ -1,0 +1,76 @@
+"""Calibration of the Bayesian layer with few observations, and what a sparsely observed GPU type borrows from the others."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from goodput import JobModel, Observation
+from goodput.throughput import ThroughputParams
+from tests.test_throughput import synthetic
+
+BSZ = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _hinge(gpu: str, speed: float, bszs, seed: int, noise: float = 0.02) -> list[Observation]:
+    """1-GPU steps that are flat at small batches, then linear (a GPU not yet saturated): not Pollux's α + β·b."""
+    rng = np.random.default_rng(seed)
+    return [
+        Observation(job="j", gpu_type=gpu, num_nodes=1, num_replicas=1, local_bsz=b,
+                    step_time=speed * (0.03**4 + (0.0002 * b) ** 4) ** 0.25 * float(np.exp(rng.normal(0.0, noise))))
+        for b in bszs
+    ]
+
+
+def test_a_type_seen_at_one_batch_size_borrows_the_residual_shape_of_the_others():
+    # Three types swept over batch sizes, a fourth measured at one: its own fit passes through that
+    # point (a zero residual by construction), which must not cut it off from the others' residual shape.
+    train = _hinge("a", 1.0, BSZ, 0) + _hinge("b", 1.7, BSZ, 1) + _hinge("c", 0.6, BSZ, 2) + _hinge("d", 2.5, [256], 3)
+    model = JobModel("j", init_batch_size=8).observe(train)
+    test = _hinge("d", 2.5, [b for b in BSZ if b != 256], 4, noise=0.0)
+    bsz = np.array([o.local_bsz for o in test], float)
+    actual = np.array([o.step_time for o in test])
+    pred = model.predict("d", 1, 1, bsz)
+    state = model._current()
+    k = state.index["d"]
+    corr = state.hyper.task_correlation()[k]
+    assert np.all(np.delete(corr, k) > 0.5), corr
+    # it takes the task parameters of a typical type (not its stale initial ones)
+    w = np.array(state.hyper.task_factor)
+    others = np.delete(w, k)
+    assert abs(w[k] - others.mean()) < 0.25 * abs(others.mean()), w
+    design = state.design("d", np.ones_like(bsz), np.ones_like(bsz), bsz, np.zeros_like(bsz))
+    mean_only = np.exp(design.log_mean)
+    ape = np.median(np.abs(pred.step_time / actual - 1))
+    assert ape < 0.85 * np.median(np.abs(mean_only / actual - 1))
+    low, high = pred.interval(0.9)
+    assert np.mean((low <= actual) & (actual <= high)) >= 0.8
+
+
+def test_a_fit_through_few_observations_is_not_taken_as_exact():
+    # 5 observations of a 7-parameter model: the fit interpolates them, and its residuals say
+    # nothing about the error elsewhere; the intervals must still cover the held-out configurations.
+    truth = ThroughputParams(0.040, 0.0020, 0.12, 0.006, 0.03, 0.003, 1.5)
+    configs = [(1, 1), (1, 2), (1, 3), (1, 4), (2, 4), (2, 8), (3, 12), (4, 16)]
+    obs = synthetic(truth, configs, bszs=(8, 16, 32, 64, 128), accums=(0,), noise=0.05, seed=3, gpu="slow")
+    coverage = []
+    for seed in range(4):
+        order = np.random.default_rng(seed).permutation(len(obs))
+        train, test = [obs[i] for i in order[:5]], [obs[i] for i in order[5:]]
+        model = JobModel("j", init_batch_size=8).observe(train)
+        cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz", "accum_steps")}
+        pred = model.predict("slow", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+        low, high = pred.interval(0.9)
+        actual = np.array([o.step_time for o in test])
+        coverage.append(np.mean((low <= actual) & (actual <= high)))
+    assert np.mean(coverage) >= 0.85, coverage
+
+
+def test_borrowed_task_parameters_are_the_others_typical_ones():
+    from goodput.gp import GPHyperparameters
+
+    hyper = GPHyperparameters((1.0,) * 6, (0.1, 0.2, 0.0), (1e-3, 4e-3, 0.0), 1e-3)
+    out = hyper.borrowed([2])
+    assert np.allclose(out.task_factor, (0.1, 0.2, 0.15))
+    assert np.allclose(out.task_var, (1e-3, 4e-3, 2e-3))  # geometric mean of the others'
+    assert out.lengthscale == hyper.lengthscale and out.noise == hyper.noise
+    assert hyper.borrowed([]) == hyper and hyper.borrowed([0, 1, 2]) == hyper
