@@ -12,9 +12,14 @@ The log step time of a configuration on GPU type t is predicted as::
     log T = m_t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
 
 and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
-its logarithm ``sqrt(σ² + noise + d + v_fit)``: ``d`` is the ensemble's
+its logarithm ``sqrt(f_t² (σ² + noise) + d + v_fit)``: ``d`` is the ensemble's
 variance (plus a structural term) in regimes the type has not been observed in,
-``v_fit`` the delta-method variance of the type's own fitted parameters.
+``v_fit`` the delta-method variance of the type's own fitted parameters, and
+``f_t ≥ 1`` widens the interval to a Student-t's while the type has few residual
+degrees of freedom ν (observations minus identified parameter groups, plus
+:data:`RESIDUAL_PRIOR_DOF`): ``f_t = t_ν(0.95) / z(0.95)``, the predictive of a
+residual scale estimated from ν degrees of freedom (Gelman et al., *Bayesian
+Data Analysis*, §3.2), matched at the 90% interval.
 
 If the GP cannot be factorised even with jitter, the state falls back to the
 parametric prediction with an inflated log-std (:data:`FALLBACK_LOG_STD` or 3×
@@ -23,11 +28,13 @@ the residual RMS, whichever is larger) and records why in ``reason``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.stats
 
 from .gp import (
     GPHyperparameters,
@@ -46,8 +53,14 @@ FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor
 COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
 WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (random subset)
-RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance in the Laplace covariance
+T_PREDICTIVE = True  # Student-t intervals while a type has few residual degrees of freedom (see the module docstring)
+RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance (Laplace covariance, Student-t)
 _G = len(GROUPS)
+
+
+@functools.lru_cache(maxsize=512)
+def _t_factor(dof: float) -> float:
+    return float(scipy.stats.t.ppf(0.95, dof) / scipy.stats.norm.ppf(0.95))
 
 
 @dataclass
@@ -75,6 +88,7 @@ class BayesState:
     n_fit: int = 0  # observations the refit used
     index: dict[str, int] = field(init=False)
     cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
+    dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
     _id: dict[str, np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +149,12 @@ class BayesState:
         )
         return merged, y_all
 
+    def t_factor(self, gpu: str) -> float:
+        """Ratio of the Student-t quantile (the type's residual degrees of freedom) to the normal one at 95%."""
+        if not T_PREDICTIVE:
+            return 1.0
+        return _t_factor(RESIDUAL_PRIOR_DOF + self.dof.get(gpu, 0.0))
+
     def _id_var(self, gpu: str, design: Design) -> np.ndarray:
         """Delta-method variance of the Pollux fit's identified parameters at the query points."""
         cov = self.cov_id.get(gpu)
@@ -164,8 +184,10 @@ class BayesState:
         if self.posterior is None:
             return design.log_mean, np.sqrt(fallback**2 + design.d)
         try:
-            mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
-            var = var + self._id_var(gpu, design)
+            mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
+            # the residual scale is estimated from the type's few residual degrees of freedom:
+            # marginalising it gives a Student-t, matched here at the 90% quantile
+            var = var * self.t_factor(gpu) ** 2 + self._id_var(gpu, design) + design.d
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
@@ -183,6 +205,8 @@ class BayesState:
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
         z = np.abs(y - mu) / np.sqrt(var)
         self.posterior.condition(design.x, design.t, design.s, y, design.d)
+        for gpu in {o.gpu_type for o in observations}:
+            self.dof[gpu] = self.dof.get(gpu, 0.0) + sum(o.gpu_type == gpu for o in observations)
         return float(np.max(z)) if z.size else 0.0
 
 
@@ -248,6 +272,7 @@ def build_state(
         n, p = int(rows.sum()), int(active.sum())
         rss = float(np.sum(y[rows] ** 2))
         dof = max(n - p, 0)
+        state.dof[gpu] = float(dof)
         r2 = max((RESIDUAL_PRIOR_DOF * prior_var[k] + rss) / (RESIDUAL_PRIOR_DOF + dof), state.hyper.noise, 1e-6)
         info = s_id.T @ s_id / r2 + np.eye(_G)
         try:

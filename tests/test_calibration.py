@@ -74,3 +74,23 @@ def test_borrowed_task_parameters_are_the_others_typical_ones():
     assert np.allclose(out.task_var, (1e-3, 4e-3, 2e-3))  # geometric mean of the others'
     assert out.lengthscale == hyper.lengthscale and out.noise == hyper.noise
     assert hyper.borrowed([]) == hyper and hyper.borrowed([0, 1, 2]) == hyper
+
+
+def test_intervals_are_student_t_while_a_type_has_few_residual_degrees_of_freedom(monkeypatch):
+    import goodput.bayes as bayes
+
+    truth = ThroughputParams(0.040, 0.0020, 0.12, 0.006, 0.03, 0.003, 1.5)
+    few = synthetic(truth, [(1, 1)], bszs=(8, 32, 128), accums=(0,), noise=0.03, seed=1, gpu="few")
+    many = synthetic(truth, [(1, 1), (1, 2), (1, 4)], bszs=(8, 16, 32, 64, 128), accums=(0, 1), noise=0.03, seed=2, gpu="many")
+    model = JobModel("j", init_batch_size=8, refit_every=1000).observe(few + many)
+    state = model._current()
+    # 3 observations of 2 identified groups: 1 residual degree of freedom (+ the prior's 2)
+    assert state.t_factor("few") > 1.3 and state.t_factor("many") < 1.05
+    wide = model.predict("few", 1, 1, 64).log_std
+    monkeypatch.setattr(bayes, "T_PREDICTIVE", False)
+    narrow = model.predict("few", 1, 1, 64).log_std
+    assert wide > 1.2 * narrow
+    monkeypatch.setattr(bayes, "T_PREDICTIVE", True)
+    before = state.t_factor("few")
+    model.observe(synthetic(truth, [(1, 1)], bszs=(16, 64), accums=(0,), noise=0.03, seed=3, gpu="few"))
+    assert model.refits == 1 and state.t_factor("few") < before  # online observations add degrees of freedom
