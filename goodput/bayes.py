@@ -45,7 +45,7 @@ from .gp import (
 )
 from .observations import Observation
 from .throughput import ThroughputParams, throughput_arrays
-from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
+from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, config_regime, sensitivities
 
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
 
@@ -56,6 +56,8 @@ MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (
 T_PREDICTIVE = True  # Student-t intervals while a type has few residual degrees of freedom (see the module docstring)
 RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance (Laplace covariance, Student-t)
 _G = len(GROUPS)
+_COMPUTE = [GROUPS.index("alpha_c"), GROUPS.index("beta_c")]
+_OWN_SYNC = [GROUPS.index("sync"), GROUPS.index("gamma")]
 
 
 @functools.lru_cache(maxsize=512)
@@ -118,7 +120,7 @@ class BayesState:
         if not (variance or linear):
             return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
         sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
-        s_id = sens * self._id[gpu] * covered[:, None]
+        s_id = sens * self._id[gpu] * self._carried(transfer, nodes, replicas, covered)
         if linear:
             # the unidentified direction moves α_c against β_c at the one batch size observed
             s[:, _G * k] = sens[:, 0] * (1.0 - bsz / transfer.regimes.bsz0) * transfer.alpha_c_log_std
@@ -154,6 +156,25 @@ class BayesState:
         if not T_PREDICTIVE:
             return 1.0
         return _t_factor(RESIDUAL_PRIOR_DOF + self.dof.get(gpu, 0.0))
+
+    @staticmethod
+    def _carried(transfer: TypeTransfer, nodes: np.ndarray, replicas: np.ndarray, covered: np.ndarray) -> np.ndarray:
+        """(N, G) weights of the own fit's identified groups in each prediction's mean (sensitivity scale).
+
+        Observed regimes: 1 (the own fit is the mean). Unobserved ones: the compute groups
+        (every member carries the own compute terms) and, with weight √w, the sync and γ groups
+        where members of total weight w carry the own sync terms (``TypeTransfer.inherited``).
+        """
+        out = np.where(covered[:, None], 1.0, 0.0) * np.ones((1, _G))
+        if covered.all():
+            return out
+        out[np.ix_(~covered, _COMPUTE)] = 1.0
+        if transfer.inherited:
+            regime = config_regime(nodes, replicas)
+            for r, weight in transfer.inherited.items():
+                rows = ~covered & (regime == r)
+                out[np.ix_(rows, _OWN_SYNC)] = math.sqrt(weight)
+        return out
 
     def _id_var(self, gpu: str, design: Design) -> np.ndarray:
         """Delta-method variance of the Pollux fit's identified parameters at the query points."""

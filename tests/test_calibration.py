@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from goodput import JobModel, Observation
 from goodput.throughput import ThroughputParams
@@ -94,3 +95,57 @@ def test_intervals_are_student_t_while_a_type_has_few_residual_degrees_of_freedo
     before = state.t_factor("few")
     model.observe(synthetic(truth, [(1, 1)], bszs=(16, 64), accums=(0,), noise=0.03, seed=3, gpu="few"))
     assert model.refits == 1 and state.t_factor("few") < before  # online observations add degrees of freedom
+
+
+def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
+    from goodput.transfer import ClusterPrior
+
+    single = [(1, 1), (1, 2), (1, 3), (1, 4)]
+    multi = [(2, 4), (2, 8), (3, 12), (4, 16), (8, 32)]
+
+    def job(ac, bc, ar, slope_r, gamma):  # a cluster whose inter-node sync costs 5x the intra-node one
+        return ThroughputParams(ac, bc, 5 * ar, 0.25 * ar, ar, slope_r * ar, gamma)
+
+    others = {"a": job(0.02, 0.001, 0.01, 0.1, 1.2), "b": job(0.2, 0.01, 0.2, 0.02, 2.5), "c": job(0.05, 0.004, 0.02, 0.3, 1.0)}
+    prior = ClusterPrior.from_observations(
+        {k: synthetic(p, single + multi, job=k, gpu="t4", seed=i, accums=(0,), noise=0.02) for i, (k, p) in enumerate(others.items())})
+    truth = job(0.1, 0.003, 0.08, 0.15, 1.0)
+    model = JobModel("new", init_batch_size=8, cluster_prior=prior).observe(
+        synthetic(truth, single, job="new", gpu="t4", seed=9, accums=(0,), noise=0.02))
+    own = model.own_fit("t4")
+    transfer = model._current().transfers["t4"]
+    ratio_members = [m for m in transfer.members[3] if "inter/intra ratio" in m.source]
+    assert len(ratio_members) == 3 and transfer.inherited[3] > 0.5
+    for member in ratio_members:
+        src = prior.find(member.source.split(",")[0].removeprefix("job "), "t4").params
+        assert member.theta[4] == own.alpha_r and member.theta[6] == own.gamma  # its own intra-node terms and overlap
+        assert member.theta[2] / member.theta[4] == pytest.approx(src.alpha_n / src.alpha_r)  # the other job's ratio
+    test = synthetic(truth, multi, job="new", gpu="t4", seed=10, accums=(0,), noise=0.0)
+    cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")}
+    pred = model.predict("t4", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"])
+    actual = np.array([o.step_time for o in test])
+    assert np.median(np.abs(pred.step_time / actual - 1)) < 0.1
+    # the uncertainty of the own intra-node fit carries over to the inter-node predictions
+    state = model._current()
+    design = state.design("t4", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], np.zeros_like(actual))
+    assert np.all(state._id_var("t4", design) > 0)
+
+
+@pytest.mark.data
+def test_multi_node_from_single_node_on_pollux_traces(pollux_traces, tmp_path):
+    from experiments import accuracy
+
+    summary = accuracy.run(pollux_traces, tmp_path / "out", protocols=["P3"], methods=["bayes"], default_gpu_type="t4",
+                           progress=False, mlflow=False).set_index("method")
+    # measured: 12% (24% when other jobs' λ-scaled sync profiles set the inter-node terms), coverage 91%
+    assert summary.loc["bayes", "median_ape"] < 16 and 85 <= summary.loc["bayes", "coverage90"] <= 97
+
+
+@pytest.mark.data
+def test_batch_sweeps_across_types_on_zeus_are_calibrated(data_dir, tmp_path):
+    from experiments import accuracy
+
+    summary = accuracy.run(data_dir / "zeus", tmp_path / "out", protocols=["P5"], methods=["bayes"], progress=False,
+                           mlflow=False).set_index("method")
+    # measured: 6.6% and 93% (7.7% and 68% before a type seen at one batch size borrowed a typical type's task parameters)
+    assert summary.loc["bayes", "median_ape"] < 7.5 and 85 <= summary.loc["bayes", "coverage90"] <= 97
