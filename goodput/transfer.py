@@ -480,7 +480,7 @@ def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarra
     return math.exp(u)
 
 
-RATIO_MIN_SYNC = 0.01  # a source's α_r below this fraction of its compute: intra-node sync hidden, no usable ratio
+RATIO_MIN_SYNC = 0.01  # α_r below this fraction of the compute: intra-node sync hidden, its ratio not usable
 
 
 def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
@@ -489,7 +489,8 @@ def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
     ``α_n = α_r · (α_n / α_r)_other`` and ``β_n = α_n · (β_n / α_n)_other`` from the other job's
     fit to all its data on the type, with the job's own compute, intra-node terms and γ (all
     identified by its single-node multi-GPU data). ``None`` when the other job's ratio is not
-    identified: no single-node multi-GPU data, or intra-node sync hidden behind compute.
+    identified: no single-node multi-GPU data, or intra-node sync hidden behind compute (the
+    caller likewise skips the rule when the job's own intra-node sync is hidden).
     """
     src = other.params.as_array()
     if not (other.regimes.has_single_node_multi and other.regimes.has_inter) or src[4] <= RATIO_MIN_SYNC * other.c_ref:
@@ -595,7 +596,7 @@ def build_transfer(
                     source = other.params_g.as_array()
                     guess = size / other.size if size is not None and other.size else c_ref[gpu] / other.c_ref
                     lam, how = None, ""
-                    if regime == 3 and reg.has_single_node_multi:
+                    if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
                         ratio_member = _ratio_member(own, other)
                         if ratio_member is not None:
                             family_x.append(ratio_member)

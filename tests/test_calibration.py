@@ -129,6 +129,12 @@ def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
     state = model._current()
     design = state.design("t4", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], np.zeros_like(actual))
     assert np.all(state._id_var("t4", design) > 0)
+    # a job whose intra-node sync hides behind its compute has no intra-node cost to scale: no ratio members
+    hidden = ThroughputParams(0.5, 0.01, 0.0004, 0.00002, 1e-9, 1e-9, 1.0)
+    quiet = JobModel("quiet", init_batch_size=8, cluster_prior=prior).observe(
+        synthetic(hidden, single, job="quiet", gpu="t4", seed=11, accums=(0,), noise=0.01))
+    assert quiet.own_fit("t4").alpha_r < 0.01 * 0.5
+    assert not any("inter/intra ratio" in m.source for m in quiet._current().transfers["t4"].members[3])
 
 
 @pytest.mark.data
