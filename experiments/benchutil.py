@@ -70,7 +70,7 @@ def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, 
         table.add_column(column)
     for row in rows:
         table.add_row(*[_fmt(row.get(c)) for c in columns])
-    Console(width=160).print(table)
+    Console(width=220).print(table)
     payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "rows": list(rows), **(extra or {})}
     path = atomic_write_text(Path(args.out_dir) / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
     print(f"figures saved to {path}")

@@ -229,13 +229,13 @@ class ValidationRow:
     progress: float  # scale-invariant iterations completed
     iteration: int
     metric: float
-    grad_sqr: float  # |g|²
+    grad_sqr: float  # |g|² (0 where the estimate vanished late in training)
     grad_var: float  # tr(Σ)/M0
 
 
 def read_validation(path: str | os.PathLike[str]) -> list[ValidationRow]:
     """Rows of a validation CSV (``progress,iteration,metric,grad_sqr,grad_var``)."""
-    schema = {"progress": "float0", "iteration": "int0", "metric": "float", "grad_sqr": "float+", "grad_var": "float0"}
+    schema = {"progress": "float0", "iteration": "int0", "metric": "float", "grad_sqr": "float0", "grad_var": "float0"}
     return [ValidationRow(**row) for _, row in read_csv_rows(path, schema)]
 
 

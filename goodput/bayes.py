@@ -12,9 +12,14 @@ The log step time of a configuration on GPU type t is predicted as::
     log T = m_t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
 
 and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
-its logarithm ``sqrt(σ² + noise + d + v_fit)``: ``d`` is the ensemble's
+its logarithm ``sqrt(f_t² (σ² + noise) + d + v_fit)``: ``d`` is the ensemble's
 variance (plus a structural term) in regimes the type has not been observed in,
-``v_fit`` the delta-method variance of the type's own fitted parameters.
+``v_fit`` the delta-method variance of the type's own fitted parameters, and
+``f_t ≥ 1`` widens the interval to a Student-t's while the type has few residual
+degrees of freedom ν (observations minus identified parameter groups, plus
+:data:`RESIDUAL_PRIOR_DOF`): ``f_t = t_ν(0.95) / z(0.95)``, the predictive of a
+residual scale estimated from ν degrees of freedom (Gelman et al., *Bayesian
+Data Analysis*, §3.2), matched at the 90% interval.
 
 If the GP cannot be factorised even with jitter, the state falls back to the
 parametric prediction with an inflated log-std (:data:`FALLBACK_LOG_STD` or 3×
@@ -23,11 +28,13 @@ the residual RMS, whichever is larger) and records why in ``reason``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.stats
 
 from .gp import (
     GPHyperparameters,
@@ -38,13 +45,24 @@ from .gp import (
 )
 from .observations import Observation
 from .throughput import ThroughputParams, throughput_arrays
-from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
+from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, config_regime, sensitivities
 
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
 
 FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
+COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
+WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many points (random subset)
+T_PREDICTIVE = True  # Student-t intervals while a type has few residual degrees of freedom (see the module docstring)
+RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance (Laplace covariance, Student-t)
 _G = len(GROUPS)
+_COMPUTE = [GROUPS.index("alpha_c"), GROUPS.index("beta_c")]
+_OWN_SYNC = [GROUPS.index("sync"), GROUPS.index("gamma")]
+
+
+@functools.lru_cache(maxsize=512)
+def _t_factor(dof: float) -> float:
+    return float(scipy.stats.t.ppf(0.95, dof) / scipy.stats.norm.ppf(0.95))
 
 
 @dataclass
@@ -72,6 +90,7 @@ class BayesState:
     n_fit: int = 0  # observations the refit used
     index: dict[str, int] = field(init=False)
     cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
+    dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
     _id: dict[str, np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +120,7 @@ class BayesState:
         if not (variance or linear):
             return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
         sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
-        s_id = sens * self._id[gpu] * covered[:, None]
+        s_id = sens * self._id[gpu] * self._carried(transfer, nodes, replicas, covered)
         if linear:
             # the unidentified direction moves α_c against β_c at the one batch size observed
             s[:, _G * k] = sens[:, 0] * (1.0 - bsz / transfer.regimes.bsz0) * transfer.alpha_c_log_std
@@ -132,6 +151,31 @@ class BayesState:
         )
         return merged, y_all
 
+    def t_factor(self, gpu: str) -> float:
+        """Ratio of the Student-t quantile (the type's residual degrees of freedom) to the normal one at 95%."""
+        if not T_PREDICTIVE:
+            return 1.0
+        return _t_factor(RESIDUAL_PRIOR_DOF + self.dof.get(gpu, 0.0))
+
+    @staticmethod
+    def _carried(transfer: TypeTransfer, nodes: np.ndarray, replicas: np.ndarray, covered: np.ndarray) -> np.ndarray:
+        """(N, G) weights of the own fit's identified groups in each prediction's mean (sensitivity scale).
+
+        Observed regimes: 1 (the own fit is the mean). Unobserved ones: the compute groups
+        (every member carries the own compute terms) and, with weight √w, the sync and γ groups
+        where members of total weight w carry the own sync terms (``TypeTransfer.inherited``).
+        """
+        out = np.where(covered[:, None], 1.0, 0.0) * np.ones((1, _G))
+        if covered.all():
+            return out
+        out[np.ix_(~covered, _COMPUTE)] = 1.0
+        if transfer.inherited:
+            regime = config_regime(nodes, replicas)
+            for r, weight in transfer.inherited.items():
+                rows = ~covered & (regime == r)
+                out[np.ix_(rows, _OWN_SYNC)] = math.sqrt(weight)
+        return out
+
     def _id_var(self, gpu: str, design: Design) -> np.ndarray:
         """Delta-method variance of the Pollux fit's identified parameters at the query points."""
         cov = self.cov_id.get(gpu)
@@ -161,8 +205,10 @@ class BayesState:
         if self.posterior is None:
             return design.log_mean, np.sqrt(fallback**2 + design.d)
         try:
-            mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
-            var = var + self._id_var(gpu, design)
+            mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
+            # the residual scale is estimated from the type's few residual degrees of freedom:
+            # marginalising it gives a Student-t, matched here at the 90% quantile
+            var = var * self.t_factor(gpu) ** 2 + self._id_var(gpu, design) + design.d
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
@@ -180,6 +226,8 @@ class BayesState:
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True, extra_noise=design.d)
         z = np.abs(y - mu) / np.sqrt(var)
         self.posterior.condition(design.x, design.t, design.s, y, design.d)
+        for gpu in {o.gpu_type for o in observations}:
+            self.dof[gpu] = self.dof.get(gpu, 0.0) + sum(o.gpu_type == gpu for o in observations)
         return float(np.max(z)) if z.size else 0.0
 
 
@@ -212,20 +260,41 @@ def build_state(
     if not np.all(np.isfinite(y)):
         state.reason = "non-finite residuals"
         return state
-    if fit_hyper and len(y) >= 4:
-        idx = np.arange(len(y))
-        if len(y) > MAX_FIT_POINTS:
-            idx = np.sort(np.random.default_rng(seed).choice(len(y), MAX_FIT_POINTS, replace=False))
-        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper, extra_noise=design.d[idx])
+    # Residuals of a type whose own fit has as many identified parameter groups as it has
+    # observations are zero by construction: they say nothing about the residual's scale, and
+    # would drive its task variance to 0 (cutting it off from the other types). They are left out
+    # of the hyperparameter fit, the type takes the task parameters of a typical type
+    # (GPHyperparameters.borrowed), and they still condition the posterior.
+    informative = np.ones(len(y), dtype=bool)
+    for k in range(len(types)):
+        rows = design.t == k
+        if int(rows.sum()) <= int((np.linalg.norm(design.s_id[rows], axis=0) > 1e-9).sum()):
+            informative[rows] = False
+    if fit_hyper and informative.sum() >= 4:
+        idx = np.flatnonzero(informative)
+        if len(idx) > MAX_FIT_POINTS:
+            idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
+        # A refit starts from the previous hyperparameters, which are close: a few L-BFGS
+        # iterations suffice (15 instead of 60 cuts a scheduled refit ~4x at no measured accuracy cost).
+        iterations = WARM_REFIT_ITERATIONS if previous is not None and previous.num_tasks == len(types) else COLD_FIT_ITERATIONS
+        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], design.s[idx], y[idx], hyper,
+                                          extra_noise=design.d[idx], max_iter=iterations)
+        state.hyper = state.hyper.borrowed(np.unique(design.t[~informative]))
     # Laplace (delta-method) covariance of each type's identified parameter groups, whitened by
-    # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the unbiased residual variance of the fit.
+    # their prior stds: (S_idᵀ S_id / r² + I)⁻¹ with r² the residual variance of the fit: the
+    # posterior mean of a scaled-inverse-χ² with RESIDUAL_PRIOR_DOF pseudo-observations at the
+    # GP's prior variance and n − p residual degrees of freedom (→ the unbiased rss/(n − p) with
+    # many observations; the prior scale when the fit interpolates few, n ≤ p).
+    prior_var = state.hyper.task_covariance().diagonal() + state.hyper.noise
     for k, gpu in enumerate(types):
         rows = design.t == k
         s_id = design.s_id[rows]
         active = np.linalg.norm(s_id, axis=0) > 1e-9
         n, p = int(rows.sum()), int(active.sum())
         rss = float(np.sum(y[rows] ** 2))
-        r2 = max(rss / (n - p) if n > p else 0.0, state.hyper.noise, 1e-6)
+        dof = max(n - p, 0)
+        state.dof[gpu] = float(dof)
+        r2 = max((RESIDUAL_PRIOR_DOF * prior_var[k] + rss) / (RESIDUAL_PRIOR_DOF + dof), state.hyper.noise, 1e-6)
         info = s_id.T @ s_id / r2 + np.eye(_G)
         try:
             state.cov_id[gpu] = np.linalg.inv(info)

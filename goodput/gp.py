@@ -143,6 +143,24 @@ class GPHyperparameters:
         v = float(np.mean(self.task_var)) if self.task_var else 0.001
         return replace(self, task_factor=self.task_factor + (w,) * extra, task_var=self.task_var + (v,) * extra)
 
+    def borrowed(self, tasks: Any) -> GPHyperparameters:
+        """These hyperparameters with the task parameters of ``tasks`` (indices) set to the mean of the others'.
+
+        A GPU type whose data cannot inform its own task parameters (see
+        :func:`goodput.bayes.build_state`) takes those of a typical type: the
+        prior mean of a hierarchical model in which types share a residual scale.
+        """
+        tasks = sorted({int(k) for k in tasks})
+        others = [k for k in range(self.num_tasks) if k not in tasks]
+        if not tasks or not others:
+            return self
+        w, v = list(self.task_factor), list(self.task_var)
+        w_mean = float(np.mean([w[k] for k in others]))
+        v_mean = float(np.exp(np.mean(np.log(np.maximum([v[k] for k in others], 1e-12)))))
+        for k in tasks:
+            w[k], v[k] = w_mean, v_mean
+        return replace(self, task_factor=tuple(w), task_var=tuple(v))
+
     def to_dict(self) -> dict[str, Any]:
         return {"lengthscale": list(self.lengthscale), "task_factor": list(self.task_factor),
                 "task_var": list(self.task_var), "noise": self.noise}

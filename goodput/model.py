@@ -54,7 +54,7 @@ from .bayes import BayesState, build_state
 from .cluster import Cluster
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
-from .gp import GPNumericalError
+from .gp import GPHyperparameters, GPNumericalError
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .table import GoodputTable
@@ -157,6 +157,11 @@ class JobModel:
         refit_every: refit means and hyperparameters after this many new
             observations (``None``: a quarter of those held, at least 5).
         surprise: refit when a new observation's ``|z|`` exceeds this.
+        gp_hyperparameters: initial GP hyperparameters (e.g. another job's on
+            the same cluster, :attr:`gp_hyperparameters`): the model uses them
+            until its own observations call for a refit of the hyperparameters
+            (``refit_every`` new ones, or a surprising one), which then starts
+            from them (a short warm refit instead of a cold one).
         max_gp_points: the GP conditions on at most this many (most recent) observations.
     """
 
@@ -176,6 +181,7 @@ class JobModel:
         refit_every: int | None = None,
         surprise: float = 3.0,
         max_gp_points: int = 1024,
+        gp_hyperparameters: GPHyperparameters | None = None,
     ) -> None:
         self.job = check_str("job", job)
         self.init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
@@ -214,6 +220,9 @@ class JobModel:
         self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
         self.surprise = check_float("surprise", surprise, positive=True)
         self.max_gp_points = check_int("max_gp_points", max_gp_points, minimum=2)
+        if gp_hyperparameters is not None and not isinstance(gp_hyperparameters, GPHyperparameters):
+            raise ValidationError("gp_hyperparameters", gp_hyperparameters, "expected GPHyperparameters")
+        self._gp_init = gp_hyperparameters
         self._observations: dict[str, list[Observation]] = {}
         self._params: dict[str, ThroughputParams] = {}  # each type's own Pollux fit
         self._cache: dict[Any, Any] = {}  # γ-held fits used as transfer sources
@@ -223,6 +232,8 @@ class JobModel:
         # the Bayesian layer
         self._state: BayesState | None = None
         self._refit_due = True
+        # the next refit also re-optimises the GP hyperparameters (not at first when given some)
+        self._hyper_due = gp_hyperparameters is None
         self._pending = 0  # observations since the last refit
         self.refits = 0
         self.last_z: float | None = None  # largest |z| of the last online update
@@ -290,28 +301,35 @@ class JobModel:
         state = self._state
         if self._refit_due or state is None or state.posterior is None or any(o.gpu_type not in state.index for o in batch):
             self._refit_due = True
+            if state is not None and (state.posterior is None or any(o.gpu_type not in state.index for o in batch)):
+                self._hyper_due = True  # a new GPU type (a new task) or a failed posterior
             return
         for o in batch:  # a regime the type had not been observed in: its transferred prior gives way to data
+            # (the means and transfers are refitted; the GP hyperparameters only on the triggers below)
             if int(config_regime(o.num_nodes, o.num_replicas)) not in state.transfers[o.gpu_type].regimes.covered:
                 self._refit_due = True
         try:
             self.last_z = state.condition(batch)
         except (GPNumericalError, np.linalg.LinAlgError, ValueError, FloatingPointError):
-            self._refit_due = True
-            return
-        if self._refit_due:
+            self._refit_due = self._hyper_due = True
             return
         threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
         if self.last_z > self.surprise or self._pending >= threshold or len(state.posterior) >= self.max_gp_points:
-            self._refit_due = True
+            self._refit_due = self._hyper_due = True
 
     # ------------------------------------------------------------------ refits
     def _own_fit(self, name: str) -> ThroughputParams:
         """The type's Pollux fit to its own data (with the caller's explicit prior), cached until its data change."""
         if name in self._dirty or name not in self._params:
-            self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name))
+            # a refit after new observations starts from the previous fit (online, see fit_throughput(initial=))
+            self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name),
+                                                initial=self._params.get(name))
             self._dirty.discard(name)
         return self._params[name]
+
+    def own_fit(self, gpu_type: str) -> ThroughputParams:
+        """The type's Pollux fit to its own observations (with the caller's explicit prior, no transferred one), refitted if they changed."""
+        return self._own_fit(self._known(gpu_type))
 
     def transfers(self) -> dict[str, TypeTransfer]:
         """Per GPU type: its own fit and the ensembles for regimes it has not been observed in (:mod:`goodput.transfer`)."""
@@ -320,26 +338,34 @@ class JobModel:
                               keep_own=self._prior, cache=self._cache)
 
     @single_threaded
-    def refit(self) -> JobModel:
-        """Refit now: Pollux fits of changed types, transfers, GP hyperparameters; rebuild the posterior."""
+    def refit(self, *, hyperparameters: bool = True) -> JobModel:
+        """Refit now: Pollux fits of changed types, transfers and (unless ``hyperparameters=False``) the GP
+        hyperparameters; rebuild the posterior. Lazy refits pass ``hyperparameters`` only when they are due."""
         if not self._observations:
             return self
         if not self.bayesian:
             for gpu in self._observations:
                 self._own_fit(gpu)
             return self
-        previous = self._state.hyper if self._state is not None else None
-        self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points)
-        self._refit_due = False
+        previous = self._state.hyper if self._state is not None else self._gp_init
+        fit_hyper = hyperparameters or previous is None
+        self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points,
+                                  fit_hyper=fit_hyper)
+        self._refit_due = self._hyper_due = False
         self._pending = 0
         self.refits += 1
         return self
 
     def _current(self) -> BayesState:
         if self._refit_due or self._state is None:
-            self.refit()
+            self.refit(hyperparameters=self._hyper_due)
         assert self._state is not None
         return self._state
+
+    @property
+    def gp_hyperparameters(self) -> GPHyperparameters | None:
+        """The GP hyperparameters of the last refit (``None`` before the first or for the plain model)."""
+        return self._state.hyper if self._state is not None else None
 
     @property
     def diagnostics(self) -> dict[str, Any]:

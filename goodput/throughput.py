@@ -355,6 +355,7 @@ def fit_throughput(
     *,
     prior: ThroughputParams | Mapping[str, float] | None = None,
     gamma: float | None = None,
+    initial: ThroughputParams | None = None,
 ) -> ThroughputParams:
     """Fit Pollux's throughput model to one job's observations on one GPU type.
 
@@ -367,6 +368,9 @@ def fit_throughput(
             (see the module docstring).
         gamma: hold γ at this value instead of fitting it (sync costs of
             fits that share γ are comparable across jobs and GPU types).
+        initial: a previous fit of (most of) the same data: L-BFGS-B starts
+            from it and from the data-driven guess instead of from three
+            overlaps γ (an online refit after a few new observations).
 
     Returns:
         The fitted :class:`ThroughputParams`; ``fixed`` names the parameters
@@ -451,7 +455,13 @@ def fit_throughput(
         reg_gamma=_G not in fixed,
     )
     if free.size:
-        z = _minimize(problem, z0)
+        warm = None
+        if initial is not None:
+            if not isinstance(initial, ThroughputParams):
+                raise ValidationError("initial", initial, "expected ThroughputParams")
+            warm = _to_internal(initial.as_array())
+            warm[list(fixed)] = z0[list(fixed)]
+        z = _minimize(problem, z0, warm)
     else:
         z = z0
     theta = _to_public(z)
@@ -502,15 +512,21 @@ def _initial_guess(
     return np.array([a_c, b_c, a_r, 0.05 * a_r, max(a_n - a_r, 0.1 * a_r), 0.05 * a_r, 1.5])
 
 
-def _minimize(problem: _Problem, z0: np.ndarray) -> np.ndarray:
-    """L-BFGS-B from a few starting overlaps γ; keep the best."""
+def _to_internal(theta: np.ndarray) -> np.ndarray:
+    """θ in PARAM_NAMES order → the internal vector (inter-node terms as premiums over intra-node ones)."""
+    a_c, b_c, a_n, b_n, a_r, b_r, g = theta
+    return np.array([a_c, b_c, a_r, b_r, max(a_n - a_r, _TINY), max(b_n - b_r, _TINY), g])
+
+
+def _minimize(problem: _Problem, z0: np.ndarray, warm: np.ndarray | None = None) -> np.ndarray:
+    """L-BFGS-B from a few starting overlaps γ (or from a warm start and the data-driven guess); keep the best."""
     free = problem.free
     is_log = free != _G
     lower = np.where(is_log, math.log(_TINY), 1.0)
     upper = np.where(is_log, math.log(_HUGE), _GAMMA_MAX)
     bounds = list(zip(lower, upper))
-    starts = [z0]
-    if _G in free:
+    starts = [z0] if warm is None else [warm, z0]
+    if _G in free and warm is None:
         for gamma in (1.05, 4.0):
             alt = z0.copy()
             alt[_G] = gamma

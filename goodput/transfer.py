@@ -24,12 +24,19 @@ observed in that regime, scaled by a factor λ:
   Jayaram Subramanya et al., SOSP'23 §4.2) and an interconnect factor
   ``exp(±√3 · 0.5)`` (3-point Gauss–Hermite), since types may sit on different
   interconnects;
-* **other jobs on the same type** (:class:`ClusterPrior`): λ is fitted to the
-  job's own multi-GPU observations on that type, else to its observations on
-  another type that the other job also ran on (their sync costs relate as on
-  that type), else the ratio of model sizes when both are known, else the
-  ratio of compute times of the smallest micro-batch (compute at a small batch
-  tracks the model's size, as gradient bytes do);
+* **other jobs on the same type** (:class:`ClusterPrior`): for the multi-node
+  regime of a type with its own single-node multi-GPU observations, the job's
+  own fit (compute, intra-node terms, γ) with inter-node terms = its own
+  intra-node constant × the other job's inter/intra ratio (α_n/α_r, and its
+  β_n/α_n): what other jobs teach there is the premium of the network over the
+  node's interconnect, not their sync profile (:func:`_ratio_member`; on
+  Pollux's T4 traces this halves the single-node → multi-node error, 24% →
+  12%). Otherwise λ is fitted to the job's own multi-GPU observations on that
+  type, else to its observations on another type that the other job also ran
+  on (their sync costs relate as on that type), else the ratio of model sizes
+  when both are known, else the ratio of compute times of the smallest
+  micro-batch (compute at a small batch tracks the model's size, as gradient
+  bytes do);
 * **a weak default** when nothing else covers the regime (:data:`DEFAULTS`).
 
 A configuration in an unobserved regime is predicted by the weighted mean of
@@ -286,11 +293,24 @@ class ClusterPrior:
         return cls(out)
 
     @classmethod
+    @single_threaded
     def from_models(cls, models: Iterable[Any]) -> ClusterPrior:
-        """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type refitted to all its data)."""
-        models = list(models)
-        return cls.from_observations({m.job: m.observations for m in models},
-                                     sizes={m.job: m.model_size for m in models if getattr(m, "model_size", None)})
+        """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type's fit to all its data).
+
+        A model's own per-type fits are reused where it holds them up to date
+        (no refit); anything else is fitted here.
+        """
+        out = []
+        for model in models:
+            size = getattr(model, "model_size", None)
+            by_type: dict[str, list[Observation]] = {}
+            for o in model.observations:
+                by_type.setdefault(o.gpu_type, []).append(o)
+            own_fit = getattr(model, "own_fit", None)
+            for gpu, items in sorted(by_type.items()):
+                params = own_fit(gpu) if own_fit is not None else fit_throughput(items)
+                out.append(cls._summary(model.job, gpu, params, items, size))
+        return cls(out)
 
     @staticmethod
     def _summary(job: str, gpu: str, params: ThroughputParams, items: list[Observation], size: float | None) -> JobTypeSummary:
@@ -389,6 +409,9 @@ class TypeTransfer:
         alpha_c_log_std: prior std of the compute split when it came from other types (else 0).
         sources: per regime name, where its ensemble came from.
         inflate: per unobserved regime index, a factor on the ensemble's variance.
+        inherited: per unobserved regime index, the total weight of members that carry the
+            type's own fitted sync terms and γ (:func:`_ratio_member`): the uncertainty of
+            those parameters carries over to them (every member carries the own compute terms).
     """
 
     gpu_type: str
@@ -399,6 +422,7 @@ class TypeTransfer:
     alpha_c_log_std: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
     inflate: dict[int, float] = field(default_factory=dict)  # per regime: factor on the ensemble variance
+    inherited: dict[int, float] = field(default_factory=dict)  # per regime: weight of members with the type's own sync terms
 
     def __post_init__(self) -> None:
         self.theta = self.params.as_array()
@@ -454,6 +478,27 @@ def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarra
     if not np.isfinite(u) or min(u - low, high - u) < 0.01:
         return None
     return math.exp(u)
+
+
+RATIO_MIN_SYNC = 0.01  # α_r below this fraction of the compute: intra-node sync hidden, its ratio not usable
+
+
+def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
+    """Own θ with inter-node terms = own intra-node constant × the other job's inter/intra ratio.
+
+    ``α_n = α_r · (α_n / α_r)_other`` and ``β_n = α_n · (β_n / α_n)_other`` from the other job's
+    fit to all its data on the type, with the job's own compute, intra-node terms and γ (all
+    identified by its single-node multi-GPU data). ``None`` when the other job's ratio is not
+    identified: no single-node multi-GPU data, or intra-node sync hidden behind compute (the
+    caller likewise skips the rule when the job's own intra-node sync is hidden).
+    """
+    src = other.params.as_array()
+    if not (other.regimes.has_single_node_multi and other.regimes.has_inter) or src[4] <= RATIO_MIN_SYNC * other.c_ref:
+        return None
+    theta = own.copy()
+    theta[2] = own[4] * src[2] / src[4]
+    theta[3] = theta[2] * src[3] / max(src[2], 1e-12)
+    return Member(theta, 1.0, f"job {other.job}, own intra-node sync × its inter/intra ratio")
 
 
 def _default_source(c_ref: float) -> np.ndarray:
@@ -522,6 +567,7 @@ def build_transfer(
         members: dict[int, list[Member]] = {}
         struct: dict[int, float] = {}
         inflate: dict[int, float] = {}
+        inherited: dict[int, float] = {}
         for regime in (1, 2, 3):
             if regime in reg.covered or gpu in keep_own:
                 continue
@@ -550,6 +596,12 @@ def build_transfer(
                     source = other.params_g.as_array()
                     guess = size / other.size if size is not None and other.size else c_ref[gpu] / other.c_ref
                     lam, how = None, ""
+                    if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
+                        ratio_member = _ratio_member(own, other)
+                        if ratio_member is not None:
+                            family_x.append(ratio_member)
+                            inherited[regime] = inherited.get(regime, 0.0) + 1.0
+                            continue
                     if gpu in multi_cols:
                         lam, how = _fit_scale(own, source, multi_cols[gpu], guess), "scaled to own multi-GPU data"
                         if lam is None:
@@ -600,6 +652,8 @@ def build_transfer(
                 chosen += _normalised(group, 1.0 / votes)
             for mem in family_x:
                 chosen.append(Member(mem.theta, 1.0 / votes, mem.source))
+            if regime in inherited:
+                inherited[regime] /= votes  # the weight of the members carrying the type's own sync terms
             if use_default:
                 chosen += _normalised(family_d, 1.0 / votes)
             if m >= 2:
@@ -612,7 +666,8 @@ def build_transfer(
                     value = DEFAULTS["struct_std"].value
                 if value:
                     struct[regime] = value
-        out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate)
+        out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate,
+                                inherited)
     return out
 
 

@@ -78,4 +78,4 @@ def test_demo_profiles_fits_allocates_and_logs_to_mlflow(tmp_path, capsys):
     assert child[f"metrics.throughput.cpu.r1.b{first.local_bsz}"].iloc[0] == pytest.approx(first.throughput)
     allocation = mlflow.artifacts.load_dict(f"{parent['artifact_uri'].iloc[0]}/allocation.json")
     used = sum(a["num_gpus"] for a in allocation["allocations"].values() if a)
-    assert 1 <= used <= 4  # cpu:2x2 holds four devices
+    assert used in range(1, 5)  # cpu:2x2 holds four devices

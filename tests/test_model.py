@@ -118,3 +118,43 @@ def test_bad_input_raises():
         model.goodput("t4", 2, 1)
     with pytest.raises(ValidationError, match="cluster"):
         model.table("t4:1x1")
+
+
+def test_new_regime_refits_means_but_keeps_gp_hyperparameters():
+    model = JobModel("j", init_batch_size=64).observe(synthetic(T4, [(1, 1)], job="j", gpu="t4"))
+    model.predict("t4", 1, 1, 32)
+    before, refits = model.gp_hyperparameters, model.refits
+    # the first multi-GPU observation: a new regime for t4 -> means and transfers refitted
+    model.observe(synthetic(T4, [(1, 4)], bszs=(64,), accums=(0,), job="j", gpu="t4"))
+    model.predict("t4", 1, 4, 64)
+    assert model.refits == refits + 1
+    assert model.gp_hyperparameters == before
+    # many more observations: a regular refit re-optimises the hyperparameters too
+    model.observe(synthetic(T4, [(1, 2), (1, 4)], bszs=(16, 32, 64, 128), accums=(0, 1), job="j", gpu="t4", seed=5))
+    model.predict("t4", 1, 2, 64)
+    assert model.gp_hyperparameters != before
+    model.refit()  # an explicit refit always includes them
+
+
+def test_gp_hyperparameters_of_another_job_warm_start_the_first_fit():
+    donor = JobModel("donor", init_batch_size=64).observe(observations(job="donor"))
+    donor.predict("t4", 1, 1, 32)
+    warm = JobModel("j", init_batch_size=64, gp_hyperparameters=donor.gp_hyperparameters).observe(observations())
+    cold = JobModel("j", init_batch_size=64).observe(observations())
+    a, b = warm.predict("a100", 1, 8, 64), cold.predict("a100", 1, 8, 64)
+    assert a.step_time == pytest.approx(b.step_time, rel=0.05)
+    with pytest.raises(ValidationError, match="gp_hyperparameters"):
+        JobModel("j", init_batch_size=64, gp_hyperparameters={"noise": 0.1})
+
+
+def test_given_gp_hyperparameters_are_used_until_the_jobs_own_data_call_for_a_refit():
+    donor = JobModel("donor", init_batch_size=64).observe(observations(job="donor"))
+    donor.predict("t4", 1, 1, 32)
+    given = donor.gp_hyperparameters
+    model = JobModel("j", init_batch_size=64, gp_hyperparameters=given, refit_every=5)
+    model.observe(observations())
+    model.predict("t4", 1, 2, 32)
+    assert model.gp_hyperparameters == given  # the first refit rebuilt means and posterior only
+    model.observe(synthetic(T4, [(1, 2)], bszs=(16, 32, 64), accums=(0, 1), job="j", gpu="t4", seed=9))
+    model.predict("t4", 1, 2, 32)
+    assert model.gp_hyperparameters != given  # six new observations: a regular refit, hyperparameters included

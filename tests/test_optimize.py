@@ -70,7 +70,7 @@ def test_property_choice_respects_limits(m0, factor, max_local, replicas, accumu
         assert replicas > limits.max_batch_size or (not accumulation and replicas * max_local < m0)
         return
     batch, local, accum = int(best.batch_size[0]), int(best.local_bsz[0]), int(best.accum_steps[0])
-    assert 1 <= local <= max_local
+    assert local >= 1 and local <= max_local
     assert batch == replicas * local * (accum + 1) >= m0
     # the batch never exceeds the maximum unless no multiple of replicas*(accum+1) fits in [M0, max]
     if batch > limits.max_batch_size:

@@ -209,3 +209,17 @@ def test_fit_with_gamma_held():
     assert fit_throughput(obs).gamma == pytest.approx(TRUE.gamma, rel=0.2)  # free: recovered
     with pytest.raises(ValidationError, match="gamma"):
         fit_throughput(obs, gamma=0.5)
+
+
+def test_warm_started_refit_matches_a_cold_fit():
+    """fit_throughput(initial=previous fit) after a few new observations reaches the cold fit's optimum."""
+    obs = synthetic(TRUE, SEEN)
+    before = fit_throughput(obs[:-6])
+    cold = fit_throughput(obs)
+    warm = fit_throughput(obs, initial=before)
+    for nodes, replicas, bsz, accum in UNSEEN:
+        a = float(predict_step_time(cold, nodes, replicas, bsz, accum))
+        b = float(predict_step_time(warm, nodes, replicas, bsz, accum))
+        assert b == pytest.approx(a, rel=0.01)
+    with pytest.raises(ValidationError, match="initial"):
+        fit_throughput(obs, initial={"alpha_c": 1.0})

@@ -21,6 +21,8 @@ SUBCOMMANDS = [  # in workflow order
     "goodput.cli.fit",
     "goodput.cli.accuracy",
     "goodput.cli.allocate",
+    "goodput.cli.simulate",
+    "goodput.cli.compare",
 ]
 
 

@@ -1,0 +1,102 @@
+"""Simulator speed and policy quality on Sia's 64-GPU three-type cluster (issue: experiments).
+
+Workloads: the 8 Philly-derived 160-job workloads of Pollux's artifact
+(``pollux/workloads``, Philly hours 3–10) when ``../shared/data`` is present,
+else synthetic Philly-like workloads (``--seeds``). Cluster
+``t4:6x4,a100:2x8,rtx2080ti:3x8``; ground truth: the built-in catalog. Every
+policy is simulated once per workload, each simulation on one core (two run
+side by side on a 2-core host); ``sia`` and ``unaware`` include every online
+model update.
+
+Reports per policy the mean JCT over workloads and each simulation's wall
+seconds; ``sia``'s mean-JCT reduction against ``unaware`` (target ≥ 35%) and
+``gavel`` (≥ 60%), its gap to ``sia-oracle`` (≤ 10%), and its slowest
+simulation (target < 30 s for a 160-job workload).
+
+Run: ``python -m experiments.bench_simulator [--quick] [--synthetic] [--seeds 3] [--processes 2]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from experiments.benchutil import parser, report
+from experiments.datasets import default_data_dir
+from experiments.simulator.policies import POLICY_NAMES
+from experiments.simulator.runner import DEFAULT_CLUSTER, Task, run_sweep
+from experiments.simulator.truth import catalog_workload_stats, load_catalog
+from experiments.simulator.workload import read_workload, synthetic_workload
+from goodput.cluster import Cluster
+
+
+def workloads(args, families) -> tuple[str, list[tuple[str, list]]]:
+    data = default_data_dir()
+    folder = data / "pollux" / "workloads" if data is not None else None
+    if folder is not None and folder.is_dir() and not args.synthetic:
+        files = sorted(folder.glob("workload-*.csv"), key=lambda p: int(p.stem.split("-")[1]))
+        files = files[:1] if args.quick else files
+        jobs = [(p.stem, read_workload(p)) for p in files]
+        if args.quick:
+            jobs = [(name, j[:24]) for name, j in jobs]
+        return "Pollux's Philly-derived workloads (pollux/workloads)", jobs
+    seeds = 1 if args.quick else args.seeds
+    count, hours = (24, 2.0) if args.quick else (args.jobs, args.hours)
+    return (f"synthetic Philly-like workloads ({count} jobs over {hours} h)",
+            [(f"synthetic-seed{s}", synthetic_workload(catalog_workload_stats(), families, num_jobs=count, hours=hours, seed=s))
+             for s in range(seeds)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser("bench_simulator", __doc__)
+    p.add_argument("--synthetic", action="store_true", help="synthetic workloads even when Pollux's are present")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=160)
+    p.add_argument("--hours", type=float, default=8.0)
+    p.add_argument("--policies", default=",".join(POLICY_NAMES))
+    p.add_argument("--processes", type=int, default=2)
+    args = p.parse_args(argv)
+    cluster = Cluster.parse(DEFAULT_CLUSTER)
+    families = load_catalog(gpu_types=cluster.gpu_types)
+    source, loads = workloads(args, families)
+    policies = [x.strip() for x in args.policies.split(",")]
+    tasks = [Task(name, tuple(jobs), policy, DEFAULT_CLUSTER) for name, jobs in loads for policy in policies]
+    print(f"{len(tasks)} simulations: {len(loads)} workloads ({source}) x {len(policies)} policies", flush=True)
+    jct: dict[str, list[float]] = {p: [] for p in policies}
+    wall: dict[str, list[float]] = {p: [] for p in policies}
+    rows = []
+
+    def done(task, result) -> None:
+        s = result.summary
+        jct[task.policy].append(s["avg_jct_s"])
+        wall[task.policy].append(s["wall_seconds"])
+        rows.append({"what": f"{task.policy} {task.workload_name}", "jobs": s["jobs"], "avg_jct_s": s["avg_jct_s"],
+                     "makespan_s": s.get("makespan_s"), "restarts_per_job": s["restarts_per_job"],
+                     "contention_mean": s.get("contention_mean"), "utilization_mean": s.get("utilization_mean"),
+                     "wall_s": s["wall_seconds"]})
+        print(f"  {task.workload_name:16s} {task.policy:10s} avg JCT {s['avg_jct_s']:8.0f} s  wall {s['wall_seconds']:.1f} s",
+              flush=True)
+
+    run_sweep(tasks, processes=args.processes, on_done=done)
+    rows.sort(key=lambda r: r["what"])
+    summary = {}
+    for name in policies:
+        summary[name] = statistics.mean(jct[name])
+        rows.append({"what": f"{name}: mean over {len(jct[name])} workloads", "avg_jct_s": summary[name],
+                     "wall_s": statistics.mean(wall[name]), "wall_s_max": max(wall[name])})
+    if "sia" in summary:
+        for other, target in (("unaware", 0.35), ("gavel", 0.60)):
+            if other in summary:
+                cut = 1.0 - summary["sia"] / summary[other]
+                rows.append({"what": f"sia JCT reduction vs {other}", "value": cut, "target": target, "meets_target": cut >= target})
+        if "sia-oracle" in summary:
+            gap = summary["sia"] / summary["sia-oracle"] - 1.0
+            rows.append({"what": "sia JCT above sia-oracle", "value": gap, "target": 0.10, "meets_target": gap <= 0.10})
+        slowest = max(wall["sia"])
+        rows.append({"what": "sia wall seconds, slowest workload", "value": slowest, "target": 30.0, "meets_target": slowest <= 30.0})
+    report("bench_simulator", rows, args, extra={"cluster": str(cluster), "workloads": source})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Compare simulation runs of an MLflow experiment: mean ± std over workloads per policy.
+
+Example::
+
+    frame = compare_runs("goodput-sim")           # one row per policy
+    save_comparison_plots(frame, "out/compare")    # bar charts with error bars
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_METRICS", "compare_runs", "save_comparison_plots", "runs_frame"]
+
+DEFAULT_METRICS = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_hours_per_job",
+                   "restarts_per_job", "contention_mean", "unfair_fraction", "utilization_mean")
+
+
+def runs_frame(experiment: str, uri: str | None = None) -> Any:
+    """Every simulation run (those with a ``policy`` parameter) of ``experiment`` as a DataFrame."""
+    import mlflow
+
+    from goodput import tracking
+
+    tracking._quiet_mlflow()
+    mlflow.set_tracking_uri(tracking.tracking_uri(uri))
+    if mlflow.get_experiment_by_name(experiment) is None:
+        raise FileNotFoundError(f"no MLflow experiment named {experiment!r} in {tracking.tracking_uri(uri)}")
+    runs = mlflow.search_runs(experiment_names=[experiment], max_results=100_000)
+    if runs.empty or "params.policy" not in runs:
+        return runs.iloc[0:0]
+    return runs[runs["params.policy"].notna()].reset_index(drop=True)
+
+
+def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, uri: str | None = None) -> Any:
+    """Per policy: number of runs and mean ± std of each metric over them."""
+    import pandas as pd
+
+    runs = runs_frame(experiment, uri)
+    if runs.empty:
+        return pd.DataFrame(columns=["policy", "runs"])
+    rows = []
+    for policy, group in runs.groupby("params.policy", sort=True):
+        row: dict[str, Any] = {"policy": policy, "runs": len(group)}
+        for metric in metrics:
+            column = f"metrics.{metric}"
+            if column in group:
+                values = group[column].dropna()
+                row[f"{metric}_mean"] = float(values.mean()) if len(values) else float("nan")
+                row[f"{metric}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def save_comparison_plots(frame: Any, out_dir: str | Path, metrics: tuple[str, ...] = ("avg_jct_s", "makespan_s",
+                          "unfair_fraction", "restarts_per_job")) -> list[Path]:
+    """A bar chart with error bars per metric; returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for metric in metrics:
+        if f"{metric}_mean" not in frame:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.bar(frame["policy"], frame[f"{metric}_mean"], yerr=frame[f"{metric}_std"], capsize=4, color="#4c72b0")
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric}: mean ± std over workloads")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        path = out / f"compare_{metric}.png"
+        tmp = path.with_name(f".{path.name}.tmp.png")
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(path)
+        paths.append(path)
+    return paths

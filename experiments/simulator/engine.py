@@ -1,0 +1,571 @@
+"""The round-based cluster simulator.
+
+Every ``round_s`` seconds (60 by default) the policy under test sees the active
+jobs — what a real scheduler would see: each job's goodput table from its own
+online :class:`~goodput.model.JobModel` (or, for an oracle policy, from the
+ground truth), its current allocation, age and restarts — and returns
+allocations. Jobs then progress by their *true* goodput (Pollux's
+scale-invariant progress, :mod:`experiments.simulator.truth`), pay a restart
+delay whenever their allocation changes, and finish when their work is done.
+
+The closed loop: a new job is profiled on 1 GPU of every type at a few batch
+sizes (with measurement noise); while it runs it reports an observation of its
+configuration (step time, sync time, gradient statistics, with noise) the first
+time it runs a configuration and every ``report_every`` rounds after that. Only
+those reports reach its model.
+
+Example::
+
+    from experiments.simulator import Simulator, SimConfig, load_catalog, synthetic_workload
+    sim = Simulator(jobs, load_catalog(), SimConfig(cluster=Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")),
+                    policy=make_policy("sia"))
+    result = sim.run()
+    result.summary["avg_jct_s"]
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from goodput.cluster import Cluster
+from goodput.errors import ValidationError
+from goodput.model import JobModel
+from goodput.observations import Observation
+from goodput.table import GoodputTable
+
+from .truth import Family
+from .workload import WorkloadJob
+
+__all__ = ["Assignment", "JobView", "Policy", "SimConfig", "SimJob", "SimResult", "Simulator"]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a job runs: ``placement`` maps node ids (``"t4-0"``) to GPUs on that node."""
+
+    gpu_type: str
+    num_nodes: int
+    num_gpus: int
+    placement: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, allocation: Any) -> Assignment:
+        """From any object with ``gpu_type, num_nodes, num_gpus, placement`` (e.g. the allocator's JobAllocation)."""
+        placement = allocation.placement
+        items = placement.items() if isinstance(placement, Mapping) else placement
+        return cls(allocation.gpu_type, int(allocation.num_nodes), int(allocation.num_gpus),
+                   tuple(sorted((str(k), int(v)) for k, v in items)))
+
+
+@dataclass
+class JobView:
+    """What a policy sees of one active job."""
+
+    name: str
+    application: str
+    arrival: float
+    age_s: float
+    attained_s: float  # seconds the job has held GPUs so far
+    restarts: int
+    restart_cost_s: float
+    requested_gpus: int
+    requested_batch: int
+    current: Assignment | None
+    table: GoodputTable | None  # goodput per configuration (model or oracle); None for non-adaptive policies
+    throughput: GoodputTable | None  # samples/s at the requested batch per configuration (for Gavel/FIFO)
+    gpu_types: tuple[str, ...]  # types the job can run on
+
+
+class Policy(Protocol):
+    """A scheduling policy under test."""
+
+    name: str
+    round_s: float  # seconds between reallocations
+    oracle: bool  # sees the ground truth instead of the jobs' models
+    adaptive_batch: bool  # picks each job's batch size (True) or runs the requested one (False)
+    pooled_model: bool  # the jobs' models cannot tell GPU types apart (Pollux-like); optional, default False
+
+    def decide(self, now: float, cluster: Cluster, jobs: list[JobView]) -> Mapping[str, Any]:
+        """Allocation per job name (an object with gpu_type, num_nodes, num_gpus, placement) or None."""
+
+
+@dataclass
+class SimConfig:
+    """Simulation settings.
+
+    Attributes:
+        cluster: the cluster.
+        seed: seed of measurement noise.
+        step_noise: log-normal sigma of measured step times (0.03 = 3%).
+        grad_noise: log-normal sigma of measured gradient noise scales.
+        bootstrap_batches: batch sizes profiled per GPU type when a job arrives.
+        report_every: rounds between repeated reports of an unchanged configuration.
+        max_hours: stop (and report unfinished jobs) after this much simulated time.
+        observation_bias: per GPU type, a factor on every step time the jobs
+            report (1 = honest); to study a misinformed model.
+        table_refresh: relative change of a job's noise scale that refreshes an oracle table.
+    """
+
+    cluster: Cluster
+    seed: int = 0
+    step_noise: float = 0.03
+    grad_noise: float = 0.10
+    bootstrap_batches: int = 6
+    report_every: int = 10
+    max_hours: float = 24.0 * 14
+    observation_bias: Mapping[str, float] = field(default_factory=dict)
+    table_refresh: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cluster, Cluster):
+            raise ValidationError("cluster", self.cluster, "expected a Cluster")
+        for name in ("step_noise", "grad_noise"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValidationError(name, value, "must be in [0, 1)")
+        if self.report_every < 1:
+            raise ValidationError("report_every", self.report_every, "must be >= 1")
+        if self.bootstrap_batches < 1:
+            raise ValidationError("bootstrap_batches", self.bootstrap_batches, "must be >= 1")
+
+
+@dataclass
+class SimJob:
+    """A job's state during simulation."""
+
+    spec: WorkloadJob
+    family: Family
+    model: JobModel | None = None
+    progress: float = 0.0
+    assignment: Assignment | None = None
+    local_bsz: int = 0
+    accum_steps: int = 0
+    restarts: int = 0
+    starts: int = 0
+    delay_left: float = 0.0
+    start_time: float | None = None
+    finish_time: float | None = None
+    gpu_seconds: float = 0.0
+    held_seconds: float = 0.0
+    seen_configs: set[tuple[Any, ...]] = field(default_factory=set)
+    rounds_since_report: int = 0
+    table: GoodputTable | None = None
+    table_stale: bool = True
+    table_phi: float = 0.0
+    throughput_table: GoodputTable | None = None
+    active_jobs_seen: list[int] = field(default_factory=list)
+    gpu_types_used: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def running(self) -> bool:
+        return self.assignment is not None and self.finish_time is None
+
+
+@dataclass
+class SimResult:
+    """Per-job records, per-round records and the summary metrics."""
+
+    jobs: Any  # pandas DataFrame
+    rounds: Any  # pandas DataFrame
+    summary: dict[str, Any]
+    settings: dict[str, Any]
+
+
+@dataclass
+class ClusterKnowledge:
+    """What the scheduler learns across jobs, and hands to each new job's model.
+
+    * ``prior``: a :class:`~goodput.transfer.ClusterPrior` summarising the
+      finished jobs that ran on several GPUs (a rolling window of the
+      ``window`` most recent), so a new job's multi-GPU predictions are not
+      blind (its bootstrap profile holds 1-GPU runs only);
+    * ``gp_hyperparameters``: the latest refitted job's GP hyperparameters, the
+      starting point of a new job's first fit (a short warm refit).
+    """
+
+    window: int = 24
+    summaries: list[Any] = field(default_factory=list)
+    gp_hyperparameters: Any = None
+
+    def prior(self) -> Any:
+        from goodput.transfer import ClusterPrior
+
+        return ClusterPrior(list(self.summaries)) if self.summaries else None
+
+    def learn(self, model: JobModel) -> None:
+        """Fold a finished job's model in (only jobs observed on several GPUs teach anything new)."""
+        if model is None or not any(o.num_replicas > 1 for o in model.observations):
+            return
+        from goodput.transfer import ClusterPrior
+
+        self.summaries = [s for s in self.summaries if s.job != model.job]
+        self.summaries += ClusterPrior.from_models([model]).summaries
+        jobs = list(dict.fromkeys(s.job for s in self.summaries))
+        if len(jobs) > self.window:
+            keep = set(jobs[-self.window:])
+            self.summaries = [s for s in self.summaries if s.job in keep]
+
+
+ModelFactory = Callable[..., JobModel]
+
+POOLED = "pooled"  # the one GPU type a heterogeneity-unaware job's model knows
+
+
+def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster, knowledge: ClusterKnowledge,
+                          *, pooled: bool = False) -> JobModel:
+    """The job's own Bayesian model: M0, batch and per-type memory limits from its family; the
+    cluster's knowledge (other jobs' sync costs, GP hyperparameters) as its prior. A ``pooled``
+    model (Pollux-like) sees every GPU type as one, with the tightest memory limit of them."""
+    types = [g for g in cluster.gpu_types if family.supports(g)]
+    if pooled:
+        bounds: Any = (family.min_local_bsz, min(family.max_local_bsz[g] for g in types))
+    else:
+        bounds = {g: (family.min_local_bsz, family.max_local_bsz[g]) for g in types}
+    return JobModel(spec.name, family.init_batch_size, max_batch_size=family.max_batch_size, local_bsz_bounds=bounds,
+                    cluster_prior=knowledge.prior(), gp_hyperparameters=knowledge.gp_hyperparameters)
+
+
+class Simulator:
+    """Simulates one workload under one policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        workload: Iterable[WorkloadJob],
+        families: Mapping[str, Family],
+        config: SimConfig,
+        policy: Policy,
+        model_factory: ModelFactory = default_model_factory,
+        progress: Callable[[float, int, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.cluster = config.cluster
+        self.model_factory = model_factory
+        self.progress = progress
+        self.rng = np.random.default_rng(config.seed)
+        self.jobs: list[SimJob] = []
+        for spec in workload:
+            family = families.get(spec.application)
+            if family is None:
+                raise ValidationError(f"{spec.name}.application", spec.application,
+                                      f"not in the ground truth (known: {', '.join(sorted(families))})")
+            if not any(family.supports(g) for g in self.cluster.gpu_types):
+                raise ValidationError(f"{spec.name}.application", spec.application,
+                                      f"has no measurements on any GPU type of the cluster {self.cluster}")
+            self.jobs.append(SimJob(spec, family))
+        if not self.jobs:
+            raise ValidationError("workload", [], "holds no jobs")
+        self.jobs.sort(key=lambda j: (j.spec.time, j.name))
+        self.round_records: list[dict[str, Any]] = []
+        self.knowledge = ClusterKnowledge()
+        self.pooled = bool(getattr(policy, "pooled_model", False))
+        self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
+        self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
+
+    # ------------------------------------------------------------------ observations
+    def _noise(self, sigma: float) -> float:
+        return float(math.exp(self.rng.normal(0.0, sigma))) if sigma > 0 else 1.0
+
+    def _measure(self, job: SimJob, gpu_type: str, nodes: int, gpus: int, local_bsz: int, accum: int,
+                 *, noise_at_reference: bool = False) -> Observation:
+        """A noisy report of a configuration: step and sync times, and the gradient noise the job measures —
+        of the batch it trains at, or (``noise_at_reference``, a profile) of its reference batch M0."""
+        family = job.family
+        t_iter, sync = family.iter_time(gpu_type, nodes, gpus, local_bsz, accum)
+        factor = self._noise(self.config.step_noise) * self.config.observation_bias.get(gpu_type, 1.0)
+        step = t_iter * factor
+        batch = None if noise_at_reference else gpus * local_bsz * (accum + 1)
+        phi = family.noise_scale(job.progress, batch) * self._noise(self.config.grad_noise)
+        m0 = family.init_batch_size
+        return Observation(
+            job=job.name, gpu_type=POOLED if self.pooled else gpu_type, num_nodes=nodes, num_replicas=gpus, local_bsz=local_bsz,
+            accum_steps=accum, step_time=step, sync_time=min(sync * factor, step),
+            grad_sqr=1.0, grad_var=phi / m0, source="simulated",
+        )
+
+    def _bootstrap(self, job: SimJob) -> None:
+        """Sia-style profile on arrival: 1 GPU of every type, a few batch sizes."""
+        job.model = self.model_factory(job.spec, job.family, self.cluster, self.knowledge, pooled=self.pooled)
+        batch: list[Observation] = []
+        for gpu_type in self.cluster.gpu_types:
+            if not job.family.supports(gpu_type):
+                continue
+            low, high = job.family.min_local_bsz, job.family.max_local_bsz[gpu_type]
+            sizes = sorted({int(round(x)) for x in np.geomspace(low, high, self.config.bootstrap_batches)})
+            for bsz in sizes:
+                batch.append(self._measure(job, gpu_type, 1, 1, bsz, 0, noise_at_reference=True))
+        job.model.observe(batch)
+        job.table_stale = True
+
+    def _report(self, job: SimJob) -> None:
+        a = job.assignment
+        key = (a.gpu_type, a.num_nodes, a.num_gpus, job.local_bsz, job.accum_steps)
+        job.rounds_since_report += 1
+        if key in job.seen_configs and job.rounds_since_report < self.config.report_every:
+            return
+        job.seen_configs.add(key)
+        job.rounds_since_report = 0
+        if job.model is not None:
+            job.model.observe(self._measure(job, a.gpu_type, a.num_nodes, a.num_gpus, job.local_bsz, job.accum_steps))
+            job.table_stale = True
+
+    # ------------------------------------------------------------------ tables
+    def _truth_table(self, job: SimJob, *, fixed_batch: int | None = None) -> GoodputTable:
+        """A table from the ground truth: true goodput at the job's current progress (an oracle's view),
+        or, with ``fixed_batch``, true samples/s at that batch (what Gavel profiles)."""
+        rows = []
+        progress = 0.0 if fixed_batch else job.progress
+        for pool in self.cluster:
+            if not job.family.supports(pool.gpu_type):
+                continue
+            configs = pool.configurations()
+            nodes = np.array([c[1] for c in configs])
+            gpus = np.array([c[2] for c in configs])
+            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
+            value = best.throughput if fixed_batch else best.goodput
+            for i, (_, n, g) in enumerate(configs):
+                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g, "goodput": float(value[i]),
+                             "batch_size": int(best.batch_size[i]), "local_bsz": int(best.local_bsz[i]),
+                             "accum_steps": int(best.accum_steps[i]), "std": 0.0})
+        return GoodputTable(job.name, rows)
+
+    def _pooled_table(self, job: SimJob) -> GoodputTable:
+        """A pooled model's table: the same predictions on every GPU type's configurations (it cannot tell them apart)."""
+        import pandas as pd
+
+        from goodput.cluster import NodePool
+
+        frames = []
+        for pool in self.cluster:
+            if not job.family.supports(pool.gpu_type):
+                continue
+            shape = Cluster((NodePool(POOLED, pool.nodes, pool.gpus_per_node),))
+            frame = job.model.table(shape).frame.drop(columns=["normalized_goodput"])
+            frame["gpu_type"] = pool.gpu_type
+            frames.append(frame)
+        return GoodputTable(job.name, pd.concat(frames, ignore_index=True))
+
+    def _table(self, job: SimJob) -> GoodputTable:
+        if self.policy.oracle:
+            phi = job.family.noise_scale(job.progress)
+            if job.table is None or abs(phi / job.table_phi - 1.0) > self.config.table_refresh:
+                job.table, job.table_phi = self._truth_table(job), phi
+            return job.table
+        if job.table is None or job.table_stale:
+            job.table = self._pooled_table(job) if self.pooled else job.model.table(self.cluster)
+            job.table_stale = False
+            hyper = getattr(job.model, "gp_hyperparameters", None)
+            if hyper is not None:
+                self.knowledge.gp_hyperparameters = hyper
+        return job.table
+
+    # ------------------------------------------------------------------ allocation
+    def _views(self, now: float, active: list[SimJob]) -> list[JobView]:
+        views = []
+        for job in active:
+            adaptive = self.policy.adaptive_batch
+            if not adaptive and job.throughput_table is None:
+                job.throughput_table = self._truth_table(job, fixed_batch=job.spec.batch_size)
+            views.append(JobView(
+                name=job.name, application=job.spec.application, arrival=job.spec.time, age_s=now - job.spec.time,
+                attained_s=min(job.held_seconds, now - job.spec.time),
+                restarts=job.restarts, restart_cost_s=job.family.restart_cost_s,
+                requested_gpus=job.spec.num_replicas, requested_batch=job.spec.batch_size,
+                current=job.assignment, table=self._table(job) if adaptive else None,
+                throughput=job.throughput_table,
+                gpu_types=tuple(g for g in self.cluster.gpu_types if job.family.supports(g)),
+            ))
+        return views
+
+    def _check_capacity(self, assignments: Mapping[str, Assignment]) -> None:
+        used: dict[str, int] = {}
+        for name, a in assignments.items():
+            if sum(g for _, g in a.placement) != a.num_gpus or len(a.placement) != a.num_nodes:
+                raise ValidationError(f"{name}.placement", a.placement, f"does not hold {a.num_gpus} GPUs on {a.num_nodes} nodes")
+            for node, gpus in a.placement:
+                if self.node_type.get(node) != a.gpu_type:
+                    raise ValidationError(f"{name}.placement", node, f"is not a {a.gpu_type} node")
+                used[node] = used.get(node, 0) + gpus
+        for node, gpus in used.items():
+            if gpus > self.node_capacity[node]:
+                raise ValidationError("placement", node, f"{gpus} GPUs allocated on a node of {self.node_capacity[node]}")
+
+    def _batch_config(self, job: SimJob) -> tuple[int, int]:
+        a = job.assignment
+        if not self.policy.adaptive_batch:
+            row = job.throughput_table.lookup(a.gpu_type, a.num_nodes, a.num_gpus) if job.throughput_table else None
+            if row is None or row["goodput"] <= 0:
+                best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, 0.0, fixed_batch=job.spec.batch_size)
+                return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
+            return int(row["local_bsz"]), int(row["accum_steps"])
+        if self.policy.oracle:
+            best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress)
+            return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
+        choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, a.num_gpus)
+        if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
+            return max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus)), 0
+        return choice.local_bsz, choice.accum_steps
+
+    def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
+        assignments = {}
+        for name, alloc in decisions.items():
+            if alloc is not None:
+                assignments[name] = alloc if isinstance(alloc, Assignment) else Assignment.of(alloc)
+        self._check_capacity(assignments)
+        for job in active:
+            new = assignments.get(job.name)
+            if new == job.assignment:
+                continue
+            if new is not None and not job.family.supports(new.gpu_type):
+                raise ValidationError(f"{job.name}.gpu_type", new.gpu_type, "the job cannot run on this type")
+            if new is not None:
+                if job.starts > 0:
+                    job.restarts += 1
+                job.starts += 1
+                job.delay_left = job.family.restart_cost_s
+                if job.start_time is None:
+                    job.start_time = now
+                job.gpu_types_used.add(new.gpu_type)
+            job.assignment = new
+            if new is not None:
+                job.local_bsz, job.accum_steps = self._batch_config(job)
+
+    # ------------------------------------------------------------------ time
+    def _advance(self, job: SimJob, now: float, seconds: float) -> None:
+        a = job.assignment
+        job.held_seconds += seconds
+        delay = min(job.delay_left, seconds)
+        job.delay_left -= delay
+        usable = seconds - delay
+        if usable <= 0:
+            job.gpu_seconds += a.num_gpus * seconds
+            return
+        rate = job.family.rate(a.gpu_type, a.num_nodes, a.num_gpus, job.local_bsz, job.accum_steps, job.progress)
+        remaining = job.family.work - job.progress
+        if rate * usable >= remaining:
+            used = remaining / rate
+            job.progress = job.family.work
+            job.finish_time = now + delay + used
+            job.gpu_seconds += a.num_gpus * (delay + used)
+        else:
+            job.progress += rate * usable
+            job.gpu_seconds += a.num_gpus * seconds
+
+    def run(self) -> SimResult:
+        """Simulate until every job finishes (or ``max_hours``); single-threaded by design.
+
+        BLAS and torch are limited to one thread while it runs: the numeric
+        work is many tiny problems, for which multithreaded BLAS only spins
+        (and slows down 25-fold when other processes share the cores).
+        """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1), _torch_threads(1):
+            return self._run()
+
+    def _run(self) -> SimResult:
+        import pandas as pd
+
+        from .metrics import summarize
+
+        start_wall = _time.perf_counter()
+        round_s = float(self.policy.round_s)
+        now = math.floor(self.jobs[0].spec.time / round_s) * round_s
+        pending = list(self.jobs)  # by arrival
+        active: list[SimJob] = []
+        finished = 0
+        limit = now + self.config.max_hours * 3600.0
+        total_gpus = self.cluster.total_gpus
+        while (pending or active) and now < limit:
+            while pending and pending[0].spec.time <= now:
+                job = pending.pop(0)
+                if self.policy.adaptive_batch and not self.policy.oracle:
+                    self._bootstrap(job)
+                active.append(job)
+            if not active:
+                now = math.ceil(pending[0].spec.time / round_s) * round_s
+                continue
+            for job in active:
+                job.active_jobs_seen.append(len(active))
+            decisions = self.policy.decide(now, self.cluster, self._views(now, active))
+            self._apply(now, decisions, active)
+            used: dict[str, int] = {}
+            for job in active:
+                if job.assignment is not None:
+                    used[job.assignment.gpu_type] = used.get(job.assignment.gpu_type, 0) + job.assignment.num_gpus
+                    self._advance(job, now, round_s)
+                    if job.finish_time is None and job.delay_left <= 0 and self.policy.adaptive_batch:
+                        if not self.policy.oracle:
+                            self._report(job)
+                        if self.policy.oracle or job.rounds_since_report == 0:
+                            job.local_bsz, job.accum_steps = self._batch_config(job)
+            running = sum(1 for j in active if j.assignment is not None)
+            self.round_records.append({
+                "time_s": now, "active": len(active), "running": running, "queued": len(active) - running,
+                "gpus_used": sum(used.values()), "utilization": sum(used.values()) / total_gpus,
+                **{f"gpus_{g}": used.get(g, 0) for g in self.cluster.gpu_types},
+            })
+            done = [j for j in active if j.finish_time is not None]
+            for job in done:
+                job.assignment = None
+                if self.policy.adaptive_batch and not self.policy.oracle:
+                    self.knowledge.learn(job.model)
+            active = [j for j in active if j.finish_time is None]
+            finished += len(done)
+            now += round_s
+            if self.progress is not None:
+                self.progress(now, finished, len(self.jobs))
+        jobs = pd.DataFrame([_job_record(j) for j in self.jobs])
+        rounds = pd.DataFrame(self.round_records)
+        settings = {"policy": self.policy.name, "round_s": round_s, "cluster": str(self.cluster),
+                    "seed": self.config.seed, "step_noise": self.config.step_noise,
+                    "grad_noise": self.config.grad_noise, "report_every": self.config.report_every,
+                    "jobs": len(self.jobs)}
+        summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
+        summary["wall_seconds"] = _time.perf_counter() - start_wall
+        return SimResult(jobs, rounds, summary, settings)
+
+
+class _torch_threads:
+    """Temporarily set torch's intra-op threads (only if torch is already imported)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.saved = count, None
+
+    def __enter__(self) -> None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self.saved = torch.get_num_threads()
+            torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc: object) -> None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and self.saved is not None:
+            torch.set_num_threads(self.saved)
+
+
+def _job_record(job: SimJob) -> dict[str, Any]:
+    jct = None if job.finish_time is None else job.finish_time - job.spec.time
+    return {
+        "name": job.name, "application": job.spec.application, "category": job.spec.category,
+        "arrival_s": job.spec.time, "start_s": job.start_time, "finish_s": job.finish_time, "jct_s": jct,
+        "gpu_hours": job.gpu_seconds / 3600.0, "restarts": job.restarts,
+        "requested_gpus": job.spec.num_replicas, "requested_batch": job.spec.batch_size,
+        "progress_fraction": job.progress / job.family.work,
+        "gpu_types_used": ",".join(sorted(job.gpu_types_used)),
+        "mean_contention": float(np.mean(job.active_jobs_seen)) if job.active_jobs_seen else 0.0,
+    }

@@ -1,0 +1,94 @@
+"""Simulation metrics: job completion times, makespan, GPU-hours, restarts, contention, fairness.
+
+Finish-time fairness (Mahajan et al., "Themis", NSDI'20; used by Sia, SOSP'23)
+compares a job's completion time with the time it would take alone on an
+equal share of the cluster: ρ = JCT / T_isolated, and a job is treated
+unfairly when ρ > 1. Here the share is the cluster divided by the mean number
+of active jobs during the job's life (N): on each GPU type the job may use any of
+Sia's configurations with at most ``capacity / N`` GPUs (at least one), with
+its goodput-optimal configuration and batch in each stretch of progress, and T_isolated is the time to do its work
+on the best such type, integrating the changing gradient noise over progress
+plus one start (its restart cost: even alone, a job must be launched once; no
+queueing and no further restarts). The job's time is counted from the first
+scheduling round at or after its arrival, so that round quantisation (up to a
+round of waiting, identical for every policy of that round length) does not
+dominate short jobs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from goodput.cluster import Cluster
+
+__all__ = ["summarize", "isolated_time"]
+
+_SEGMENTS = 6  # progress segments of the isolated-time integral
+
+
+def _segments() -> tuple[np.ndarray, np.ndarray]:
+    edges = np.linspace(0.0, 1.0, _SEGMENTS + 1)
+    return (edges[:-1] + edges[1:]) / 2.0, np.diff(edges)
+
+
+@lru_cache(maxsize=4096)
+def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segment: int) -> float:
+    mids, _ = _segments()
+    progress = mids[segment] * family.work
+    best = family.best_config(gpu_type, num_nodes, num_gpus, progress)
+    return float(best.goodput[0]) / family.init_batch_size  # progress per second
+
+
+def isolated_time(family: Any, cluster: Cluster, contention: float) -> float:
+    """Seconds to finish alone on a 1/``contention`` share of the cluster (see module docstring)."""
+    mids, widths = _segments()
+    best = np.inf
+    share = max(contention, 1.0)
+    for pool in cluster:
+        if not family.supports(pool.gpu_type):
+            continue
+        allowed = [c for c in pool.configurations() if c[2] <= max(1.0, pool.gpus / share)]
+        rates = np.array([max(_best_rate(family, pool.gpu_type, n, g, k) for _, n, g in allowed) for k in range(len(mids))])
+        if np.all(rates > 0):
+            best = min(best, float(np.sum(widths * family.work / rates)))
+    return best + family.restart_cost_s
+
+
+def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, round_s: float = 60.0) -> dict[str, Any]:
+    """The summary metrics of one simulation (times in seconds, per-job means)."""
+    done = jobs[jobs["jct_s"].notna()]
+    jct = done["jct_s"].to_numpy(dtype=float)
+    summary: dict[str, Any] = {
+        "jobs": int(len(jobs)),
+        "finished": int(len(done)),
+        "unfinished": int(len(jobs) - len(done)),
+    }
+    if len(done):
+        summary.update({
+            "avg_jct_s": float(np.mean(jct)),
+            "median_jct_s": float(np.median(jct)),
+            "p99_jct_s": float(np.percentile(jct, 99)),
+            "avg_jct_h": float(np.mean(jct) / 3600.0),
+            "makespan_s": float(done["finish_s"].max() - jobs["arrival_s"].min()),
+        })
+    summary["gpu_hours_per_job"] = float(jobs["gpu_hours"].mean())
+    summary["restarts_per_job"] = float(jobs["restarts"].mean())
+    if len(rounds):
+        summary["contention_mean"] = float(rounds["queued"].mean())
+        summary["contention_max"] = int(rounds["queued"].max())
+        summary["utilization_mean"] = float(rounds["utilization"].mean())
+    rho = []
+    for job in sim_jobs:
+        if job.finish_time is None or not job.active_jobs_seen:
+            continue
+        ideal = isolated_time(job.family, cluster, float(np.mean(job.active_jobs_seen)))
+        if np.isfinite(ideal) and ideal > 0:
+            first_round = np.ceil(job.spec.time / round_s) * round_s
+            rho.append((job.finish_time - first_round) / ideal)
+    if rho:
+        summary["unfair_fraction"] = float(np.mean(np.array(rho) > 1.0))
+        summary["ftf_rho_median"] = float(np.median(rho))
+    return summary

@@ -1,0 +1,80 @@
+"""The policies a simulation compares, all through :func:`goodput.allocate`.
+
+========== ================================================================ ======== ===========
+name       what it does                                                     round    batch size
+========== ================================================================ ======== ===========
+sia        Sia's goodput ILP on each job's online :class:`JobModel`          60 s     model's best
+sia-oracle the same ILP on the ground truth (separates modelling error)      60 s     true best
+unaware    GPU types pooled, Pollux-like: one model per job that cannot      60 s     model's best
+           tell GPU types apart, and the pooled goodput ILP
+gavel      Gavel's heterogeneity-aware max-sum-throughput, requested GPUs   360 s    requested
+fifo       first in, first out with the requested GPUs                       60 s     requested
+========== ================================================================ ======== ===========
+
+Gavel and FIFO run each job at the batch size its owner asked for; Gavel is
+given each job's true throughput at that batch on every type (Gavel assumes
+profiled throughputs), which is generous to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from goodput.allocator import JobAllocation, JobSpec, allocate
+from goodput.cluster import Cluster
+from goodput.errors import ValidationError
+
+from .engine import JobView
+
+__all__ = ["AllocatorPolicy", "make_policy", "POLICY_NAMES"]
+
+
+@dataclass
+class AllocatorPolicy:
+    """A simulation policy that calls :func:`goodput.allocate` each round."""
+
+    name: str
+    allocator_policy: str
+    oracle: bool
+    adaptive_batch: bool
+    round_s: float
+    pooled_model: bool = False  # the jobs' models cannot tell GPU types apart (Pollux-like)
+    p: float = -0.5
+    options: dict[str, Any] = field(default_factory=dict)
+    last_info: Any = None
+
+    def decide(self, now: float, cluster: Cluster, jobs: list[JobView]) -> Mapping[str, Any]:
+        tables = {j.name: (j.table if self.adaptive_batch else j.throughput) for j in jobs}
+        current = {
+            j.name: JobAllocation(j.current.gpu_type, j.current.num_nodes, j.current.num_gpus, dict(j.current.placement))
+            for j in jobs if j.current is not None
+        }
+        specs = {
+            j.name: JobSpec(age=j.age_s, restarts=j.restarts, restart_cost=j.restart_cost_s, attained=j.attained_s,
+                            requested_gpus=j.requested_gpus, arrival=j.arrival, gpu_types=j.gpu_types)
+            for j in jobs
+        }
+        allocation = allocate(tables, cluster, current, p=self.p, policy=self.allocator_policy, jobs=specs, **self.options)
+        self.last_info = allocation.info
+        return dict(allocation)
+
+
+POLICY_NAMES = ("sia", "sia-oracle", "unaware", "gavel", "fifo")
+
+
+def make_policy(name: str, round_s: float | None = None, **options: Any) -> AllocatorPolicy:
+    """A fresh policy object by name (see the module table); ``round_s`` overrides its round length."""
+    presets = {
+        "sia": ("sia", False, True, 60.0),
+        "sia-oracle": ("sia", True, True, 60.0),
+        "unaware": ("unaware", False, True, 60.0),
+        "gavel": ("gavel-throughput", True, False, 360.0),
+        "fifo": ("fifo", True, False, 60.0),
+    }
+    if name not in presets:
+        raise ValidationError("policy", name, f"unknown policy (known: {', '.join(POLICY_NAMES)})")
+    allocator_policy, oracle, adaptive, default_round = presets[name]
+    return AllocatorPolicy(name, allocator_policy, oracle, adaptive, float(round_s or default_round),
+                           pooled_model=name == "unaware", options=options)

@@ -1,0 +1,100 @@
+"""Running simulations: one (workload, policy) pair, or a sweep in parallel processes.
+
+Simulations run in worker processes; their results come back to the parent,
+which writes the files and logs every run to MLflow itself (one writer: no
+contention on the sqlite store), as child runs of one parent run per sweep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from goodput.cluster import Cluster
+
+from .engine import SimConfig, SimResult, Simulator
+from .truth import CATALOG_PATH, Family, catalog_workload_stats, load_catalog, load_measured
+from .workload import WorkloadJob, read_workload, synthetic_workload
+
+__all__ = ["Task", "load_truth", "load_workloads", "run_task", "run_sweep", "DEFAULT_CLUSTER"]
+
+DEFAULT_CLUSTER = "t4:6x4,a100:2x8,rtx2080ti:3x8"  # Sia's 64-GPU, three-type setup
+
+
+@dataclass(frozen=True)
+class Task:
+    """One simulation to run (picklable, for worker processes)."""
+
+    workload_name: str
+    jobs: tuple[WorkloadJob, ...]
+    policy: str
+    cluster: str
+    truth: str = "catalog"  # "catalog", a catalog JSON path, or a measured-tables directory
+    default_gpu_type: str = "t4"
+    seed: int = 0
+    round_s: float | None = None
+    config: dict[str, Any] = field(default_factory=dict)  # extra SimConfig fields
+
+
+def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4") -> dict[str, Family]:
+    """Families from the built-in catalog, another catalog file, or a measured-tables directory."""
+    if truth == "catalog":
+        return load_catalog(CATALOG_PATH, cluster.gpu_types)
+    path = Path(truth)
+    if path.is_file():
+        return load_catalog(path, cluster.gpu_types)
+    return load_measured(path, default_gpu_type=default_gpu_type)
+
+
+def load_workloads(source: str | None, families: dict[str, Family], *, synthetic: int = 0, seed: int = 0,
+                   hours: float = 8.0, catalog: Path = CATALOG_PATH) -> list[tuple[str, list[WorkloadJob]]]:
+    """``[(name, jobs)]`` from a CSV file, every ``*.csv`` of a directory, or the synthetic generator."""
+    if source:
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(path.glob("*.csv"), key=lambda p: (len(p.stem), p.stem))
+            if not files:
+                raise FileNotFoundError(f"no workload CSV files in {path}")
+            return [(p.stem, read_workload(p)) for p in files]
+        return [(path.stem, read_workload(path))]
+    count = synthetic or 160
+    return [(f"synthetic-{count}-seed{seed}",
+             synthetic_workload(catalog_workload_stats(catalog), families, num_jobs=count, hours=hours, seed=seed))]
+
+
+def run_task(task: Task) -> tuple[Task, SimResult]:
+    """Run one simulation (in whichever process calls it)."""
+    from .policies import make_policy
+
+    cluster = Cluster.parse(task.cluster)
+    families = load_truth(task.truth, cluster, task.default_gpu_type)
+    policy = make_policy(task.policy, round_s=task.round_s)
+    config = SimConfig(cluster=cluster, seed=task.seed, **task.config)
+    return task, Simulator(task.jobs, families, config, policy).run()
+
+
+def run_sweep(tasks: Sequence[Task], processes: int | None = None,
+              on_done: Callable[[Task, SimResult], None] | None = None) -> list[tuple[Task, SimResult]]:
+    """Run tasks in parallel worker processes; ``on_done`` sees each result as it arrives (in the parent)."""
+    processes = processes or min(len(tasks), os.cpu_count() or 1)
+    results: list[tuple[Task, SimResult]] = []
+    if processes <= 1 or len(tasks) == 1:
+        for task in tasks:
+            pair = run_task(task)
+            results.append(pair)
+            if on_done:
+                on_done(*pair)
+        return results
+    by_index: dict[int, tuple[Task, SimResult]] = {}
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        futures = {pool.submit(run_task, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            pair = future.result()
+            by_index[futures[future]] = pair
+            if on_done:
+                on_done(*pair)
+    return [by_index[i] for i in range(len(tasks))]

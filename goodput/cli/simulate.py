@@ -1,0 +1,96 @@
+"""``goodput simulate``: trace-driven cluster simulation of scheduling policies."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import console, frame_table
+
+POLICIES = ("sia", "sia-oracle", "unaware", "gavel", "fifo")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from experiments.simulator.runner import DEFAULT_CLUSTER
+
+    parser = subparsers.add_parser(
+        "simulate", help="simulate scheduling policies on a workload (trace-driven, MLflow-tracked)",
+        description="Simulate a heterogeneous GPU cluster round by round: jobs arrive from a workload CSV (or a "
+        "directory of them, run in parallel processes) or a synthetic Philly-like generator, progress by their true "
+        "goodput, pay restart costs, and are scheduled by the policies under test on what they can observe.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--workload", help="a workload CSV, or a directory of them (each is simulated)")
+    source.add_argument("--synthetic", type=int, metavar="N", help="generate N Philly-like jobs (default: 160)")
+    parser.add_argument("--hours", type=float, default=8.0, help="arrival window of a synthetic workload (hours)")
+    parser.add_argument("--policy", default="sia", help=f"policy or comma-separated policies, or 'all' ({', '.join(POLICIES)})")
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"type:NODESxGPUS,... (default: {DEFAULT_CLUSTER})")
+    parser.add_argument("--truth", default="catalog",
+                        help="ground truth: 'catalog' (built in), a catalog JSON, or a directory of measured tables")
+    parser.add_argument("--gpu-type", default="t4", help="GPU type of measured tables without a type suffix (placements.csv)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of measurement noise")
+    parser.add_argument("--round", type=float, dest="round_s", help="seconds between scheduling rounds (policy default)")
+    parser.add_argument("--max-hours", type=float, default=24.0 * 14, help="stop after this much simulated time")
+    parser.add_argument("--processes", type=int, help="parallel simulations (default: CPU count)")
+    parser.add_argument("--out", default="sim-out", help="output folder (default: sim-out/)")
+    parser.add_argument("--experiment", default="goodput-sim", help="MLflow experiment (default: goodput-sim)")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from experiments.simulator.report import log_result, write_outputs
+    from experiments.simulator.runner import Task, load_truth, load_workloads, run_sweep
+    from goodput import tracking
+    from goodput.cluster import Cluster
+    from goodput.errors import ValidationError
+
+    cluster = Cluster.parse(args.cluster)
+    policies = list(POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValidationError("policy", unknown[0], f"unknown policy (known: {', '.join(POLICIES)}, all)")
+    families = load_truth(args.truth, cluster, args.gpu_type)
+    workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed, hours=args.hours)
+    tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
+                  seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours})
+             for name, jobs in workloads for policy in policies]
+    out = console()
+    out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) on {cluster} "
+              f"({cluster.total_gpus} GPUs), truth: {args.truth}")
+    parent_id = None
+    if not args.no_mlflow and len(tasks) > 1:
+        with tracking.start_run(args.experiment, run_name=f"sweep:{','.join(policies)}") as parent:
+            tracking.log_params({"policies": policies, "workloads": [w for w, _ in workloads], "cluster": str(cluster),
+                                 "truth": args.truth, "seed": args.seed})
+            parent_id = parent.info.run_id
+    rows = []
+
+    with Progress(TextColumn("[bold]simulations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as bar:
+        progress_task = bar.add_task("sim", total=len(tasks))
+
+        def done(task: Task, result) -> None:
+            folder = Path(args.out) / task.workload_name / task.policy
+            write_outputs(result, folder, task.workload_name)
+            if not args.no_mlflow:
+                log_result(result, task.workload_name, folder, experiment=args.experiment,
+                           params={"truth": args.truth}, parent_run_id=parent_id)
+            rows.append({"workload": task.workload_name, "policy": task.policy, **{
+                k: result.summary.get(k) for k in ("finished", "avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s",
+                                                   "restarts_per_job", "unfair_fraction", "wall_seconds")}})
+            bar.advance(progress_task)
+
+        run_sweep(tasks, processes=args.processes, on_done=done)
+    frame = pd.DataFrame(rows).sort_values(["workload", "policy"])
+    out.print(frame_table(frame, title="simulation results (times in seconds)"))
+    if len(workloads) > 1:
+        means = frame.groupby("policy")[["avg_jct_s", "makespan_s", "unfair_fraction"]].agg(["mean", "std"]).reset_index()
+        means.columns = [" ".join(c).strip() for c in means.columns]
+        out.print(frame_table(means, title="mean and std over workloads"))
+    out.print(f"outputs in {args.out}/<workload>/<policy>/" + ("" if args.no_mlflow else
+              f"; MLflow experiment {args.experiment!r} at {tracking.tracking_uri()}"))
+    return 0

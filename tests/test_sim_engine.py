@@ -1,0 +1,112 @@
+"""Simulator engine invariants: conservation, exact single-job completion, restart costs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.simulator.engine import SimConfig, Simulator
+from experiments.simulator.truth import ParametricFamily, load_catalog
+from experiments.simulator.workload import WorkloadJob
+from goodput import Cluster
+from goodput.errors import ValidationError
+from goodput.throughput import ThroughputParams
+from tests.sim_doubles import FixedPolicy
+
+PARAMS = ThroughputParams(0.05, 0.001, 0.3, 0.01, 0.1, 0.005, 1.5)
+
+
+def constant_noise_family(work=20_000.0, restart=30.0):
+    return ParametricFamily(name="toy", init_batch_size=64, max_batch_size=64, min_local_bsz=8,
+                            max_local_bsz={"t4": 64, "a100": 64}, work=work, noise=((0.0, 500.0),),
+                            restart_cost_s=restart, params={"t4": PARAMS, "a100": PARAMS})
+
+
+def test_single_job_finishes_when_its_true_goodput_implies():
+    family = constant_noise_family()
+    cluster = Cluster.parse("t4:1x4")
+    job = WorkloadJob("solo", 100.0, "toy", 4, 64)
+    result = Simulator([job], {"toy": family}, SimConfig(cluster=cluster), FixedPolicy("t4", 4)).run()
+    # batch fixed at M0 = 64 on 4 GPUs: local 16; E = 1; rate = 64/64/T_iter iterations per second
+    rate = family.rate("t4", 1, 4, 16, 0, 0.0)
+    first_round = 120.0  # the first 60 s round at or after the arrival at 100 s
+    expected = first_round + family.restart_cost_s + family.work / rate
+    assert result.jobs["finish_s"].iloc[0] == pytest.approx(expected, rel=1e-9)
+    assert result.jobs["restarts"].iloc[0] == 0
+    assert result.jobs["gpu_hours"].iloc[0] == pytest.approx(4 * (expected - first_round) / 3600)
+
+
+def test_restart_costs_are_charged():
+    family = constant_noise_family(work=200_000.0)
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    job = WorkloadJob("hopper", 0.0, "toy", 4, 64)
+    steady = Simulator([job], {"toy": family}, SimConfig(cluster=cluster), FixedPolicy("t4", 4)).run()
+    moving = Simulator([job], {"toy": family}, SimConfig(cluster=cluster), FixedPolicy("t4", 4, alternate="a100")).run()
+    restarts = int(moving.jobs["restarts"].iloc[0])
+    assert restarts > 10
+    # identical speed on both types: the only difference is the restart delay of every move
+    delta = moving.jobs["finish_s"].iloc[0] - steady.jobs["finish_s"].iloc[0]
+    assert delta == pytest.approx(restarts * family.restart_cost_s, rel=1e-9)
+
+
+def test_conservation_gpu_seconds_never_exceed_capacity():
+    families = load_catalog()
+    cluster = Cluster.parse("t4:2x4,a100:1x8")
+    jobs = [WorkloadJob(f"j{i}", 30.0 * i, app, 2, 256) for i, app in enumerate(["cifar10", "ncf", "bert", "yolov3"] * 5)]
+    result = Simulator(jobs, families, SimConfig(cluster=cluster), FixedPolicy("t4", 2)).run()
+    rounds = result.rounds
+    assert (rounds["gpus_t4"] <= cluster.capacity("t4")).all()
+    assert (rounds["gpus_used"] <= cluster.total_gpus).all()
+    assert rounds["queued"].max() > 0  # contention happened: 8 T4s for up to 20 jobs of 2
+    elapsed = rounds["time_s"].max() + 60 - rounds["time_s"].min()
+    assert result.jobs["gpu_hours"].sum() * 3600 <= cluster.capacity("t4") * elapsed + 1e-6
+    assert result.summary["finished"] == len(jobs)
+
+
+def test_overcommitting_policy_is_refused():
+    family = constant_noise_family()
+    cluster = Cluster.parse("t4:1x4")
+    jobs = [WorkloadJob("a", 0.0, "toy", 4, 64), WorkloadJob("b", 0.0, "toy", 4, 64)]
+
+    class Greedy(FixedPolicy):
+        def decide(self, now, cluster, jobs):
+            from experiments.simulator.engine import Assignment
+
+            return {j.name: Assignment("t4", 1, 4, (("t4-0", 4),)) for j in jobs}
+
+    with pytest.raises(ValidationError, match="t4-0"):
+        Simulator(jobs, {"toy": family}, SimConfig(cluster=cluster), Greedy("t4", 4)).run()
+
+
+def test_unknown_application_is_named():
+    with pytest.raises(ValidationError, match="nosuch"):
+        Simulator([WorkloadJob("x", 0, "nosuch", 1, 8)], load_catalog(), SimConfig(cluster=Cluster.parse("t4:1x4")),
+                  FixedPolicy("t4", 1))
+
+
+def test_model_bootstrap_profiles_every_type():
+    families = load_catalog()
+    cluster = Cluster.parse("t4:1x4,a100:1x8")
+    sim = Simulator([WorkloadJob("c", 0.0, "cifar10", 1, 128)], families, SimConfig(cluster=cluster),
+                    FixedPolicy("a100", 1, oracle=False))
+    result = sim.run()
+    model = sim.jobs[0].model
+    assert set(model.gpu_types) == {"t4", "a100"}
+    single = [o for o in model.observations if o.num_replicas == 1 and o.source == "simulated"]
+    assert len(single) >= 2 * 3  # several batch sizes on each type
+    assert result.summary["finished"] == 1
+
+
+def test_cluster_knowledge_reaches_new_jobs():
+    """Finished jobs that ran on several GPUs become the prior of later jobs' models; GP hyperparameters carry over."""
+    from experiments.simulator.policies import make_policy
+
+    families = load_catalog()
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    jobs = [WorkloadJob(f"c{i}", 1500.0 * i, "cifar10", 4, 512) for i in range(4)]
+    sim = Simulator(jobs, families, SimConfig(cluster=cluster), make_policy("sia"))
+    sim.run()
+    assert sim.knowledge.summaries and sim.knowledge.gp_hyperparameters is not None
+    first, last = sim.jobs[0].model, sim.jobs[-1].model
+    assert first.cluster_prior is None  # nothing was known when the first job arrived
+    assert last.cluster_prior is not None and "c0" in last.cluster_prior.jobs

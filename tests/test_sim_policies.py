@@ -1,0 +1,93 @@
+"""Simulator policies end to end: oracle vs a misinformed model, every policy runs, sweeps and compare."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.simulator.engine import SimConfig, Simulator
+from experiments.simulator.policies import POLICY_NAMES, make_policy
+from experiments.simulator.truth import load_catalog
+from experiments.simulator.workload import WorkloadJob, write_workload
+from goodput import Cluster
+from goodput.cli import main
+from goodput.errors import ValidationError
+
+CLUSTER = Cluster.parse("t4:2x4,a100:1x4")
+
+
+def small_workload(n=8, gap=120.0):
+    apps = ["cifar10", "deepspeech2", "cifar10", "yolov3"]
+    return [WorkloadJob(f"j{i}", gap * i, apps[i % len(apps)], 2, 256) for i in range(n)]
+
+
+def test_oracle_beats_a_deliberately_misinformed_model():
+    """One job at a time on 4 T4s or 4 A100s: a model told that A100s are 6x slower than they are picks T4s."""
+    families = load_catalog()
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    jobs = [WorkloadJob(f"c{i}", 4000.0 * i, "cifar10", 4, 512) for i in range(3)]
+    oracle = Simulator(jobs, families, SimConfig(cluster=cluster), make_policy("sia-oracle")).run()
+    wrong = Simulator(jobs, families, SimConfig(cluster=cluster, observation_bias={"a100": 6.0}), make_policy("sia")).run()
+    assert oracle.summary["finished"] == wrong.summary["finished"] == len(jobs)
+    assert (oracle.jobs["gpu_types_used"] == "a100").all()
+    assert (wrong.jobs["gpu_types_used"] == "t4").all()
+    assert oracle.summary["avg_jct_s"] < 0.6 * wrong.summary["avg_jct_s"]
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_finishes_a_small_workload_within_capacity(name):
+    result = Simulator(small_workload(6), load_catalog(), SimConfig(cluster=CLUSTER), make_policy(name)).run()
+    assert result.summary["finished"] == 6
+    assert (result.rounds["gpus_t4"] <= 8).all() and (result.rounds["gpus_a100"] <= 4).all()
+    assert result.settings["round_s"] == (360.0 if name == "gavel" else 60.0)
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValidationError, match="policy"):
+        make_policy("lottery")
+
+
+def test_sweep_runs_are_logged_and_found_by_compare(tmp_path, capsys):
+    folder = tmp_path / "workloads"
+    for i in (1, 2):
+        write_workload(small_workload(4, gap=200.0 + 50 * i), folder / f"workload-{i}.csv")
+    code = main(["simulate", "--workload", str(folder), "--policy", "sia-oracle,fifo", "--cluster", "t4:2x4,a100:1x4",
+                 "--processes", "2", "--out", str(tmp_path / "out"), "--experiment", "sweep-test"])
+    assert code == 0
+    summary = json.loads((tmp_path / "out" / "workload-1" / "fifo" / "summary.json").read_text())
+    assert summary["metrics"]["finished"] == 4 and len(summary["jcts"]) == 4
+    for name in ("jobs.csv", "rounds.csv", "jct_cdf.png", "utilization.png", "allocation_timeline.png"):
+        assert (tmp_path / "out" / "workload-2" / "sia-oracle" / name).stat().st_size > 0
+    capsys.readouterr()
+    assert main(["compare", "sweep-test", "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    assert "sia-oracle" in printed and "fifo" in printed
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert dict(zip(table["policy"], table["runs"])) == {"fifo": 2, "sia-oracle": 2}
+    assert (tmp_path / "cmp" / "compare_avg_jct_s.png").exists()
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["sweep-test"])
+    children = runs[runs["tags.mlflow.parentRunId"].notna()]
+    assert len(children) == 4  # 2 workloads x 2 policies, under one parent sweep run
+
+
+def test_compare_on_a_missing_experiment_is_a_clean_error(capsys):
+    assert main(["compare", "no-such-experiment"]) == 2
+    assert "no MLflow experiment" in capsys.readouterr().err
+
+
+def test_unaware_jobs_model_every_gpu_type_as_one():
+    """The Pollux-like baseline: one model per job that cannot tell GPU types apart; its table is the same on each type."""
+    families = load_catalog()
+    sim = Simulator(small_workload(3), families, SimConfig(cluster=CLUSTER), make_policy("unaware"))
+    sim.run()
+    model = sim.jobs[0].model
+    assert model.gpu_types == ["pooled"]
+    table = sim.jobs[0].table.frame
+    t4 = table[(table.gpu_type == "t4") & (table.num_gpus == 4)].goodput.iloc[0]
+    a100 = table[(table.gpu_type == "a100") & (table.num_gpus == 4)].goodput.iloc[0]
+    assert t4 == pytest.approx(a100)

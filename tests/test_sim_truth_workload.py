@@ -1,0 +1,138 @@
+"""Simulator ground truth (catalog, measured tables) and workloads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.simulator.truth import CATALOG_PATH, ParametricFamily, load_catalog, load_measured, catalog_workload_stats
+from experiments.simulator.workload import WorkloadJob, read_workload, synthetic_workload, write_workload
+from goodput.errors import DataFormatError, ValidationError
+from goodput.throughput import ThroughputParams, predict_step_time
+
+
+def test_catalog_is_complete_and_consistent():
+    catalog = json.loads(CATALOG_PATH.read_text())
+    assert "provenance" in catalog and "speed_model" in catalog
+    families = load_catalog()
+    assert set(families) == {"bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"}
+    for family in families.values():
+        assert {"t4", "a100", "rtx2080ti"} <= set(family.gpu_types)
+        assert family.work > 0 and family.init_batch_size <= family.max_batch_size
+        # a faster type is never slower on the same configuration (compute scales by speed, sync by bandwidth)
+        t4 = family.iter_time("t4", 1, 1, family.min_local_bsz, 0)[0]
+        a100 = family.iter_time("a100", 1, 1, family.min_local_bsz, 0)[0]
+        assert a100 <= t4
+
+
+def test_catalog_rate_matches_pollux_progress_definition():
+    family = load_catalog()["cifar10"]
+    progress = family.work / 3
+    m0, batch = family.init_batch_size, 4 * 256
+    phi = family.noise_scale(progress, batch)  # the noise of training at this batch
+    t_iter = float(predict_step_time(family.params["t4"], 1, 4, 256, 0))
+    expected = (phi + m0) / (phi + batch) * batch / m0 / t_iter
+    assert family.rate("t4", 1, 4, 256, 0, progress) == pytest.approx(expected)
+
+
+def test_noise_scale_interpolates_between_knots():
+    family = ParametricFamily(name="x", init_batch_size=10, max_batch_size=100, min_local_bsz=1,
+                              max_local_bsz={"t4": 50}, work=100.0, noise=((0.0, 10.0), (1.0, 1000.0)),
+                              params={"t4": ThroughputParams(0.1, 0.01, 0.2, 0.0, 0.1, 0.0, 1.0)})
+    assert family.noise_scale(0) == pytest.approx(10.0)
+    assert family.noise_scale(50) == pytest.approx(100.0)  # log-linear midpoint
+    assert family.noise_scale(1e9) == pytest.approx(1000.0)
+
+
+def test_oracle_best_config_respects_limits():
+    family = load_catalog()["yolov3"]
+    best = family.best_config("rtx2080ti", np.array([1, 1]), np.array([1, 8]), family.work / 2)
+    assert np.all(best.local_bsz <= family.max_local_bsz["rtx2080ti"])
+    assert np.all(best.batch_size <= family.max_batch_size)
+    assert np.all(best.goodput > 0)
+
+
+@pytest.mark.data
+def test_measured_tables_interpolate_the_pollux_traces(pollux_traces):
+    families = load_measured(pollux_traces)
+    cifar = families["cifar10"]
+    # a measured placement and batch size reproduces the measurement
+    step, sync = cifar.step_sync("t4", 1, 1, 32)
+    assert step == pytest.approx(0.0427886962890625) and sync == pytest.approx(0.0004995360016822816)
+    # between measured batch sizes: between the neighbours
+    low, high = cifar.step_sync("t4", 1, 1, 32)[0], cifar.step_sync("t4", 1, 1, 45)[0]
+    assert low < cifar.step_sync("t4", 1, 1, 40)[0] < high
+    # an unmeasured placement is interpolated to a finite, positive value
+    step, sync = cifar.step_sync("t4", 5, 20, 100)
+    assert 0 < sync <= step < 10
+    # work: progress at the last epoch, the least over the batch sizes' runs (Pollux)
+    from experiments.datasets import read_validation
+
+    last = [read_validation(p)[-1].progress for p in (pollux_traces / "cifar10").glob("validation-*.csv")]
+    assert cifar.work == pytest.approx(min(last)) and min(last) < max(last)
+
+
+def test_read_workload_and_round_trip(tmp_path):
+    path = tmp_path / "w.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\nb,20,cifar10,4,512\na,10,ncf,1,256\n")
+    jobs = read_workload(path)
+    assert [j.name for j in jobs] == ["a", "b"]  # sorted by arrival
+    write_workload(jobs, tmp_path / "again.csv")
+    assert read_workload(tmp_path / "again.csv") == jobs
+
+
+@pytest.mark.parametrize(
+    "row, field",
+    [
+        ("c,abc,cifar10,4,512", "time"),
+        ("c,-5,cifar10,4,512", "time"),
+        ("c,30,cifar10,0,512", "num_replicas"),
+        ("c,30,cifar10,4,", "batch_size"),
+        ("c,30,,4,512", "application"),
+        ("a,30,cifar10,4,512", "name"),  # duplicate
+        ("c,30,cifar10", "row"),
+    ],
+)
+def test_workload_reader_rejects_malformed_rows_with_line_number(tmp_path, row, field):
+    path = tmp_path / "w.csv"
+    path.write_text(f"name,time,application,num_replicas,batch_size\na,10,ncf,1,256\n{row}\n")
+    with pytest.raises(DataFormatError) as info:
+        read_workload(path)
+    assert info.value.line == 3 and info.value.field == field
+
+
+def test_synthetic_workload_is_reproducible_and_philly_like():
+    families = load_catalog()
+    stats = catalog_workload_stats()
+    a = synthetic_workload(stats, families, num_jobs=200, hours=8, seed=3)
+    assert a == synthetic_workload(stats, families, num_jobs=200, hours=8, seed=3)
+    assert a != synthetic_workload(stats, families, num_jobs=200, hours=8, seed=4)
+    times = [j.time for j in a]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] <= 8 * 3600
+    single = np.mean([j.num_replicas == 1 for j in a])
+    assert single > 0.7  # Philly: most jobs ask for one GPU
+    assert {j.application for j in a} <= set(families)
+    with pytest.raises(ValidationError):
+        WorkloadJob("x", -1, "cifar10", 1, 128)
+
+
+def test_noise_scale_interpolates_across_batch_size_runs():
+    """φ of a job training at batch M: between the runs that bracket M (log φ over log batch), clamped outside."""
+    family = ParametricFamily(name="x", init_batch_size=10, max_batch_size=1000, min_local_bsz=1,
+                              max_local_bsz={"t4": 50}, work=100.0,
+                              noise={10: ((0.0, 100.0), (1.0, 100.0)), 1000: ((0.0, 10_000.0), (1.0, 10_000.0))},
+                              params={"t4": ThroughputParams(0.1, 0.01, 0.2, 0.0, 0.1, 0.0, 1.0)})
+    assert family.noise_scale(50) == pytest.approx(100.0)  # the reference run
+    assert family.noise_scale(50, 100) == pytest.approx(1000.0)  # halfway in log batch
+    assert family.noise_scale(50, [5, 5000]).tolist() == pytest.approx([100.0, 10_000.0])
+    e = family.efficiency(50, 100)
+    assert e == pytest.approx((1000.0 + 10) / (1000.0 + 100))
+
+
+def test_catalog_holds_every_batch_size_run():
+    family = load_catalog()["cifar10"]
+    late = family.work * 0.9
+    # Pollux's traces: later in training, larger-batch runs show a larger noise scale
+    assert family.noise_scale(late, 4096) > 2 * family.noise_scale(late, 128)
