@@ -677,7 +677,15 @@ def gpu_sources_needed(regimes: Mapping[str, Regimes], source: str) -> bool:
 
 
 def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed: tuple[str, ...]) -> ThroughputParams:
-    """Own θ with the sync terms of unobserved regimes at the ensembles' weighted geometric means."""
+    """Own θ with the sync terms of unobserved regimes at the ensembles' weighted geometric means.
+
+    When either single-node regime (2 GPUs, or more GPUs on a node) is unobserved, α_r, β_r and
+    γ all come from that regime's ensemble, even if the other single-node regime was observed:
+    the members were then scaled to the job's own multi-GPU data (:func:`_fit_scale`), so they
+    agree with what was observed, and one θ stays consistent across regimes. The GP corrects
+    what remains in observed regimes. Keeping the own fit as the mean of observed regimes was
+    measured and not kept (no gain across datasets: ``experiments/results/accuracy.md``).
+    """
     theta = own.copy()
     sync_members = members.get(1) or members.get(2)
     if sync_members:

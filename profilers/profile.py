@@ -85,6 +85,7 @@ def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_lo
     low = max(1, init_batch_size // 16) if min_local_bsz is None else check_int("min_local_bsz", min_local_bsz, minimum=1)
     grid = {low * 2**k for k in range(check_int("points", points, minimum=1))} | {init_batch_size}
     if max_batch_size is not None:
+        max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         grid = {b for b in grid if b <= max_batch_size} or {min(low, max_batch_size)}
     return sorted(grid)
 
@@ -371,14 +372,15 @@ def profile_job(
     types = resolve_devices(devices)
     for dtype in types:
         for r in replica_counts or []:
-            if not dtype.is_cuda and r > (os.cpu_count() or 1):
-                raise ValidationError("replicas", r, f"more CPU replicas than cores ({os.cpu_count()})")
+            if r > dtype.count:
+                what = f"{dtype.gpu_type} devices" if dtype.is_cuda else "CPU cores"
+                raise ValidationError("replicas", r, f"more replicas than {what} ({dtype.count})")
     if progress and console is None:
         console = _console()
 
     run_settings = {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
                     "memory_cap_bytes": memory_cap_bytes, **settings}
-    previous = _load_previous(out, job)
+    previous = _load_previous(out, job, init_batch_size)
     writer = ProfileWriter(out) if out is not None else None
     sink = _Sink(writer)
     try:
@@ -393,7 +395,6 @@ def profile_job(
         with _Progress(progress, console) as bar:
             for dtype in types:
                 counts = replica_counts if replica_counts is not None else _default_replicas(dtype)
-                counts = [r for r in counts if r <= dtype.count]
                 signature = {"grid": grid, "replicas": counts, "memory_cap_bytes": memory_cap_bytes,
                              "time_budget_s": time_budget_s, "sync_sizes": settings["sync_sizes"]}
                 done = previous.metadata.get(f"profiler.{dtype.gpu_type}", {})
@@ -471,7 +472,7 @@ def _refuse_in_bootstrapping_replica() -> None:
         )
 
 
-def _load_previous(out: Any, job: str) -> Profile:
+def _load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
     if out is None or not Path(out).exists():
         return Profile()
     with warnings.catch_warnings():
@@ -479,6 +480,10 @@ def _load_previous(out: Any, job: str) -> Profile:
         previous = Profile.load(out)
     if previous.job is not None and previous.job != job:
         raise ValidationError("out", str(out), f"holds a profile of job {previous.job!r}, not {job!r}")
+    if previous.init_batch_size is not None and previous.init_batch_size != init_batch_size:
+        # grad_var is stored relative to M0: statistics measured for another M0 would be misread.
+        raise ValidationError("init_batch_size", init_batch_size,
+                              f"{out} was profiled with init_batch_size={previous.init_batch_size}; use another out")
     return previous
 
 
@@ -622,14 +627,14 @@ class _TypeRun:
             result = self._measure(model, optimizer, bsz, attach)
             if isinstance(result, str):
                 stopped = result
-                if result == "oom":
-                    del model, optimizer
-                    release_cuda_memory(self.device)
                 break
             points.append((bsz, result.step_time, result.memory_bytes))
             self.report.measured.append(bsz)
             grad_attached = grad_attached or attach is not None
             self._advance(f"b={bsz}: {result.step_time * 1e3:.3g} ms")
+        del model, optimizer
+        if self.dtype.is_cuda:
+            release_cuda_memory(self.device)  # after an OOM, and before the replicas start on the same device
         self.report.sweep_stopped = stopped
         if points:
             self.report.max_local_bsz = max(b for b, _, _ in points)

@@ -15,6 +15,7 @@ import pytest
 from goodput import JobModel, Profile
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job, zoo
+from profilers.profile import default_grid
 from tests.profiler_jobs import KILL_GRID, NanFromBatch, ShapeMismatch, tiny_mlp, vector_loss, wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +134,23 @@ def test_out_of_another_job_is_refused(tmp_path):
     other = {**tiny_mlp().profile_args(), "job": "other"}
     with pytest.raises(ValidationError, match="zoo-mlp"):
         profile_job(**other, batch_sizes=[4], out=out, **QUICK)
+
+
+def test_out_profiled_with_another_reference_batch_is_refused(tmp_path):
+    """grad_var is relative to M0: resuming with another init_batch_size would misread it."""
+    out = tmp_path / "p.jsonl"
+    args = tiny_mlp().profile_args()
+    profile_job(**args, batch_sizes=[4], out=out, time_budget_s=5, **QUICK)
+    with pytest.raises(ValidationError) as info:
+        profile_job(**{**args, "init_batch_size": args["init_batch_size"] * 2}, batch_sizes=[4], out=out, **QUICK)
+    assert info.value.field == "init_batch_size"
+
+
+@pytest.mark.parametrize("max_batch_size", [0, -3, 2.5, "x"])
+def test_default_grid_validates_its_cap(max_batch_size):
+    with pytest.raises(ValidationError) as info:
+        default_grid(64, max_batch_size=max_batch_size)
+    assert info.value.field == "max_batch_size"
 
 
 def _observations_in(path: Path) -> int:
