@@ -141,3 +141,37 @@ def test_unknown_policy_option():
 def test_no_jobs_no_allocation(policy):
     result = allocate({}, Cluster.parse("t4:1x4"), policy=policy)
     assert len(result) == 0 and result.unallocated == {} and result.info.policy == policy
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel", "gavel-throughput", "unaware", "fifo"])
+@pytest.mark.parametrize("p", [0.0, float("nan"), "x"])
+def test_every_policy_validates_p(policy, p):
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
+    with pytest.raises(ValueError) as info:
+        allocate(tables, cluster, p=p, policy=policy)
+    assert info.value.field == "p"
+
+
+@pytest.mark.parametrize("policy", ["sia", "unaware"])
+@pytest.mark.parametrize("option, value", [("lam", -1.0), ("lam", float("nan")), ("time_limit", -1.0),
+                                           ("mip_rel_gap", -0.1), ("presolve", "yes"), ("exact_limit", -5),
+                                           ("solver", "cplex")])
+def test_goodput_policies_validate_their_solver_options(policy, option, value):
+    cluster = Cluster.parse("t4:1x4")
+    tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
+    with pytest.raises(ValueError) as info:
+        allocate(tables, cluster, policy=policy, **{option: value})
+    assert info.value.field == option
+
+
+def test_unaware_offers_no_configuration_worth_nothing():
+    """p > 0 makes every option's cost negative; options whose restart factor is 0 must still not be chosen (as Sia)."""
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    tables = {"moved": scaling_table("moved", cluster, {"t4": 1.0, "a100": 2.0})}
+    current = {"moved": JobAllocation("t4", 1, 3, {"t4-0": 3})}  # 3 GPUs: no configuration keeps it in place
+    # age 100 s, 10 restarts of 30 s: r = max(100 - 300, 0) / (100 + 30) = 0 for every configuration offered
+    jobs = {"moved": JobSpec(age=100.0, restarts=10, restart_cost=30.0)}
+    for policy in ("sia", "unaware"):
+        result = allocate(tables, cluster, current=current, jobs=jobs, p=0.5, policy=policy)
+        assert result["moved"] is None and "moved" in result.unallocated, policy

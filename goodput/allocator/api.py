@@ -12,7 +12,7 @@ from ..table import GoodputTable
 from .policies import allocate_fifo, allocate_gavel, allocate_unaware
 from .problem import prepare
 from .result import Allocation
-from .sia import allocate_sia
+from .sia import allocate_sia, check_power
 
 __all__ = ["allocate", "POLICIES"]
 
@@ -93,6 +93,7 @@ def allocate(
     if unknown:
         raise ValidationError(unknown[0], options[unknown[0]],
                               f"unknown option for policy {policy!r} (known: {sorted(_OPTIONS[policy]) or 'none'})")
+    p = check_power(p)  # every policy: gavel and fifo do not use it, but a bad value is still an error
     prep = prepare(tables, cluster, current, jobs)
     if policy == "sia":
         return allocate_sia(prep, p, started=started, **options)

@@ -43,7 +43,7 @@ from ..errors import ValidationError
 from .placement import place
 from .problem import Prepared, Problem, _prune_dominated, sia_costs
 from .result import Allocation, JobAllocation, SolverInfo
-from .sia import DEFAULT_EXACT_LIMIT, SOLVERS, objective_gap, solve
+from .sia import DEFAULT_EXACT_LIMIT, check_power, check_solver_options, objective_gap, solve
 
 __all__ = ["allocate_gavel", "allocate_unaware", "allocate_fifo", "requested_rows"]
 
@@ -211,10 +211,9 @@ def allocate_unaware(
 ) -> Allocation:
     """Heterogeneity-unaware goodput allocation (see the module docstring)."""
     started = time.perf_counter() if started is None else started
-    if p == 0:
-        raise ValidationError("p", p, "must be non-zero")
-    if solver not in SOLVERS:
-        raise ValidationError("solver", solver, f"expected one of {SOLVERS}")
+    p = check_power(p)
+    lam, time_limit, mip_rel_gap, presolve, exact_limit = check_solver_options(
+        solver, lam=lam, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve, exact_limit=exact_limit)
     names = prep.names
     pinned = np.array([name in prep.pinned for name in names], dtype=bool)
     rows = np.flatnonzero(prep.allowed & ~pinned[prep.row_job])
@@ -227,7 +226,7 @@ def allocate_unaware(
     cur_gpus = np.array([prep.current[n].num_gpus if n in prep.current else 0 for n in names])
     factor = np.where((cur_gpus[key_job] == key_gpus) | ~prep.has_current[key_job], 1.0, prep.restart[key_job])
     _, cost = sia_costs(mean_norm, factor, p, lam)
-    keep = cost < 0
+    keep = (mean_norm * factor > 0) & (cost < 0)  # as Sia: a configuration worth nothing is no option
     opt_rows, cost = _prune_dominated(np.flatnonzero(keep), cost[keep], key_job[keep], np.zeros(int(keep.sum()), np.int64),
                                       key_gpus[keep], 1)
     decide = np.flatnonzero(~pinned)

@@ -131,6 +131,26 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
     return best, notes
 
 
+def check_power(p: float) -> float:
+    """Sia's fairness power ``p``: a finite non-zero number (-0.5 by default)."""
+    p = check_float("p", p)
+    if p == 0.0:
+        raise ValidationError("p", p, "must be non-zero (Sia's fairness power; -0.5 by default)")
+    return p
+
+
+def check_solver_options(solver: str, *, lam: float, time_limit: float, mip_rel_gap: float, presolve: bool,
+                         exact_limit: int) -> tuple[float, float, float, bool, int]:
+    """The options shared by the goodput MILP policies (``sia``, ``unaware``), validated."""
+    if solver not in SOLVERS:
+        raise ValidationError("solver", solver, f"expected one of {SOLVERS}")
+    if not isinstance(presolve, bool):
+        raise ValidationError("presolve", presolve, "expected True or False")
+    return (check_float("lam", lam, nonnegative=True), check_float("time_limit", time_limit, positive=True),
+            check_float("mip_rel_gap", mip_rel_gap, nonnegative=True), presolve,
+            check_int("exact_limit", exact_limit, minimum=0))
+
+
 def allocate_sia(
     prep: Prepared,
     p: float = -0.5,
@@ -146,15 +166,9 @@ def allocate_sia(
 ) -> Allocation:
     """Sia's policy on validated inputs (see :func:`goodput.allocate` for the options)."""
     started = time.perf_counter() if started is None else started
-    p = check_float("p", p)
-    if p == 0.0:
-        raise ValidationError("p", p, "must be non-zero (Sia's fairness power; -0.5 by default)")
-    lam = check_float("lam", lam, nonnegative=True)
-    if solver not in SOLVERS:
-        raise ValidationError("solver", solver, f"expected one of {SOLVERS}")
-    time_limit = check_float("time_limit", time_limit, positive=True)
-    mip_rel_gap = check_float("mip_rel_gap", mip_rel_gap, nonnegative=True)
-    exact_limit = check_int("exact_limit", exact_limit, minimum=0)
+    p = check_power(p)
+    lam, time_limit, mip_rel_gap, presolve, exact_limit = check_solver_options(
+        solver, lam=lam, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve, exact_limit=exact_limit)
     placement_retries = check_int("placement_retries", placement_retries, minimum=0)
 
     problem = sia_problem(prep, p, lam)
