@@ -86,8 +86,10 @@ def two_batch_estimates(sqr_small: Any, batch_small: Any, sqr_large: Any, batch_
     """
     b = np.asarray(batch_small, dtype=float)
     big = np.asarray(batch_large, dtype=float)
-    if np.any(b <= 0) or np.any(big <= b):
-        raise ValidationError("batch_large", batch_large, f"must exceed batch_small ({batch_small}) > 0")
+    if np.any(b <= 0):
+        raise ValidationError("batch_small", batch_small, "must be > 0")
+    if np.any(big <= b):
+        raise ValidationError("batch_large", batch_large, f"must exceed batch_small ({batch_small})")
     s_small = np.asarray(sqr_small, dtype=float)
     s_large = np.asarray(sqr_large, dtype=float)
     if not (np.all(np.isfinite(s_small)) and np.all(np.isfinite(s_large))):

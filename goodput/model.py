@@ -59,7 +59,7 @@ from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .table import GoodputTable
 from .threads import single_threaded
-from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
+from .throughput import ThroughputParams, _prior_values, _step_time, config_arrays, fit_throughput
 from .transfer import REGIMES, ClusterPrior, TypeTransfer, build_transfer, config_regime
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
@@ -207,8 +207,11 @@ class JobModel:
             prior, cluster_prior = None, prior
         if cluster_prior is not None and not isinstance(cluster_prior, ClusterPrior):
             raise ValidationError("cluster_prior", cluster_prior, "expected a ClusterPrior")
+        if prior is not None and not isinstance(prior, Mapping):
+            raise ValidationError("prior", prior, "expected {gpu_type: ThroughputParams or {parameter: value}} or a ClusterPrior")
         self._prior: dict[str, ThroughputParams | Mapping[str, float]] = {}
         for gpu, values in (prior or {}).items():
+            _prior_values(values)  # checked now, not at the first refit inside a scheduler's call
             self._prior[normalize_gpu_type(gpu, "prior")] = values
         for flag, value in (("bayesian", bayesian), ("default_prior", default_prior)):
             if not isinstance(value, bool):

@@ -98,6 +98,8 @@ class ThroughputParams:
         if gamma < 1.0:
             raise ValidationError("gamma", gamma, "must be >= 1 (1 = no overlap of compute and sync)")
         object.__setattr__(self, "gamma", gamma)
+        if self.alpha_c + self.beta_c <= 0.0:
+            raise ValidationError("alpha_c", self.alpha_c, "alpha_c + beta_c must be > 0 (a step takes compute time)")
         unknown = set(self.fixed) - set(PARAM_NAMES)
         if unknown:
             raise ValidationError("fixed", self.fixed, f"unknown parameter names {sorted(unknown)}")

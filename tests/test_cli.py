@@ -48,6 +48,8 @@ def test_fit_errors_are_clean(tmp_path, capsys):
     Profile(observations()).save(path)  # no init_batch_size recorded
     assert main(["fit", str(path)]) == 2
     assert "init_batch_size" in capsys.readouterr().err
+    assert main(["fit", str(path), "--job", "nobody"]) == 2  # not an empty table
+    assert "nobody" in capsys.readouterr().err
 
 
 def test_demo_profiles_fits_allocates_and_logs_to_mlflow(tmp_path, capsys):

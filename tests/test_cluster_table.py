@@ -129,3 +129,19 @@ def test_load_tables_reports_bad_files(tmp_path):
     path.write_text(json.dumps({"tables": [{"job": "a", "rows": [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": -5}]}]}))
     with pytest.raises(DataFormatError, match=r"tables\[0\]"):
         load_tables(path)
+
+
+def test_atomic_write_replaces_whole_files_with_the_usual_mode(tmp_path):
+    import os
+    import stat
+
+    from goodput.io import atomic_write_text
+
+    path = tmp_path / "sub" / "table.json"
+    atomic_write_text(path, "old")
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in path.parent.iterdir()] == ["table.json"]  # no temporary left behind
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask  # not mkstemp's 0600

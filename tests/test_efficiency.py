@@ -83,8 +83,12 @@ def test_two_batch_estimator_matches_mccandlish_by_hand():
     g2, tr = two_batch_estimates(2 + 64 / 8, 8, 2 + 64 / 64, 64)
     assert float(g2) == pytest.approx(2.0)
     assert float(tr) == pytest.approx(64.0)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError) as info:
         two_batch_estimates(1.0, 64, 1.0, 8)
+    assert info.value.field == "batch_large"
+    with pytest.raises(ValidationError) as info:
+        two_batch_estimates(1.0, 0, 1.0, 8)
+    assert info.value.field == "batch_small"
 
 
 def test_bias_correction_makes_a_single_update_exact():

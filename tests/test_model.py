@@ -108,6 +108,10 @@ def test_bad_input_raises():
         JobModel("j", init_batch_size=64, max_batch_size=32)
     with pytest.raises(ValidationError, match="local_bsz_bounds"):
         JobModel("j", init_batch_size=64, local_bsz_bounds=(8, 4))
+    with pytest.raises(ValidationError, match="bogus"):  # at construction, not at the first refit
+        JobModel("j", init_batch_size=64, prior={"t4": {"bogus": 1.0}})
+    with pytest.raises(ValidationError, match="prior"):
+        JobModel("j", init_batch_size=64, prior=[1, 2])
     model = JobModel("j", init_batch_size=64)
     with pytest.raises(ValidationError, match="job"):
         model.observe(observations(job="other"))

@@ -74,6 +74,8 @@ def test_params_validate():
         ThroughputParams(0.1, -0.01, 0.5, 0.05, 0.2, 0.02, 1.0)
     with pytest.raises(ValidationError, match="alpha_n"):
         ThroughputParams(0.1, 0.01, float("inf"), 0.05, 0.2, 0.02, 1.0)
+    with pytest.raises(ValidationError, match="alpha_c"):  # no compute at all: 1-replica step time 0/0
+        ThroughputParams(0.0, 0.0, 0.5, 0.05, 0.2, 0.02, 1.0)
     assert ThroughputParams.from_dict(P.to_dict()) == P
 
 

@@ -28,13 +28,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from goodput import JobModel, Profile
+    from goodput.errors import ValidationError
 
     profile = Profile.load(args.profile)
     if args.job:
+        if args.job not in profile.jobs:
+            raise ValidationError("job", args.job, f"not in {args.profile} (it holds {profile.jobs})")
         profile = profile.select(job=args.job)
         profile.job = args.job
     elif profile.job is None and len(profile.jobs) > 1:
-        raise SystemExit(f"goodput fit: the profile holds jobs {profile.jobs}; choose one with --job")
+        raise ValidationError("job", None, f"{args.profile} holds jobs {profile.jobs}: choose one with --job")
     overrides = {}
     if args.init_batch_size is not None:
         overrides["init_batch_size"] = args.init_batch_size
