@@ -49,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
-            os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path(tmp) / 'mlflow.db'}")
-            notebook = execute(path, fast=args.fast, workdir=Path(tmp))
+            # each notebook its own store (unless the caller chose one), gone with its folder
+            caller_uri = os.environ.get("MLFLOW_TRACKING_URI")
+            os.environ["MLFLOW_TRACKING_URI"] = caller_uri or f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+            try:
+                notebook = execute(path, fast=args.fast, workdir=Path(tmp))
+            finally:
+                if caller_uri is None:
+                    del os.environ["MLFLOW_TRACKING_URI"]
         if args.save:
             nbformat.write(notebook, path)
         print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s" + (" (saved)" if args.save else ""), flush=True)

@@ -78,6 +78,35 @@ def test_overcommitting_policy_is_refused():
         Simulator(jobs, {"toy": family}, SimConfig(cluster=cluster), Greedy("t4", 4)).run()
 
 
+def test_allocating_to_a_job_that_is_not_active_is_refused():
+    family = constant_noise_family()
+    cluster = Cluster.parse("t4:1x4")
+
+    class Phantom(FixedPolicy):
+        def decide(self, now, cluster, jobs):
+            from experiments.simulator.engine import Assignment
+
+            return {"ghost": Assignment("t4", 1, 4, (("t4-0", 4),))}
+
+    with pytest.raises(ValidationError, match="ghost"):
+        Simulator([WorkloadJob("a", 0.0, "toy", 4, 64)], {"toy": family}, SimConfig(cluster=cluster), Phantom("t4", 4)).run()
+
+
+@pytest.mark.parametrize("field, value", [("max_hours", -1.0), ("max_hours", float("nan")), ("table_refresh", -0.1),
+                                          ("observation_bias", {"t4": 0.0})])
+def test_sim_config_is_validated(field, value):
+    with pytest.raises(ValidationError, match=field):
+        SimConfig(cluster=Cluster.parse("t4:1x4"), **{field: value})
+
+
+@pytest.mark.parametrize("round_s", [0.0, -60.0, float("inf")])
+def test_round_length_is_validated(round_s):
+    from experiments.simulator.policies import make_policy
+
+    with pytest.raises(ValidationError, match="round_s"):
+        make_policy("sia", round_s=round_s)
+
+
 def test_unknown_application_is_named():
     with pytest.raises(ValidationError, match="nosuch"):
         Simulator([WorkloadJob("x", 0, "nosuch", 1, 8)], load_catalog(), SimConfig(cluster=Cluster.parse("t4:1x4")),

@@ -38,6 +38,7 @@ from goodput.errors import ValidationError
 from goodput.model import JobModel
 from goodput.observations import Observation
 from goodput.table import GoodputTable
+from goodput.validation import check_float
 
 from .truth import Family
 from .workload import WorkloadJob
@@ -131,6 +132,10 @@ class SimConfig:
                 raise ValidationError(name, value, "must be in [0, 1)")
         if self.report_every < 1:
             raise ValidationError("report_every", self.report_every, "must be >= 1")
+        self.max_hours = check_float("max_hours", self.max_hours, positive=True)
+        self.table_refresh = check_float("table_refresh", self.table_refresh, nonnegative=True)
+        for gpu_type, factor in self.observation_bias.items():
+            check_float(f"observation_bias[{gpu_type!r}]", factor, positive=True)
         if self.bootstrap_batches < 1:
             raise ValidationError("bootstrap_batches", self.bootstrap_batches, "must be >= 1")
 
@@ -413,7 +418,8 @@ class Simulator:
             return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
         choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, a.num_gpus)
         if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
-            return max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus)), 0
+            wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus))
+            return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
 
     def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
@@ -421,6 +427,9 @@ class Simulator:
         for name, alloc in decisions.items():
             if alloc is not None:
                 assignments[name] = alloc if isinstance(alloc, Assignment) else Assignment.of(alloc)
+        unknown = sorted(set(assignments) - {job.name for job in active})
+        if unknown:
+            raise ValidationError("decisions", unknown[0], "the policy allocated GPUs to a job that is not active")
         self._check_capacity(assignments)
         for job in active:
             new = assignments.get(job.name)

@@ -25,6 +25,7 @@ from typing import Any
 from goodput.allocator import JobAllocation, JobSpec, allocate
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
+from goodput.validation import check_float
 
 from .engine import JobView
 
@@ -76,5 +77,7 @@ def make_policy(name: str, round_s: float | None = None, **options: Any) -> Allo
     if name not in presets:
         raise ValidationError("policy", name, f"unknown policy (known: {', '.join(POLICY_NAMES)})")
     allocator_policy, oracle, adaptive, default_round = presets[name]
+    if round_s is not None:
+        round_s = check_float("round_s", round_s, positive=True)
     return AllocatorPolicy(name, allocator_policy, oracle, adaptive, float(round_s or default_round),
                            pooled_model=name == "unaware", options=options)

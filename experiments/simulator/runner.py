@@ -7,6 +7,7 @@ contention on the sqlite store), as child runs of one parent run per sweep.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -90,7 +91,9 @@ def run_sweep(tasks: Sequence[Task], processes: int | None = None,
                 on_done(*pair)
         return results
     by_index: dict[int, tuple[Task, SimResult]] = {}
-    with ProcessPoolExecutor(max_workers=processes) as pool:
+    # spawn, not fork: the parent may hold live threads (torch's pools, a progress bar's refresh
+    # thread), and a forked child of a multithreaded process can deadlock on a lock one of them held.
+    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run_task, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             pair = future.result()
