@@ -139,3 +139,16 @@ def test_cluster_knowledge_reaches_new_jobs():
     first, last = sim.jobs[0].model, sim.jobs[-1].model
     assert first.cluster_prior is None  # nothing was known when the first job arrived
     assert last.cluster_prior is not None and "c0" in last.cluster_prior.jobs
+
+
+def test_unfinished_jobs_count_in_jct_with_their_time_so_far():
+    """A policy that leaves jobs behind at the time limit must not look better for it."""
+    family = constant_noise_family(work=2_000_000.0)
+    cluster = Cluster.parse("t4:1x4")
+    jobs = [WorkloadJob("a", 0.0, "toy", 4, 64), WorkloadJob("b", 0.0, "toy", 4, 64)]
+    result = Simulator(jobs, {"toy": family}, SimConfig(cluster=cluster, max_hours=0.5), FixedPolicy("t4", 4)).run()
+    summary = result.summary
+    assert summary["unfinished"] == 2 and summary["jct_censored"] is True
+    end = result.rounds["time_s"].max() + 60.0
+    assert summary["avg_jct_s"] == pytest.approx(end)  # both arrived at 0 and were still running at the end
+    assert summary["makespan_s"] == pytest.approx(end)
