@@ -75,6 +75,24 @@ def test_sweep_runs_are_logged_and_found_by_compare(tmp_path, capsys):
     assert len(children) == 4  # 2 workloads x 2 policies, under one parent sweep run
 
 
+def test_compare_pools_a_policy_only_over_runs_with_the_same_settings(tmp_path):
+    import mlflow
+
+    from experiments.simulator.compare import compare_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("mixed")
+    for cluster, jct in (("t4:2x4", 100.0), ("t4:2x4", 300.0), ("t4:16x4", 50.0)):
+        with mlflow.start_run():
+            mlflow.log_params({"policy": "sia", "cluster": cluster, "round_s": 60.0})
+            mlflow.log_metric("avg_jct_s", jct)
+    frame = compare_runs("mixed", uri=uri).set_index("cluster")
+    assert "round_s" not in frame  # the same everywhere: not a column
+    assert frame.loc["t4:2x4", "runs"] == 2 and frame.loc["t4:2x4", "avg_jct_s_mean"] == pytest.approx(200.0)
+    assert frame.loc["t4:16x4", "runs"] == 1 and frame.loc["t4:16x4", "avg_jct_s_mean"] == pytest.approx(50.0)
+
+
 def test_compare_on_a_missing_experiment_is_a_clean_error(capsys):
     assert main(["compare", "no-such-experiment"]) == 2
     assert "no MLflow experiment" in capsys.readouterr().err

@@ -33,16 +33,27 @@ def runs_frame(experiment: str, uri: str | None = None) -> Any:
     return runs[runs["params.policy"].notna()].reset_index(drop=True)
 
 
+SETTINGS = ("cluster", "truth", "round_s", "step_noise", "grad_noise")  # runs differing in these are not pooled
+
+
 def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, uri: str | None = None) -> Any:
-    """Per policy: number of runs and mean ± std of each metric over them."""
+    """Per policy: number of runs and mean ± std of each metric over them.
+
+    Runs of one policy are pooled only when they share their settings: where the
+    experiment holds runs on several clusters, truths, round lengths or noise levels,
+    those become columns and each combination its own row.
+    """
     import pandas as pd
 
     runs = runs_frame(experiment, uri)
     if runs.empty:
         return pd.DataFrame(columns=["policy", "runs"])
+    varying = [name for name in SETTINGS if f"params.{name}" in runs and runs[f"params.{name}"].nunique(dropna=False) > 1]
+    keys = ["params.policy"] + [f"params.{name}" for name in varying]
     rows = []
-    for policy, group in runs.groupby("params.policy", sort=True):
-        row: dict[str, Any] = {"policy": policy, "runs": len(group)}
+    for values, group in runs.groupby(keys, sort=True, dropna=False):
+        values = values if isinstance(values, tuple) else (values,)
+        row: dict[str, Any] = {"policy": values[0], **dict(zip(varying, values[1:])), "runs": len(group)}
         for metric in metrics:
             column = f"metrics.{metric}"
             if column in group:
@@ -68,7 +79,9 @@ def save_comparison_plots(frame: Any, out_dir: str | Path, metrics: tuple[str, .
         if f"{metric}_mean" not in frame:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.bar(frame["policy"], frame[f"{metric}_mean"], yerr=frame[f"{metric}_std"], capsize=4, color="#4c72b0")
+        settings = [c for c in SETTINGS if c in frame]
+        labels = [" ".join(str(v) for v in row) for row in frame[["policy", *settings]].itertuples(index=False)]
+        ax.bar(labels, frame[f"{metric}_mean"], yerr=frame[f"{metric}_std"], capsize=4, color="#4c72b0")
         ax.set_ylabel(metric)
         ax.set_title(f"{metric}: mean ± std over workloads")
         ax.grid(axis="y", alpha=0.3)

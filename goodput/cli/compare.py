@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from experiments.simulator.compare import DEFAULT_METRICS, compare_runs, save_comparison_plots
+    from experiments.simulator.compare import DEFAULT_METRICS, SETTINGS, compare_runs, save_comparison_plots
     from goodput.io import atomic_write_text
 
     frame = compare_runs(args.experiment, uri=args.tracking_uri)
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if frame.empty:
         out.print(f"no simulation runs in experiment {args.experiment!r}")
         return 1
-    shown = pd.DataFrame({"policy": frame["policy"], "runs": frame["runs"]})
+    shown = frame[["policy", *[c for c in SETTINGS if c in frame], "runs"]].copy()
     for metric in DEFAULT_METRICS:
         if f"{metric}_mean" in frame:
             shown[metric] = [f"{m:.4g} ± {s:.2g}" for m, s in zip(frame[f"{metric}_mean"], frame[f"{metric}_std"])]
