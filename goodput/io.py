@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -26,6 +28,16 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             pass
         raise
     return path
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; a syntax error becomes a :class:`~goodput.errors.DataFormatError` with its line."""
+    from .errors import DataFormatError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
 
 
 def _umask() -> int:

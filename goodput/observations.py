@@ -428,10 +428,8 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | Non
                 break
             snippet = raw[:80].decode("utf-8", "replace")
             raise DataFormatError(path, line_no, "line", snippet, f"not a JSON object ({exc})") from None
-        if is_last and not ends_cleanly:
-            # A complete JSON object without its newline: the writer died after
-            # the record but before the newline. The record itself is whole.
-            pass
+        # A complete JSON object without its newline (the writer died after the
+        # record but before the newline) is whole: it is kept like any other.
         records.append((line_no, record))
     return records, torn
 

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import DataFormatError, ValidationError
-from .io import atomic_write_text
+from .io import atomic_write_text, read_json
 from .validation import check_str, normalize_gpu_type
 
 __all__ = ["GoodputTable", "save_tables", "load_tables"]
@@ -170,7 +170,7 @@ class GoodputTable:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> GoodputTable:
-        data = _read_json(path)
+        data = read_json(path)
         try:
             return cls.from_dict(data)
         except ValidationError as exc:
@@ -214,13 +214,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _read_json(path: str | os.PathLike[str]) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
-
-
 def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], path: str | os.PathLike[str]) -> Path:
     """Write several jobs' tables to one JSON file, atomically."""
     items = list(tables.values()) if isinstance(tables, Mapping) else list(tables)
@@ -233,7 +226,7 @@ def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], pat
 
 def load_tables(path: str | os.PathLike[str]) -> dict[str, GoodputTable]:
     """Read a file written by :func:`save_tables`: ``{job: GoodputTable}``."""
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, Mapping) or not isinstance(data.get("tables"), list):
         raise DataFormatError(path, None, "tables", type(data).__name__, "expected {'tables': [...]}")
     out: dict[str, GoodputTable] = {}

@@ -129,7 +129,6 @@ DEFAULTS: dict[str, LogNormal] = {
 # different fitted γ are not comparable (one job's γ = 2.5 with large α_r explains the same
 # single-node steps as γ = 1 with small α_r, but predicts very different multi-node ones).
 TRANSFER_GAMMA = 1.5  # between no overlap (1) and full overlap (10)
-DEFAULT_GAMMA = TRANSFER_GAMMA
 
 
 def config_regime(nodes: Any, replicas: Any) -> np.ndarray:
@@ -505,7 +504,7 @@ def _default_source(c_ref: float) -> np.ndarray:
     alpha_r = DEFAULTS["sync_ratio"].value * c_ref
     alpha_n = DEFAULTS["inter_ratio"].value * alpha_r
     slope = DEFAULTS["slope_ratio"].value
-    return np.array([0.0, 0.0, alpha_n, slope * alpha_n, alpha_r, slope * alpha_r, DEFAULT_GAMMA])
+    return np.array([0.0, 0.0, alpha_n, slope * alpha_n, alpha_r, slope * alpha_r, TRANSFER_GAMMA])
 
 
 def _normalised(members: list[Member], total: float = 1.0) -> list[Member]:

@@ -52,10 +52,10 @@ from typing import Any
 import numpy as np
 
 from experiments.datasets import default_data_dir, read_pollux_trace, read_validation
+from experiments.simulator.truth import CATALOG_PATH
 from goodput.io import atomic_write_text
 from goodput.throughput import ThroughputParams, fit_throughput
 
-CATALOG_PATH = Path(__file__).with_name("catalog.json")
 
 # NVIDIA datasheets: FP32 peak TFLOPS (boost), memory bandwidth GB/s, memory GB.
 GPU_SPECS: dict[str, dict[str, Any]] = {

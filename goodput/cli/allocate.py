@@ -34,17 +34,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _read_json(path: str):
-    from pathlib import Path
-
-    from goodput.errors import DataFormatError
-
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
-
-
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -59,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.backfill:
         options["backfill"] = True
     if args.jobs:
-        options["jobs"] = _read_json(args.jobs)
+        from goodput.io import read_json
+
+        options["jobs"] = read_json(args.jobs)
     current = Allocation.from_json(args.current) if args.current else None
     allocation = allocate(tables, args.cluster, current=current, p=args.p, **options)
     if args.out:
