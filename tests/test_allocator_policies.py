@@ -175,3 +175,5 @@ def test_unaware_offers_no_configuration_worth_nothing():
     for policy in ("sia", "unaware"):
         result = allocate(tables, cluster, current=current, jobs=jobs, p=0.5, policy=policy)
         assert result["moved"] is None and "moved" in result.unallocated, policy
+    sia = allocate(tables, cluster, current=current, jobs=jobs, p=0.5)
+    assert "no configuration worth running" in sia.unallocated["moved"]

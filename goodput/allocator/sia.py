@@ -172,6 +172,7 @@ def allocate_sia(
     placement_retries = check_int("placement_retries", placement_retries, minimum=0)
 
     problem = sia_problem(prep, p, lam)
+    with_options = {problem.names[int(j)] for j in np.unique(problem.opt_job)}  # before retries exclude any
     notes: list[str] = []
     solve_seconds = 0.0
     attempts = 0
@@ -217,6 +218,9 @@ def allocate_sia(
                 unallocated[job] = f"placement failed: {placed.failed[job]}"
             elif job in prep.infeasible:
                 unallocated[job] = prep.infeasible[job]
+            elif job not in with_options:
+                unallocated[job] = ("no configuration worth running: its goodput times the restart factor gives "
+                                    "no utility above the penalty λ for waiting")
             else:
                 unallocated[job] = "not selected: the optimum gives the GPUs to other jobs"
     objective = problem.objective(total)
