@@ -312,6 +312,11 @@ def profile_job(
         batch_sizes: local batch sizes to sweep (default :func:`default_grid`).
         min_local_bsz: smallest size of the default grid (default M0 // 16).
         time_budget_s: wall seconds per device type (default 20, Sia's bootstrap budget).
+            A target, not a hard limit: a size is started only when its predicted
+            cost fits, but the first size of each phase always runs, spawning the
+            replicas is not bounded, and replicas still running at the deadline are
+            stopped after a grace period (``experiments/bench_profiler.py`` measures
+            the real cost: 14–15 s for the zoo on 2 CPU cores).
         replicas: replica counts for synchronisation profiling; ``None``:
             powers of two up to the GPUs of each type (CUDA), 2 on a CPU host
             with >= 2 cores; ``[]`` or ``0``: none.
