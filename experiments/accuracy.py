@@ -67,7 +67,7 @@ from goodput.transfer import ClusterPrior
 
 __all__ = ["PROTOCOLS", "METHODS", "run", "evaluate_model", "summarize", "markdown", "main"]
 
-from goodput.cli.accuracy import METHODS, PROTOCOLS  # noqa: E402 - one definition for the CLI and the harness
+from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS  # noqa: E402 - one definition for the CLI and the harness
 P4_STEPS = (5, 10, 20, 40)
 LEVEL = 0.9
 
@@ -354,7 +354,7 @@ def evaluate_model(
     *,
     protocols: Sequence[str] = PROTOCOLS,
     methods: Sequence[str] = METHODS,
-    seeds: int = 2,
+    seeds: int = P4_SEEDS,
     p4_max_test: int = 400,
     p4_min_obs: int = 15,
     on_step: Callable[[str], None] | None = None,
@@ -456,7 +456,7 @@ def run(
     models: Sequence[str] | None = None,
     protocols: Sequence[str] = PROTOCOLS,
     methods: Sequence[str] = METHODS,
-    seeds: int = 2,
+    seeds: int = P4_SEEDS,
     p4_max_test: int = 400,
     default_gpu_type: str = "t4",
     resume: bool = False,
