@@ -91,6 +91,9 @@ class BayesState:
     index: dict[str, int] = field(init=False)
     cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
     dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
+    # per type: factor on the log-std of configurations in regimes the type has not been observed
+    # in, from the cluster's cold calibration (ClusterPrior.cold_calibration; cold jobs only)
+    cold_scale: dict[str, float] = field(default_factory=dict)
     _id: dict[str, np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,7 +215,13 @@ class BayesState:
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
-        return np.where(ok, design.log_mean + mu, design.log_mean), np.where(ok, np.sqrt(var), fallback)
+        std = np.where(ok, np.sqrt(var), fallback)
+        scale = self.cold_scale.get(gpu)
+        if scale is not None and scale != 1.0:
+            n, r = (np.ravel(a) for a in np.broadcast_arrays(nodes, replicas, bsz, accum)[:2])
+            regime = config_regime(n, r)
+            std = np.where((regime > 0) & ~np.isin(regime, self.transfers[gpu].regimes.covered), std * scale, std)
+        return np.where(ok, design.log_mean + mu, design.log_mean), std
 
     # ------------------------------------------------------------------ online
     def condition(self, observations: Sequence[Observation]) -> float:

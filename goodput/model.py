@@ -354,6 +354,10 @@ class JobModel:
         fit_hyper = hyperparameters or previous is None
         self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points,
                                   fit_hyper=fit_hyper)
+        if self.cluster_prior is not None and not any(o.num_replicas > 1 for obs in self._observations.values() for o in obs):
+            # a cold job (1-GPU profiles only): its multi-GPU predictions rest on the other jobs,
+            # whose transferability the cluster's own leave-one-job-out calibration measures
+            self._state.cold_scale = {t: self.cluster_prior.cold_factor(t) for t in self._observations}
         self._refit_due = self._hyper_due = False
         self._pending = 0
         self.refits += 1

@@ -39,6 +39,11 @@ observed in that regime, scaled by a factor λ:
   bytes do);
 * **a weak default** when nothing else covers the regime (:data:`DEFAULTS`).
 
+How far other jobs can be trusted is a property of the cluster, measured on it:
+:meth:`ClusterPrior.cold_calibration` models each of its jobs from that job's
+1-GPU data and the others, and scales a cold job's predictive spread so that
+90% intervals cover 90% there.
+
 A configuration in an unobserved regime is predicted by the weighted mean of
 the members' log step times; their weighted variance, plus a structural
 variance for Pollux's form (:data:`DEFAULTS` ``struct_std`` or the residuals
@@ -263,6 +268,27 @@ def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any
     return float(np.sqrt(np.mean(np.log(cols["step_time"][mask] / pred) ** 2)))
 
 
+CALIBRATION_MIN_JOBS = 2  # jobs with multi-GPU data a calibration factor needs (per type, else pooled)
+CALIBRATION_RANGE = (0.5, 3.0)  # a calibration factor is clipped to this range
+CALIBRATION_LEVEL = 0.9
+
+
+def _scale_factor(items: Sequence[tuple[np.ndarray, float]]) -> float:
+    """Weighted ``CALIBRATION_LEVEL`` quantile of |z| (each item: z-scores and the weight of each) over the normal's."""
+    z = np.concatenate([v for v, _ in items])
+    w = np.concatenate([np.full(v.size, weight) for v, weight in items])
+    ok = np.isfinite(z)
+    z, w = z[ok], w[ok]
+    if not z.size:
+        return 1.0
+    order = np.argsort(z)
+    cum = np.cumsum(w[order]) / w.sum()
+    q = float(z[order][min(int(np.searchsorted(cum, CALIBRATION_LEVEL)), z.size - 1)])
+    normal = 1.6448536269514722  # the normal's 95% quantile (two-sided 90%)
+    low, high = CALIBRATION_RANGE
+    return min(max(q / normal, low), high)
+
+
 @dataclass
 class ClusterPrior:
     """Per-GPU-type knowledge from other jobs' fitted models on the same cluster.
@@ -273,6 +299,12 @@ class ClusterPrior:
     """
 
     summaries: list[JobTypeSummary] = field(default_factory=list)
+    # Per GPU type (and "*" for all), the factor on the predictive log-std of a cold job's
+    # multi-GPU configurations (see cold_calibration); None: not computed yet.
+    calibration: dict[str, float] | None = None
+    # The jobs' raw observations, when built from them (not saved): what cold_calibration needs.
+    observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
+    sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -280,16 +312,18 @@ class ClusterPrior:
     def from_observations(
         cls, observations: Mapping[str, Iterable[Observation]], sizes: Mapping[str, float] | None = None
     ) -> ClusterPrior:
-        """Fit every (job, GPU type) of ``{job: observations}`` and summarise it."""
+        """Fit every (job, GPU type) of ``{job: observations}`` and summarise it (the observations are kept for :meth:`cold_calibration`)."""
         out = []
+        kept: dict[str, list[Observation]] = {}
         for job, obs in observations.items():
+            kept[job] = list(obs)
             by_type: dict[str, list[Observation]] = {}
-            for o in obs:
+            for o in kept[job]:
                 by_type.setdefault(o.gpu_type, []).append(o)
             for gpu, items in sorted(by_type.items()):
                 params = fit_throughput(items)
                 out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job)))
-        return cls(out)
+        return cls(out, observations=kept, sizes=dict(sizes or {}))
 
     @classmethod
     @single_threaded
@@ -327,7 +361,62 @@ class ClusterPrior:
         )
 
     def exclude(self, job: str) -> ClusterPrior:
-        return ClusterPrior([s for s in self.summaries if s.job != job])
+        kept = None if self.observations is None else {j: o for j, o in self.observations.items() if j != job}
+        return ClusterPrior([s for s in self.summaries if s.job != job], observations=kept, sizes=self.sizes)
+
+    def cold_calibration(self) -> dict[str, float]:
+        """Per GPU type, the factor that makes a cold job's 90% intervals cover 90% on this cluster.
+
+        A job seen only on 1 GPU per type (Sia's bootstrap) is predicted on multi-GPU
+        configurations almost entirely from the other jobs' sync profiles, and whether they
+        transfer well is a property of the cluster: Pollux's T4 jobs resemble each other, Gavel's
+        K80/P100/V100 jobs do not. This measures it on the cluster's own jobs, leave-one-job-out:
+        each job with multi-GPU observations is modelled from its 1-GPU observations and the
+        other jobs (:class:`~goodput.model.JobModel`, the same path a new job takes), and the
+        factor is the weighted 90% quantile of ``|z|`` of its multi-GPU observations over the
+        normal's 1.645, each job weighing the same (split conformal calibration of a scale:
+        Angelopoulos & Bates, "A gentle introduction to conformal prediction", 2021, §2). Per type
+        when at least :data:`CALIBRATION_MIN_JOBS` jobs ran multi-GPU there, otherwise the factor
+        pooled over types ("*"); clipped to :data:`CALIBRATION_RANGE`. Empty (no correction)
+        without the raw observations (a prior loaded from JSON carries the factors it was saved
+        with) or with fewer jobs.
+        """
+        if self.calibration is not None:
+            return self.calibration
+        self.calibration = {}
+        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS + 1:
+            return self.calibration
+        from .model import JobModel  # noqa: PLC0415 - model builds on this module
+
+        scores: dict[str, list[tuple[np.ndarray, float]]] = {}
+        for job, obs in sorted(self.observations.items()):
+            single = [o for o in obs if o.num_replicas == 1]
+            multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
+            if not single or not multi:
+                continue
+            others = self.exclude(job)
+            others.calibration = {}  # no nested calibration
+            model = JobModel(job, init_batch_size=min(o.local_bsz for o in single), cluster_prior=others,
+                             model_size=self.sizes.get(job))
+            model.observe(single)
+            for gpu in sorted({o.gpu_type for o in multi}):
+                cols = throughput_arrays([o for o in multi if o.gpu_type == gpu])
+                pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+                z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
+                scores.setdefault(gpu, []).append((z, 1.0 / len(z)))
+        pooled = [item for items in scores.values() for item in items]
+        if len({id(z) for z, _ in pooled}) < CALIBRATION_MIN_JOBS:
+            return self.calibration
+        self.calibration["*"] = _scale_factor(pooled)
+        for gpu, items in scores.items():
+            if len(items) >= CALIBRATION_MIN_JOBS:
+                self.calibration[gpu] = _scale_factor(items)
+        return self.calibration
+
+    def cold_factor(self, gpu_type: str) -> float:
+        """:meth:`cold_calibration`'s factor for one type (1 when there is none)."""
+        calibration = self.cold_calibration()
+        return float(calibration.get(gpu_type, calibration.get("*", 1.0)))
 
     @property
     def jobs(self) -> list[str]:
@@ -342,13 +431,19 @@ class ClusterPrior:
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
-        return {"summaries": [s.to_dict() for s in self.summaries]}
+        """Summaries and the cold calibration (computed now when the observations are at hand)."""
+        return {"summaries": [s.to_dict() for s in self.summaries], "calibration": self.cold_calibration()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
         if not isinstance(data, Mapping) or not isinstance(data.get("summaries"), list):
             raise ValidationError("cluster_prior", data, "expected {'summaries': [...]}")
-        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]])
+        calibration = data.get("calibration")
+        if calibration is not None:
+            if not isinstance(calibration, Mapping):
+                raise ValidationError("cluster_prior.calibration", calibration, "expected {gpu_type: factor}")
+            calibration = {str(k): check_float(f"calibration[{k!r}]", v, positive=True) for k, v in calibration.items()}
+        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")

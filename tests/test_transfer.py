@@ -158,3 +158,40 @@ def test_intervals_are_calibrated_on_held_out_configurations():
     assert np.median(_ape(pred.step_time, test)) < 0.06
     truth = predict_step_time(SLOW, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
     assert np.median(np.abs(pred.step_time / truth - 1)) < 0.03  # the noise-free truth: closer than the 5% noise
+
+
+def _cluster(sync_factors: list[float]) -> dict[str, list]:
+    return {f"j{i}": _job(f"j{i}", 1.0 + 0.3 * i, s, seed=20 + i) for i, s in enumerate(sync_factors)}
+
+
+def test_cold_calibration_measures_how_well_other_jobs_transfer():
+    alike = ClusterPrior.from_observations(_cluster([1.0, 1.1, 0.9, 1.05]))  # sync scales with compute everywhere
+    unlike = ClusterPrior.from_observations(_cluster([0.2, 5.0, 0.4, 3.0]))  # the jobs' sync costs differ 25x
+    a, u = alike.cold_calibration(), unlike.cold_calibration()
+    assert set(a) == set(u) == {"*", "fast", "slow"}
+    assert u["*"] > 1.2 and u["*"] > 1.5 * a["*"]  # intervals must widen where the jobs are unlike each other
+    assert unlike.exclude("j0").observations.keys() == {"j1", "j2", "j3"}
+    # too few jobs: no calibration
+    assert ClusterPrior.from_observations(_cluster([1.0, 2.0])).cold_calibration() == {}
+    # the factors are saved and loaded; a bad one is refused
+    loaded = ClusterPrior.from_dict(unlike.to_dict())
+    assert loaded.cold_calibration() == pytest.approx(u) and loaded.observations is None
+    with pytest.raises(ValueError, match="calibration"):
+        ClusterPrior.from_dict({"summaries": [], "calibration": {"fast": -1.0}})
+
+
+def test_cold_calibration_scales_only_a_cold_jobs_unobserved_regimes():
+    prior = ClusterPrior.from_observations(_cluster([0.2, 5.0, 0.4, 3.0]))
+    factor = prior.cold_factor("slow")
+    neutral = ClusterPrior(prior.summaries, calibration={})
+    cold = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE, slow_configs=SINGLE)
+    nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 4, 8, 16])
+    scaled = JobModel("new", 8, cluster_prior=prior).observe(cold).predict("slow", nodes, replicas, 32).log_std
+    plain = JobModel("new", 8, cluster_prior=neutral).observe(cold).predict("slow", nodes, replicas, 32).log_std
+    assert scaled[0] == pytest.approx(plain[0])  # 1 GPU: observed, not scaled
+    np.testing.assert_allclose(scaled[1:], factor * plain[1:], rtol=1e-9)
+    # once the job has run multi-GPU, its own data speak: no cold scaling
+    warm = cold + synthetic(SLOW, [(1, 2)], job="new", gpu="slow", seed=14, accums=(0,))
+    scaled = JobModel("new", 8, cluster_prior=prior).observe(warm).predict("slow", nodes, replicas, 32).log_std
+    plain = JobModel("new", 8, cluster_prior=neutral).observe(warm).predict("slow", nodes, replicas, 32).log_std
+    np.testing.assert_allclose(scaled, plain, rtol=1e-9)
