@@ -43,6 +43,17 @@ def test_every_policy_finishes_a_small_workload_within_capacity(name):
     assert result.settings["round_s"] == (360.0 if name == "gavel" else 60.0)
 
 
+@pytest.mark.parametrize("name", ["gavel", "fifo"])
+def test_rigid_policies_serve_a_request_larger_than_any_gpu_type_at_the_largest_type(name):
+    """12 GPUs asked of a cluster whose types have 8 and 4: run on 8 T4s, not wait forever."""
+    jobs = [WorkloadJob("big", 0.0, "cifar10", 12, 512), *small_workload(2)]
+    result = Simulator(jobs, load_catalog(), SimConfig(cluster=CLUSTER, max_hours=24), make_policy(name)).run()
+    assert result.summary["finished"] == 3
+    big = result.jobs.set_index("name").loc["big"]
+    assert big["gpu_types_used"] == "t4" and big["progress_fraction"] == 1.0
+    assert result.rounds["gpus_t4"].max() == 8
+
+
 def test_unknown_policy_is_refused():
     with pytest.raises(ValidationError, match="policy"):
         make_policy("lottery")

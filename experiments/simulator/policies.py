@@ -11,7 +11,9 @@ gavel      Gavel's heterogeneity-aware max-sum-throughput, requested GPUs   360 
 fifo       first in, first out with the requested GPUs                       60 s     requested
 ========== ================================================================ ======== ===========
 
-Gavel and FIFO run each job at the batch size its owner asked for; Gavel is
+Gavel and FIFO run each job at the batch size its owner asked for, on the GPU
+count it asked for capped at the largest GPU type's (they place a job on one
+type; without the cap a larger request would wait forever); Gavel is
 given each job's true throughput at that batch on every type (Gavel assumes
 profiled throughputs), which is generous to it.
 """
@@ -52,9 +54,14 @@ class AllocatorPolicy:
             j.name: JobAllocation(j.current.gpu_type, j.current.num_nodes, j.current.num_gpus, dict(j.current.placement))
             for j in jobs if j.current is not None
         }
+        # A rigid policy runs a job on one GPU type: a request larger than the largest type
+        # (Pollux's workloads ask for up to 32 GPUs of a 64-T4 cluster) is served at that size
+        # instead of waiting forever.
+        largest = max(cluster.capacity(t) for t in cluster.gpu_types)
         specs = {
             j.name: JobSpec(age=j.age_s, restarts=j.restarts, restart_cost=j.restart_cost_s, attained=j.attained_s,
-                            requested_gpus=j.requested_gpus, arrival=j.arrival, gpu_types=j.gpu_types)
+                            requested_gpus=None if j.requested_gpus is None else min(j.requested_gpus, largest),
+                            arrival=j.arrival, gpu_types=j.gpu_types)
             for j in jobs
         }
         allocation = allocate(tables, cluster, current, p=self.p, policy=self.allocator_policy, jobs=specs, **self.options)
