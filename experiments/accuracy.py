@@ -35,7 +35,8 @@ for these methods:
 Metrics per protocol and method: median APE, MAPE, p90 APE of step time and the
 coverage of 90% intervals (``n/a`` for methods without intervals). Results per
 model are written to ``OUT/rows-<model>.csv`` as soon as the model is done
-(``--resume`` skips finished models), then ``OUT/summary.csv`` and
+(``--resume`` skips finished models, after checking that ``OUT/settings.json``
+records the same settings), then ``OUT/summary.csv`` and
 ``OUT/accuracy.md``, and an MLflow run (experiment ``goodput-accuracy``).
 
 Run: ``goodput accuracy DATA_DIR`` or ``python -m experiments.accuracy DATA_DIR``.
@@ -57,7 +58,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import goodput
 from experiments.datasets import Measurements, read_measurements
+from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.model import JobModel
 from goodput.observations import Observation
@@ -65,7 +68,7 @@ from goodput.threads import single_threaded
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from goodput.transfer import ClusterPrior
 
-__all__ = ["PROTOCOLS", "METHODS", "run", "evaluate_model", "summarize", "markdown", "main"]
+__all__ = ["PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "summarize", "markdown", "main"]
 
 from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS  # noqa: E402 - one definition for the CLI and the harness
 P4_STEPS = (5, 10, 20, 40)
@@ -449,6 +452,32 @@ def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_mo
 # ====================================================================== driver
 
 
+class ResumeMismatchError(ValidationError):
+    """``--resume`` into a results folder written with other settings (its rows would be mixed in)."""
+
+
+def _check_settings(out: Path, settings: dict[str, Any], resume: bool) -> None:
+    """Record the settings in ``OUT/settings.json``; on resume, refuse rows written with other ones.
+
+    Raises :class:`ResumeMismatchError` naming the first setting that differs, or when
+    ``OUT`` holds per-model rows without a settings record to check them against.
+    """
+    path = out / "settings.json"
+    if resume:
+        if path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            for key, value in settings.items():
+                if saved.get(key) != value:
+                    raise ResumeMismatchError(
+                        key, value, f"{out} holds rows computed with {key}={saved.get(key)!r}; "
+                        "rerun with those settings, without --resume, or into another --out")
+        elif any(out.glob("rows-*.csv")):
+            raise ResumeMismatchError("out", str(out), "holds rows-*.csv but no settings.json to check them against; "
+                                      "rerun without --resume or into another --out")
+    atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
+
+
+
 def run(
     data_dir: str | Path,
     out_dir: str | Path = "accuracy-results",
@@ -475,6 +504,9 @@ def run(
         names = [n for n in names if n in models]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _check_settings(out, {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type,
+                          "protocols": list(protocols), "methods": list(methods), "seeds": int(seeds),
+                          "p4_max_test": int(p4_max_test), "goodput": goodput.__version__}, resume)
     full_prior = ClusterPrior.from_observations(data.models) if len(data.models) > 1 else None
     frames = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

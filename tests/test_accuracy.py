@@ -125,10 +125,18 @@ def test_harness_end_to_end_with_mlflow_and_resume(layout, tmp_path):
     rows = pd.read_csv(out / "rows-small.csv")
     rows.loc[rows["method"] == "linear", "predicted"] *= 2
     rows.to_csv(out / "rows-small.csv", index=False)
-    again = accuracy.run(layout, out, models=["resnet", "small"], seeds=1, progress=False, mlflow=False, resume=True, protocols=["P1"])
+    (out / "rows-resnet.csv").unlink()  # as if the run had died after the first model
+    again = accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True)
     assert again.query("protocol == 'P1' and method == 'linear'")["median_ape"].iloc[0] != pytest.approx(
         summary.query("protocol == 'P1' and method == 'linear'")["median_ape"].iloc[0])
-    assert json.loads((out / "meta.json").read_text())["protocols"] == ["P1"]
+    assert (out / "rows-resnet.csv").exists() and json.loads((out / "meta.json").read_text())["seeds"] == 1
+    # resuming with other settings would mix rows computed two ways: refused, naming the setting
+    with pytest.raises(accuracy.ResumeMismatchError, match="protocols"):
+        accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True,
+                     protocols=["P1"])
+    (out / "settings.json").unlink()
+    with pytest.raises(ValueError, match="settings.json"):
+        accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True)
 
 
 def test_cli_accuracy(layout, tmp_path, capsys):
