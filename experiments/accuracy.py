@@ -35,8 +35,8 @@ for these methods:
 Metrics per protocol and method: median APE, MAPE, p90 APE of step time and the
 coverage of 90% intervals (``n/a`` for methods without intervals). Results per
 model are written to ``OUT/rows-<model>.csv`` as soon as the model is done
-(``--resume`` skips finished models, after checking that ``OUT/settings.json``
-records the same settings), then ``OUT/summary.csv`` and
+(``--resume`` skips the models that ``OUT/settings.json`` records as finished
+under the same settings, and refuses a folder written with other ones), then ``OUT/summary.csv`` and
 ``OUT/accuracy.md``, and an MLflow run (experiment ``goodput-accuracy``).
 
 Run: ``goodput accuracy DATA_DIR`` or ``python -m experiments.accuracy DATA_DIR``.
@@ -456,26 +456,39 @@ class ResumeMismatchError(ValidationError):
     """``--resume`` into a results folder written with other settings (its rows would be mixed in)."""
 
 
-def _check_settings(out: Path, settings: dict[str, Any], resume: bool) -> None:
-    """Record the settings in ``OUT/settings.json``; on resume, refuse rows written with other ones.
+def _resume_state(out: Path, settings: dict[str, Any], resume: bool) -> set[str]:
+    """The models whose rows in ``out`` were computed with ``settings`` (empty unless resuming).
 
-    Raises :class:`ResumeMismatchError` naming the first setting that differs, or when
-    ``OUT`` holds per-model rows without a settings record to check them against.
+    ``OUT/settings.json`` records the settings and the models finished under them
+    (:func:`_record_settings`). Raises :class:`ResumeMismatchError` when resuming into a folder
+    whose record names other settings (naming the first that differs), or that holds per-model
+    rows with no record to check them against.
     """
     path = out / "settings.json"
-    if resume:
-        if path.exists():
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            for key, value in settings.items():
-                if saved.get(key) != value:
-                    raise ResumeMismatchError(
-                        key, value, f"{out} holds rows computed with {key}={saved.get(key)!r}; "
-                        "rerun with those settings, without --resume, or into another --out")
-        elif any(out.glob("rows-*.csv")):
+    if not resume:
+        return set()
+    if not path.exists():
+        if any(out.glob("rows-*.csv")):
             raise ResumeMismatchError("out", str(out), "holds rows-*.csv but no settings.json to check them against; "
                                       "rerun without --resume or into another --out")
-    atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
+        return set()
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        recorded = saved["settings"]
+        if not isinstance(recorded, dict):
+            raise TypeError(recorded)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ResumeMismatchError("out", str(out), "its settings.json is not a record this harness wrote; "
+                                  "rerun without --resume or into another --out") from None
+    for key, value in settings.items():
+        if recorded.get(key) != value:
+            raise ResumeMismatchError(key, value, f"{out} holds rows computed with {key}={recorded.get(key)!r}; "
+                                      "rerun with those settings, without --resume, or into another --out")
+    return {str(m) for m in saved.get("done", []) if (out / f"rows-{m}.csv").exists()}
 
+
+def _record_settings(out: Path, settings: dict[str, Any], done: set[str]) -> None:
+    atomic_write_text(out / "settings.json", json.dumps({"settings": settings, "done": sorted(done)}, indent=2) + "\n")
 
 
 def run(
@@ -504,9 +517,10 @@ def run(
         names = [n for n in names if n in models]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_settings(out, {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type,
-                          "protocols": list(protocols), "methods": list(methods), "seeds": int(seeds),
-                          "p4_max_test": int(p4_max_test), "goodput": goodput.__version__}, resume)
+    settings = {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type, "protocols": list(protocols),
+                "methods": list(methods), "seeds": int(seeds), "p4_max_test": int(p4_max_test), "goodput": goodput.__version__}
+    done = _resume_state(out, settings, resume)
+    _record_settings(out, settings, done)
     full_prior = ClusterPrior.from_observations(data.models) if len(data.models) > 1 else None
     frames = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -516,7 +530,7 @@ def run(
         task = bar.add_task("accuracy", total=len(names))
         for name in names:
             path = out / f"rows-{name}.csv"
-            if resume and path.exists():
+            if name in done:
                 frames.append(pd.read_csv(path))
                 bar.advance(task)
                 continue
@@ -532,6 +546,8 @@ def run(
                 rows = evaluate_model(name, data.models[name], prior, protocols=protocols, methods=methods, seeds=seeds,
                                       p4_max_test=p4_max_test, on_step=step)
             atomic_write_text(path, rows.to_csv(index=False))
+            done.add(name)
+            _record_settings(out, settings, done)
             frames.append(rows)
             bar.advance(task)
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_ROW_COLUMNS)

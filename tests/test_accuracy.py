@@ -134,6 +134,15 @@ def test_harness_end_to_end_with_mlflow_and_resume(layout, tmp_path):
     with pytest.raises(accuracy.ResumeMismatchError, match="protocols"):
         accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True,
                      protocols=["P1"])
+    # a fresh run over the folder with other settings: the rows it did not rewrite are not reused later
+    accuracy.run(layout, out, models=["small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, protocols=["P1"])
+    assert json.loads((out / "settings.json").read_text())["done"] == ["small"]
+    mixed = accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True,
+                         protocols=["P1"])
+    assert set(mixed["protocol"]) == {"P1"}  # resnet's all-protocol rows were recomputed, not read back
+    (out / "settings.json").write_text("{not json")
+    with pytest.raises(accuracy.ResumeMismatchError, match="settings.json"):
+        accuracy.run(layout, out, models=["small"], seeds=1, progress=False, mlflow=False, resume=True)
     (out / "settings.json").unlink()
     with pytest.raises(ValueError, match="settings.json"):
         accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True)
