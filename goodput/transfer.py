@@ -34,8 +34,8 @@ observed in that regime, scaled by a factor λ:
   12%). Otherwise λ is fitted to the job's own multi-GPU observations on that
   type, else to its observations on another type that the other job also ran
   on (their sync costs relate as on that type), else the ratio of model sizes
-  when both are known, else the ratio of compute times of the smallest
-  micro-batch (compute at a small batch tracks the model's size, as gradient
+  when both are known, else the ratio of their size proxies
+  (:func:`size_proxy`: compute time tracks the model's size, as gradient
   bytes do);
 * **a weak default** when nothing else covers the regime (:data:`DEFAULTS`).
 
@@ -90,6 +90,7 @@ __all__ = [
     "JobTypeSummary",
     "config_regime",
     "compute_reference",
+    "size_proxy",
     "build_transfer",
     "sensitivities",
 ]
@@ -210,6 +211,33 @@ def compute_reference(params: ThroughputParams, bsz: float) -> float:
     return float(params.alpha_c + params.beta_c * bsz)
 
 
+SIZE_PROXY_FLOOR = 0.05  # α_c below this fraction of c_ref (a fit that put all compute per sample) counts as this
+
+
+def size_proxy(params: ThroughputParams, bsz: float) -> float:
+    """Seconds that scale with a model's size (gradient bytes) when its parameter count is unknown.
+
+    ``√(α_c · c_ref)``, the geometric mean of two proxies from a fit to 1-GPU observations: the
+    compute at the smallest micro-batch ``c_ref = α_c + β_c · bsz`` (:func:`compute_reference`),
+    which also grows with the FLOPs per sample (a convolutional network's sync is small next to
+    it), and the batch-independent compute ``α_c`` (optimizer step and per-parameter work, but
+    also fixed overheads). Across the other jobs on a GPU type, the leave-one-job-out error of a
+    job's intra-node sync predicted by the ratio of either proxy alone is smaller for one dataset
+    and larger for another; their geometric mean cut the cold (P1) median error on Pollux's T4
+    traces from 18.4% to 14.1% and on Gavel's from 31.5% to 30.9%
+    (``experiments/results/accuracy.md``, round 5).
+    """
+    c_ref = compute_reference(params, bsz)
+    return math.sqrt(max(params.alpha_c, SIZE_PROXY_FLOOR * c_ref) * c_ref)
+
+
+def _size_ratio(own: float | None, own_c_ref: float, other: JobTypeSummary) -> float:
+    """λ guess of another job's sync on the job's: ratio of size proxies, else of compute references."""
+    if own is not None and other.size_proxy is not None:
+        return own / other.size_proxy
+    return own_c_ref / other.c_ref
+
+
 # ====================================================================== priors from other jobs
 
 
@@ -223,6 +251,7 @@ class JobTypeSummary:
     regimes: Regimes
     c_ref: float  # compute seconds at the job's smallest micro-batch on this type
     size: float | None = None  # model parameters (when reported)
+    size_proxy: float | None = None  # size_proxy() of a fit to its 1-GPU observations (None: < 2 batch sizes there)
     params_g: ThroughputParams | None = None  # fit with γ held at TRANSFER_GAMMA (when it ran multi-GPU)
     struct_multi: float | None = None  # RMS log residual of its fit on multi-GPU single-node configurations
     struct_inter: float | None = None  # ... on multi-node configurations
@@ -236,7 +265,7 @@ class JobTypeSummary:
             "regimes": self.regimes.to_dict(),
             "c_ref": self.c_ref,
         }
-        for key in ("size", "struct_multi", "struct_inter"):
+        for key in ("size", "size_proxy", "struct_multi", "struct_inter"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.params_g is not None:
@@ -253,10 +282,19 @@ class JobTypeSummary:
             regimes=Regimes.from_dict(data["regimes"]),
             c_ref=float(data["c_ref"]),
             size=data.get("size"),
+            size_proxy=data.get("size_proxy"),
             params_g=ThroughputParams(**data["params_g"]) if data.get("params_g") else None,
             struct_multi=data.get("struct_multi"),
             struct_inter=data.get("struct_inter"),
         )
+
+
+def _one_gpu_size_proxy(items: list[Observation]) -> float | None:
+    """:func:`size_proxy` of a fit to the 1-GPU observations (``None`` with fewer than 2 batch sizes there)."""
+    one = [o for o in items if o.num_replicas == 1]
+    if len({o.local_bsz for o in one}) < 2:
+        return None
+    return size_proxy(fit_throughput(one), min(o.local_bsz for o in one))
 
 
 def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any) -> float | None:
@@ -355,6 +393,7 @@ class ClusterPrior:
             regimes=regimes,
             c_ref=compute_reference(params, regimes.min_bsz),
             size=size,
+            size_proxy=_one_gpu_size_proxy(items),
             params_g=fit_throughput(items, gamma=TRANSFER_GAMMA) if regimes.has_multi else None,
             struct_multi=_rms_residual(params, items, lambda n, r: (r > 1) & (n == 1)),
             struct_inter=_rms_residual(params, items, lambda n, r: n > 1),
@@ -626,6 +665,8 @@ def build_transfer(
     keep_own = set(keep_own)
     regimes = {t: Regimes.of(obs) for t, obs in observations.items()}
     c_ref = {t: max(compute_reference(own_fits[t], regimes[t].min_bsz), 1e-9) for t in own_fits}
+    # size proxies of the types whose own fit saw only 1-GPU data at 2+ batch sizes (as the other jobs' are)
+    proxy = {t: size_proxy(own_fits[t], regimes[t].min_bsz) for t in own_fits if not regimes[t].has_multi and not regimes[t].one_bsz}
     multi_cols = {}
     held: dict[str, np.ndarray] = {}  # γ-held fits of the types with multi-GPU data (the sources)
     for t, obs in observations.items():
@@ -688,7 +729,7 @@ def build_transfer(
                     if other.params_g is None:
                         continue
                     source = other.params_g.as_array()
-                    guess = size / other.size if size is not None and other.size else c_ref[gpu] / other.c_ref
+                    guess = size / other.size if size is not None and other.size else _size_ratio(proxy.get(gpu), c_ref[gpu], other)
                     lam, how = None, ""
                     if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
                         ratio_member = _ratio_member(own, other)
@@ -704,13 +745,13 @@ def build_transfer(
                         for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
                             on_ref = cluster_prior.find(other.job, ref)
                             if on_ref is not None and on_ref.params_g is not None:
-                                ref_guess = size / other.size if size is not None and other.size else c_ref[ref] / on_ref.c_ref
+                                ref_guess = size / other.size if size is not None and other.size else _size_ratio(proxy.get(ref), c_ref[ref], on_ref)
                                 lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess)
                                 if lam is not None:
                                     how = f"scaled as on {ref}"
                                     break
                         if lam is None:
-                            lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by compute")
+                            lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by size proxy")
                     family_x.append(Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}"))
             family_d: list[Member] = []
             if defaults:

@@ -14,8 +14,10 @@ from goodput.transfer import (
     ClusterPrior,
     Regimes,
     build_transfer,
+    compute_reference,
     config_regime,
     sensitivities,
+    size_proxy,
 )
 from tests.test_throughput import synthetic
 
@@ -120,6 +122,7 @@ def test_cluster_prior_round_trip_and_exclude(tmp_path):
     path = prior.save(tmp_path / "prior.json")
     loaded = ClusterPrior.load(path)
     assert loaded.to_dict() == prior.to_dict()
+    assert loaded.find("a", "fast").size_proxy == pytest.approx(prior.find("a", "fast").size_proxy)
     assert loaded.exclude("a").jobs == ["b"] and len(loaded.exclude("a")) == 2
     (tmp_path / "bad.json").write_text("{\"summaries\": 3}")
     with pytest.raises(DataFormatError):
@@ -138,6 +141,36 @@ def test_model_size_scales_sync_from_other_jobs():
     mean = np.exp(sum(m.weight * np.log(m.theta[4]) for m in members if m.source.startswith("job")) /
                   sum(m.weight for m in members if m.source.startswith("job")))
     assert mean == pytest.approx(SLOW.alpha_r, rel=0.25)  # 0.5x at 5e6 and 2x at 2e7 parameters: 1x at 1e7
+
+
+def test_size_proxy_is_the_geometric_mean_of_constant_and_total_compute():
+    params = ThroughputParams(0.02, 0.001, 0.0, 0.0, 0.0, 0.0, 1.0)
+    assert size_proxy(params, 8) == pytest.approx(np.sqrt(0.02 * 0.028))
+    # a fit that put all compute per sample: α_c counts as SIZE_PROXY_FLOOR (5%) of c_ref
+    per_sample = ThroughputParams(0.0, 0.001, 0.0, 0.0, 0.0, 0.0, 1.0)
+    assert size_proxy(per_sample, 8) == pytest.approx(0.008 * np.sqrt(0.05))
+
+
+def test_cold_job_scales_other_jobs_sync_by_size_proxy_not_by_compute():
+    """Without model sizes, λ is the ratio of size proxies of 1-GPU fits (not of compute at a small batch)."""
+    others = {"a": _job("a", 1.0, 1.0, 0), "b": _job("b", 2.0, 2.0, 1)}
+    prior = ClusterPrior.from_observations(others)
+    assert all(s.size_proxy is not None for s in prior.summaries)
+    # the new job's per-sample compute is 4x job a's (more FLOPs per sample), its constant compute the same
+    heavy = ThroughputParams(FAST.alpha_c, 4 * FAST.beta_c, FAST.alpha_n, FAST.beta_n, FAST.alpha_r, FAST.beta_r, FAST.gamma)
+    new = synthetic(heavy, SINGLE, job="new", gpu="fast", seed=5, accums=(0,))
+    own = {"fast": JobModel("new", 8, bayesian=False).observe(new).params("fast")}
+    transfer = build_transfer(own, {"fast": new}, prior)
+    member = next(m for m in transfer["fast"].members[1] if m.source.startswith("job a"))
+    assert "size proxy" in member.source
+    on_a = prior.find("a", "fast")
+    lam = member.theta[4] / on_a.params_g.alpha_r
+    assert lam == pytest.approx(size_proxy(own["fast"], 8) / on_a.size_proxy, rel=1e-6)
+    assert lam < 0.9 * compute_reference(own["fast"], 8) / on_a.c_ref  # the compute ratio would say more
+    # a prior saved by an older version (no proxy) falls back to the compute ratio
+    old = ClusterPrior.from_dict({"summaries": [{k: v for k, v in s.to_dict().items() if k != "size_proxy"} for s in prior.summaries]})
+    member = next(m for m in build_transfer(own, {"fast": new}, old)["fast"].members[1] if m.source.startswith("job a"))
+    assert member.theta[4] / on_a.params_g.alpha_r == pytest.approx(compute_reference(own["fast"], 8) / old.find("a", "fast").c_ref, rel=1e-6)
 
 
 def test_intervals_are_calibrated_on_held_out_configurations():
