@@ -1,0 +1,122 @@
+"""Derive a multi-type measurement folder from Pollux's T4 traces, for exercising the accuracy harness.
+
+The held-out data that issue 4's targets are stated on has 6 models on 5 GPU
+types, with multi-GPU and multi-node placements; the shared data has that
+layout only on one type (Pollux's T4 traces). This writes, for each model of
+a Pollux trace folder and each derived type with compute factor ``c`` and
+sync factor ``s``::
+
+    step_time' = (step_time − sync_time) · c + sync_time · s
+    sync_time' = sync_time · s
+
+as ``<model>/placements-<type>.csv`` and ``<model>/scalability-<type>.csv``
+(the layout ``goodput accuracy`` reads), so that every protocol, P2's
+rotation of the warm type included, runs at the held-out data's size.
+
+The result is **derived, not measured**: every type shares T4's placement
+effects and noise, scaled. Its figures say which way a change moves the
+error on that layout, not how large the error on real hardware would be
+(``experiments/results/accuracy.md``, rounds 4 and 5). It is written outside
+the repository: the shared data is never copied into it.
+
+Run: ``python -m experiments.derive_types OUT [--data DIR]``, then
+``goodput accuracy OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from experiments.datasets import default_data_dir, read_csv_rows
+from goodput.errors import DataFormatError, ValidationError
+from goodput.io import atomic_write_text
+
+__all__ = ["DERIVED_TYPES", "derive", "main"]
+
+# (compute factor, sync factor) per derived type, relative to T4: faster compute, and a sync
+# that improves less than compute does (so sync weighs more on the faster types). Chosen once
+# for round 4, not fitted to anything.
+DERIVED_TYPES: dict[str, tuple[float, float]] = {
+    "t4": (1.0, 1.0),
+    "v100": (0.45, 0.7),
+    "a100": (0.3, 0.5),
+    "rtx6000": (0.7, 1.2),
+    "2080ti": (0.8, 1.4),
+}
+_PLACEMENTS = {"placement": "str", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
+_SCALABILITY = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
+_REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _scaled(step: float, sync: float, compute_factor: float, sync_factor: float) -> tuple[float, float]:
+    return (step - sync) * compute_factor + sync * sync_factor, sync * sync_factor
+
+
+def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, float]) -> str:
+    """The CSV text of ``source`` (validated row by row) with its times scaled by ``factors``."""
+    columns = list(schema)
+    lines = [",".join(columns)]
+    for line_no, row in read_csv_rows(source, schema):
+        if row["sync_time"] > row["step_time"]:
+            raise DataFormatError(source, line_no, "sync_time", row["sync_time"], f"must be <= step_time ({row['step_time']})")
+        row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], *factors)
+        lines.append(",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
+    return "\n".join(lines) + "\n"
+
+
+def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, float]] = DERIVED_TYPES) -> list[Path]:
+    """Write the derived folder; returns the files written.
+
+    Args:
+        trace_dir: Pollux's ``traces`` folder (``<model>/placements.csv``, optional ``scalability.csv``).
+        out_dir: where to write; refused inside this repository.
+        types: per GPU type name, ``(compute factor, sync factor)`` (both > 0).
+    """
+    trace_dir, out_dir = Path(trace_dir), Path(out_dir)
+    if not trace_dir.is_dir():
+        raise ValidationError("trace_dir", str(trace_dir), "not a directory")
+    if out_dir.resolve().is_relative_to(_REPOSITORY):
+        raise ValidationError("out_dir", str(out_dir), "derived data stays outside the repository")
+    if not types:
+        raise ValidationError("types", dict(types), "need at least one derived type")
+    for name, factors in types.items():
+        if len(factors) != 2 or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
+            raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor), both > 0")
+    models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
+    if not models:
+        raise ValidationError("trace_dir", str(trace_dir), "no <model>/placements.csv below it")
+    written = []
+    for model in models:
+        for gpu, factors in types.items():
+            for name, schema in (("placements", _PLACEMENTS), ("scalability", _SCALABILITY)):
+                source = model / f"{name}.csv"
+                if source.is_file():
+                    text = _derive_file(source, schema, factors)
+                    written.append(atomic_write_text(out_dir / model.name / f"{name}-{gpu}.csv", text))
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.derive_types", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="folder to write (outside the repository)")
+    parser.add_argument("--data", default=None, help="shared data folder (default: ../shared/data or $GOODPUT_DATA_DIR)")
+    args = parser.parse_args(argv)
+    data = Path(args.data) if args.data else default_data_dir()
+    if data is None:
+        print("no shared data folder found: pass --data DIR", file=sys.stderr)
+        return 2
+    try:
+        written = derive(data / "pollux" / "traces", args.out)
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    models = len({p.parent for p in written})
+    print(f"wrote {len(written)} files: {models} models × {len(DERIVED_TYPES)} types ({', '.join(DERIVED_TYPES)}) in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The derived multi-type folder: the scaling of step and sync times, the layout the harness reads, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathlib import Path
+
+import experiments.derive_types
+from experiments.datasets import read_measurements
+from experiments.derive_types import DERIVED_TYPES, derive, main
+from goodput.errors import DataFormatError, ValidationError
+
+
+INSIDE = Path(experiments.derive_types.__file__).parent / "derived"  # a folder in the repository
+
+
+def _traces(root):
+    for model, step in (("cifar10", 0.04), ("ncf", 0.008)):
+        folder = root / model
+        folder.mkdir(parents=True)
+        (folder / "placements.csv").write_text(
+            f"placement,local_bsz,step_time,sync_time\n1,32,{step},0.0001\n22,64,{3 * step},{step}\n"
+        )
+    (root / "cifar10" / "scalability.csv").write_text("num_nodes,num_replicas,local_bsz,step_time,sync_time\n8,32,64,0.3,0.2\n")
+    return root
+
+
+def test_derived_folder_scales_compute_and_sync_and_reads_as_five_types(tmp_path):
+    traces = _traces(tmp_path / "traces")
+    written = derive(traces, tmp_path / "out")
+    assert len(written) == 2 * len(DERIVED_TYPES) + len(DERIVED_TYPES)  # placements per model, scalability for cifar10
+    measured = read_measurements(tmp_path / "out")
+    assert sorted(measured.models) == ["cifar10", "ncf"]
+    assert {o.gpu_type for o in measured.models["cifar10"]} == set(DERIVED_TYPES)
+    c, s = DERIVED_TYPES["a100"]
+    (two_nodes,) = [o for o in measured.models["cifar10"] if o.gpu_type == "a100" and o.num_nodes == 2]
+    assert two_nodes.step_time == pytest.approx((0.12 - 0.04) * c + 0.04 * s)
+    assert two_nodes.sync_time == pytest.approx(0.04 * s)
+    (big,) = [o for o in measured.models["cifar10"] if o.gpu_type == "2080ti" and o.num_replicas == 32]
+    c, s = DERIVED_TYPES["2080ti"]
+    assert big.step_time == pytest.approx(0.1 * c + 0.2 * s)
+    t4 = sorted(o.step_time for o in measured.models["ncf"] if o.gpu_type == "t4")
+    assert t4 == pytest.approx([0.008, 0.024])  # the reference type is unchanged
+
+
+def test_refusals_name_the_field(tmp_path):
+    traces = _traces(tmp_path / "traces")
+    with pytest.raises(ValidationError, match="outside the repository"):
+        derive(traces, INSIDE)
+    with pytest.raises(ValidationError, match="types"):
+        derive(traces, tmp_path / "out", {"fast": (0.5, 0.0)})
+    with pytest.raises(ValidationError, match="no <model>/placements.csv"):
+        derive(tmp_path, tmp_path / "out")
+    (traces / "ncf" / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,32,0.01,0.02\n")
+    with pytest.raises(DataFormatError):  # the sources are validated row by row
+        derive(traces, tmp_path / "bad")
+
+
+def test_command_line(tmp_path, capsys):
+    _traces(tmp_path / "data" / "pollux" / "traces")
+    assert main([str(tmp_path / "out"), "--data", str(tmp_path / "data")]) == 0
+    assert "2 models × 5 types" in capsys.readouterr().out
+    assert main([str(INSIDE), "--data", str(tmp_path / "data")]) == 2
+    assert not INSIDE.exists()
