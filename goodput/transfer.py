@@ -231,10 +231,12 @@ def size_proxy(params: ThroughputParams, bsz: float) -> float:
     return math.sqrt(max(params.alpha_c, SIZE_PROXY_FLOOR * c_ref) * c_ref)
 
 
-def _size_ratio(own: float | None, own_c_ref: float, other: JobTypeSummary) -> float:
-    """λ guess of another job's sync on the job's: ratio of size proxies, else of compute references."""
-    if own is not None and other.size_proxy is not None:
-        return own / other.size_proxy
+def _size_ratio(size: float | None, own_proxy: float | None, own_c_ref: float, other: JobTypeSummary) -> float:
+    """λ guess of another job's sync on the job's: the ratio of model sizes, else of size proxies, else of compute references."""
+    if size is not None and other.size:
+        return size / other.size
+    if own_proxy is not None and other.size_proxy is not None:
+        return own_proxy / other.size_proxy
     return own_c_ref / other.c_ref
 
 
@@ -282,19 +284,22 @@ class JobTypeSummary:
             regimes=Regimes.from_dict(data["regimes"]),
             c_ref=float(data["c_ref"]),
             size=data.get("size"),
-            size_proxy=data.get("size_proxy"),
+            size_proxy=None if data.get("size_proxy") is None else check_float("size_proxy", data["size_proxy"], positive=True),
             params_g=ThroughputParams(**data["params_g"]) if data.get("params_g") else None,
             struct_multi=data.get("struct_multi"),
             struct_inter=data.get("struct_inter"),
         )
 
 
-def _one_gpu_size_proxy(items: list[Observation]) -> float | None:
-    """:func:`size_proxy` of a fit to the 1-GPU observations (``None`` with fewer than 2 batch sizes there)."""
+def _one_gpu_size_proxy(items: list[Observation], params: ThroughputParams, regimes: Regimes) -> float | None:
+    """:func:`size_proxy` of a fit to the 1-GPU observations (``None`` with fewer than 2 batch sizes there).
+
+    ``params`` is the fit to all ``items``: it is that fit already when they are all 1-GPU.
+    """
     one = [o for o in items if o.num_replicas == 1]
     if len({o.local_bsz for o in one}) < 2:
         return None
-    return size_proxy(fit_throughput(one), min(o.local_bsz for o in one))
+    return size_proxy(fit_throughput(one) if regimes.has_multi else params, min(o.local_bsz for o in one))
 
 
 def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any) -> float | None:
@@ -393,7 +398,7 @@ class ClusterPrior:
             regimes=regimes,
             c_ref=compute_reference(params, regimes.min_bsz),
             size=size,
-            size_proxy=_one_gpu_size_proxy(items),
+            size_proxy=_one_gpu_size_proxy(items, params, regimes),
             params_g=fit_throughput(items, gamma=TRANSFER_GAMMA) if regimes.has_multi else None,
             struct_multi=_rms_residual(params, items, lambda n, r: (r > 1) & (n == 1)),
             struct_inter=_rms_residual(params, items, lambda n, r: n > 1),
@@ -729,7 +734,7 @@ def build_transfer(
                     if other.params_g is None:
                         continue
                     source = other.params_g.as_array()
-                    guess = size / other.size if size is not None and other.size else _size_ratio(proxy.get(gpu), c_ref[gpu], other)
+                    guess = _size_ratio(size, proxy.get(gpu), c_ref[gpu], other)
                     lam, how = None, ""
                     if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
                         ratio_member = _ratio_member(own, other)
@@ -745,7 +750,7 @@ def build_transfer(
                         for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
                             on_ref = cluster_prior.find(other.job, ref)
                             if on_ref is not None and on_ref.params_g is not None:
-                                ref_guess = size / other.size if size is not None and other.size else _size_ratio(proxy.get(ref), c_ref[ref], on_ref)
+                                ref_guess = _size_ratio(size, proxy.get(ref), c_ref[ref], on_ref)
                                 lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess)
                                 if lam is not None:
                                     how = f"scaled as on {ref}"

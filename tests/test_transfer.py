@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -127,6 +129,11 @@ def test_cluster_prior_round_trip_and_exclude(tmp_path):
     (tmp_path / "bad.json").write_text("{\"summaries\": 3}")
     with pytest.raises(DataFormatError):
         ClusterPrior.load(tmp_path / "bad.json")
+    saved = loaded.to_dict()
+    saved["summaries"][0]["size_proxy"] = -1.0  # a size proxy is seconds of compute: > 0
+    (tmp_path / "bad_proxy.json").write_text(json.dumps(saved))
+    with pytest.raises(DataFormatError, match="size_proxy"):
+        ClusterPrior.load(tmp_path / "bad_proxy.json")
 
 
 def test_model_size_scales_sync_from_other_jobs():
