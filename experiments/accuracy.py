@@ -38,6 +38,10 @@ model are written to ``OUT/rows-<model>.csv`` as soon as the model is done
 (``--resume`` skips the models that ``OUT/settings.json`` records as finished
 under the same settings, and refuses a folder written with other ones), then ``OUT/summary.csv`` and
 ``OUT/accuracy.md``, and an MLflow run (experiment ``goodput-accuracy``).
+Next to them, ``OUT/reference.csv`` and a table in the markdown give what the
+data allow (:mod:`experiments.accuracy_reference`): Pollux's model fitted to
+all of a type's data (its capacity, in-sample) and the spread of repeated
+measurements of one configuration.
 
 Run: ``goodput accuracy DATA_DIR`` or ``python -m experiments.accuracy DATA_DIR``.
 """
@@ -59,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 import goodput
+from experiments.accuracy_reference import reference_table
 from experiments.datasets import Measurements, read_measurements
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
@@ -432,12 +437,20 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
-def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None) -> str:
+def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
+             reference: pd.DataFrame | None = None) -> str:
     lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval).", ""]
     lines += ["| protocol | method | n | median APE | MAPE | p90 APE | coverage 90% |", "|---|---|---:|---:|---:|---:|---:|"]
     for row in summary.itertuples(index=False):
         lines.append(f"| {row.protocol} | {row.method} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | "
                      f"{_fmt(row.p90_ape)} | {_fmt(row.coverage90)} |")
+    if reference is not None and not reference.empty:
+        lines += ["", "What the data allow (not predictions; `experiments/accuracy_reference.py`): *capacity* is Pollux's "
+                  "model fitted to all of a type's observations, in-sample; *repeat* is each repeated measurement against "
+                  "the mean of its configuration's other measurements (a predictor's median APE cannot fall far below "
+                  "repeat / √2).", "", "| reference | n | median APE | MAPE | p90 APE |", "|---|---:|---:|---:|---:|"]
+        for row in reference.itertuples(index=False):
+            lines.append(f"| {row.reference} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | {_fmt(row.p90_ape)} |")
     if by_model is not None and not by_model.empty:
         cols = list(by_model.columns)
         lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
@@ -553,6 +566,9 @@ def run(
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_ROW_COLUMNS)
     summary = summarize(rows)
     by_model = per_model(rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = reference_table({n: data.models[n] for n in names})
     notes = list(data.notes) + [
         f"bayes: cross-job prior from the other {len(names) - 1} model(s) of the directory (leave-one-model-out); "
         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
@@ -560,18 +576,20 @@ def run(
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
-    text = markdown(summary, title, notes, by_model)
+    text = markdown(summary, title, notes, by_model, reference)
     atomic_write_text(out / "summary.csv", summary.to_csv(index=False))
+    atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)
     meta = {"data_dir": str(data_dir), "kind": data.kind, "models": names, "protocols": list(protocols),
             "methods": list(methods), "seeds": seeds, "p4_max_test": p4_max_test, "seconds": time.time() - started}
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     if mlflow:
-        _log_mlflow(summary, rows, out, meta, title)
+        _log_mlflow(summary, rows, out, meta, title, reference)
     return summary
 
 
-def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict[str, Any], title: str) -> None:
+def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict[str, Any], title: str,
+                reference: pd.DataFrame) -> None:
     from goodput import tracking
 
     with tracking.start_run("goodput-accuracy", run_name=Path(meta["data_dir"]).resolve().name):
@@ -585,9 +603,16 @@ def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict
                 value = getattr(row, metric)
                 if math.isfinite(value):
                     metrics[f"{key}.{metric}"] = float(value)
+        for row in reference.itertuples(index=False):
+            key = "reference." + row.reference.replace(" ", "_")
+            for metric in ("median_ape", "mape", "p90_ape"):
+                value = getattr(row, metric)
+                if math.isfinite(value):
+                    metrics[f"{key}.{metric}"] = float(value)
         mlflow.log_metrics(metrics)
         mlflow.log_artifact(str(out / "accuracy.md"))
         mlflow.log_artifact(str(out / "summary.csv"))
+        mlflow.log_artifact(str(out / "reference.csv"))
         tracking.log_frame_artifact(rows, "rows.csv")
 
 
