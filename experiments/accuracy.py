@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 import goodput
-from experiments.accuracy_reference import reference_table
+from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.datasets import Measurements, read_measurements
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
@@ -438,12 +438,18 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
-             reference: pd.DataFrame | None = None) -> str:
+             reference: pd.DataFrame | None = None, reference_by_model: pd.DataFrame | None = None) -> str:
     lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval).", ""]
     lines += ["| protocol | method | n | median APE | MAPE | p90 APE | coverage 90% |", "|---|---|---:|---:|---:|---:|---:|"]
     for row in summary.itertuples(index=False):
         lines.append(f"| {row.protocol} | {row.method} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | "
                      f"{_fmt(row.p90_ape)} | {_fmt(row.coverage90)} |")
+    if by_model is not None and not by_model.empty:
+        cols = list(by_model.columns)
+        lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
+                  "|---|---|" + "---:|" * len(cols)]
+        for (model, method), values in by_model.iterrows():
+            lines.append(f"| {model} | {method} | " + " | ".join(_fmt(v) for v in values) + " |")
     if reference is not None and not reference.empty:
         lines += ["", "What the data allow (not predictions; `experiments/accuracy_reference.py`): *capacity* is Pollux's "
                   "model fitted to all of a type's observations, in-sample; *repeat* is each repeated measurement against "
@@ -451,12 +457,12 @@ def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_mo
                   "repeat / √2).", "", "| reference | n | median APE | MAPE | p90 APE |", "|---|---:|---:|---:|---:|"]
         for row in reference.itertuples(index=False):
             lines.append(f"| {row.reference} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | {_fmt(row.p90_ape)} |")
-    if by_model is not None and not by_model.empty:
-        cols = list(by_model.columns)
-        lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
-                  "|---|---|" + "---:|" * len(cols)]
-        for (model, method), values in by_model.iterrows():
-            lines.append(f"| {model} | {method} | " + " | ".join(_fmt(v) for v in values) + " |")
+    if reference_by_model is not None and not reference_by_model.empty:
+        cols = list(reference_by_model.columns)
+        lines += ["", "Median APE (%) of each reference per model:", "", "| model | " + " | ".join(cols) + " |",
+                  "|---|" + "---:|" * len(cols)]
+        for model, values in reference_by_model.iterrows():
+            lines.append(f"| {model} | " + " | ".join(_fmt(v) for v in values) + " |")
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -568,7 +574,8 @@ def run(
     by_model = per_model(rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = reference_table({n: data.models[n] for n in names})
+        ref_errors = reference_errors({n: data.models[n] for n in names})
+    reference, ref_by_model = summarize_reference(ref_errors), reference_by_model(ref_errors)
     notes = list(data.notes) + [
         f"bayes: cross-job prior from the other {len(names) - 1} model(s) of the directory (leave-one-model-out); "
         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
@@ -576,7 +583,7 @@ def run(
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
-    text = markdown(summary, title, notes, by_model, reference)
+    text = markdown(summary, title, notes, by_model, reference, ref_by_model)
     atomic_write_text(out / "summary.csv", summary.to_csv(index=False))
     atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)

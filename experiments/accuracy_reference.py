@@ -18,8 +18,10 @@ Two references, computed on the same observations the harness reads
   APE is about 0.95σ, √2 times that against the true mean (0.67σ), so no
   predictor's median APE on such data can fall far below ``repeat / √2``.
 
-The numeric core (:func:`capacity_errors`, :func:`repeat_errors`) returns APEs
-in percent; :func:`reference_table` summarises them per reference.
+The numeric core (:func:`capacity_errors`, :func:`repeat_errors`,
+:func:`reference_errors`) returns APEs in percent; :func:`summarize_reference`
+pools them per reference and :func:`reference_by_model` gives each model's
+median (:func:`reference_table` does both steps for the pooled table).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import pandas as pd
 from goodput.observations import Observation
 from goodput.throughput import _step_time, fit_throughput, throughput_arrays
 
-__all__ = ["capacity_errors", "repeat_errors", "reference_table", "REFERENCE_COLUMNS"]
+__all__ = ["capacity_errors", "repeat_errors", "reference_errors", "summarize_reference", "reference_by_model",
+           "reference_table", "REFERENCES", "REFERENCE_COLUMNS"]
 
 REFERENCE_COLUMNS = ["reference", "n", "median_ape", "mape", "p90_ape", "models"]
+REFERENCES = ("capacity 1-GPU", "capacity multi-GPU", "capacity multi-node", "repeat")
 MIN_CAPACITY_OBS = 3  # a (model, type) with fewer observations is not fitted
 
 
@@ -91,27 +95,39 @@ def _summary(name: str, ape: np.ndarray, models: int) -> dict[str, float | int |
             "p90_ape": float(np.percentile(ape, 90)), "models": models}
 
 
+def reference_errors(models: Mapping[str, Sequence[Observation]]) -> pd.DataFrame:
+    """Every reference's APEs (%), one row each: ``model``, ``reference`` (see :func:`reference_table`), ``ape``."""
+    frames = []
+    for name, obs in models.items():
+        cap = capacity_errors(obs)
+        for reference, mask in (("capacity 1-GPU", cap["num_replicas"] == 1), ("capacity multi-GPU", cap["num_replicas"] > 1),
+                                ("capacity multi-node", cap["num_nodes"] > 1)):
+            frames.append(pd.DataFrame({"model": name, "reference": reference, "ape": cap.loc[mask, "ape"].to_numpy(float)}))
+        frames.append(pd.DataFrame({"model": name, "reference": "repeat", "ape": repeat_errors(obs)}))
+    if not frames:
+        return pd.DataFrame({"model": pd.Series(dtype=str), "reference": pd.Series(dtype=str), "ape": pd.Series(dtype=float)})
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize_reference(errors: pd.DataFrame) -> pd.DataFrame:
+    """Median APE, MAPE and p90 APE (%) of each reference in ``errors`` (:func:`reference_errors`), pooled over models."""
+    rows = []
+    for name in REFERENCES:
+        ape = errors.loc[errors["reference"] == name, ["model", "ape"]]
+        rows.append(_summary(name, ape["ape"].to_numpy(float), ape["model"].nunique()))
+    return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
+
+
+def reference_by_model(errors: pd.DataFrame) -> pd.DataFrame:
+    """Median APE (%) per model (rows) and reference (columns) of ``errors``; NaN where the data cannot support one."""
+    table = errors.pivot_table(index="model", columns="reference", values="ape", aggfunc="median")
+    return table.reindex(columns=list(REFERENCES)).round(1)
+
+
 def reference_table(models: Mapping[str, Sequence[Observation]]) -> pd.DataFrame:
     """Median APE, MAPE and p90 APE (%) of each reference, pooled over ``models`` (name → observations).
 
     Rows: ``capacity 1-GPU``, ``capacity multi-GPU``, ``capacity multi-node`` and ``repeat`` (see the
     module docstring); a reference the data cannot support has ``n = 0`` and NaN figures.
     """
-    capacity, repeats = [], []
-    for name, obs in models.items():
-        errors = capacity_errors(obs)
-        if len(errors):
-            capacity.append(errors.assign(model=name))
-        rep = repeat_errors(obs)
-        if len(rep):
-            repeats.append((name, rep))
-    cap = (pd.concat(capacity, ignore_index=True) if capacity
-           else pd.DataFrame(columns=["ape", "num_nodes", "num_replicas", "model"]))
-    subsets = {"capacity 1-GPU": cap["num_replicas"] == 1, "capacity multi-GPU": cap["num_replicas"] > 1,
-               "capacity multi-node": cap["num_nodes"] > 1}
-    rows = [
-        *(_summary(name, cap.loc[mask, "ape"].to_numpy(float), cap.loc[mask, "model"].nunique())
-          for name, mask in subsets.items()),
-        _summary("repeat", np.concatenate([r for _, r in repeats]) if repeats else np.empty(0), len(repeats)),
-    ]
-    return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
+    return summarize_reference(reference_errors(models))

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from experiments import accuracy
-from experiments.accuracy_reference import capacity_errors, reference_table, repeat_errors
+from experiments.accuracy_reference import (
+    REFERENCES,
+    capacity_errors,
+    reference_by_model,
+    reference_errors,
+    reference_table,
+    repeat_errors,
+)
 from experiments.datasets import read_measurements
 from goodput.observations import Observation
 from goodput.throughput import ThroughputParams, predict_step_time
@@ -74,6 +81,17 @@ def test_reference_table_names_what_the_data_cannot_support():
     assert both.loc["capacity multi-node", "n"] == 2 * 5 * 4 + 5 * 4  # 5 multi-node placements × 4 batches; a: twice
 
 
+def test_reference_per_model_medians():
+    errors = reference_errors({"clean": _obs(), "noisy": _obs("noisy", noise=0.05, repeats=2), "empty": []})
+    table = reference_by_model(errors)
+    assert list(table.columns) == list(REFERENCES) and set(table.index) == {"clean", "noisy"}
+    assert table.loc["clean", "capacity multi-GPU"] < 0.5 < table.loc["noisy", "capacity multi-GPU"]
+    assert math.isnan(table.loc["clean", "repeat"]) and table.loc["noisy", "repeat"] > 1.0
+    noisy = errors[(errors["model"] == "noisy") & (errors["reference"] == "repeat")]["ape"]
+    assert table.loc["noisy", "repeat"] == pytest.approx(np.median(noisy), abs=0.05)
+    assert reference_errors({}).empty
+
+
 def test_accuracy_run_reports_the_reference(tmp_path):
     from tests.test_accuracy import _write_layout
 
@@ -81,6 +99,7 @@ def test_accuracy_run_reports_the_reference(tmp_path):
     accuracy.run(layout, tmp_path / "out", models=["resnet", "small"], protocols=["P1"], methods=["linear"], progress=False)
     text = (tmp_path / "out" / "accuracy.md").read_text()
     assert "| capacity multi-GPU |" in text and "| repeat | 0 | n/a |" in text
+    assert "of each reference per model" in text and "| resnet |" in text
     import mlflow
     import pandas as pd
 
