@@ -68,7 +68,7 @@ from experiments.datasets import Measurements, read_measurements
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.model import JobModel
-from goodput.observations import Observation
+from goodput.observations import Observation, by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from goodput.transfer import ClusterPrior
@@ -97,13 +97,6 @@ class Split:
 # ====================================================================== splits
 
 
-def _by_type(obs: Sequence[Observation]) -> dict[str, list[Observation]]:
-    out: dict[str, list[Observation]] = {}
-    for o in obs:
-        out.setdefault(o.gpu_type, []).append(o)
-    return out
-
-
 def splits_p1(obs: Sequence[Observation]) -> list[Split]:
     train = [o for o in obs if o.num_replicas == 1]
     types = {o.gpu_type for o in train}
@@ -115,7 +108,7 @@ def splits_p2(obs: Sequence[Observation]) -> list[Split]:
     single = [o for o in obs if o.num_replicas == 1]
     types = {o.gpu_type for o in single}
     out = []
-    for warm, items in sorted(_by_type(obs).items()):
+    for warm, items in sorted(by_gpu_type(obs).items()):
         multi = [o for o in items if o.num_replicas > 1 and o.num_nodes == 1]
         if not multi or warm not in types:
             continue
@@ -127,7 +120,7 @@ def splits_p2(obs: Sequence[Observation]) -> list[Split]:
 
 def splits_p3(obs: Sequence[Observation]) -> list[Split]:
     out = []
-    for gpu, items in sorted(_by_type(obs).items()):
+    for gpu, items in sorted(by_gpu_type(obs).items()):
         train = [o for o in items if o.num_nodes == 1]
         test = [o for o in items if o.num_nodes > 1]
         if train and test and any(o.num_replicas > 1 for o in train):
@@ -137,7 +130,7 @@ def splits_p3(obs: Sequence[Observation]) -> list[Split]:
 
 def splits_p5(obs: Sequence[Observation]) -> list[Split]:
     single = [o for o in obs if o.num_replicas == 1 and o.accum_steps == 0]
-    by_type = _by_type(single)
+    by_type = by_gpu_type(single)
     out = []
     for gpu, items in sorted(by_type.items()):
         sizes = sorted({o.local_bsz for o in items})
@@ -197,7 +190,7 @@ def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observa
 
 def predict_pollux(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
     pred = np.full(len(test), np.nan)
-    by_type = _by_type(train)
+    by_type = by_gpu_type(train)
     for gpu, rows in _index_by_type(test).items():
         if gpu not in by_type:
             continue
@@ -234,7 +227,7 @@ class _OneGPU:
 
 def predict_linear(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
     pred = np.full(len(test), np.nan)
-    by_type = _by_type(train)
+    by_type = by_gpu_type(train)
     for gpu, rows in _index_by_type(test).items():
         one = _OneGPU(by_type.get(gpu, []))
         if not one.ok:
@@ -247,7 +240,7 @@ def predict_linear(train: Sequence[Observation], test: Sequence[Observation]) ->
 def predict_sia(train: Sequence[Observation], test: Sequence[Observation], reference: str | None) -> Predictions:
     """Sia's ratio estimator with ``reference`` as the profiled type A."""
     pred = np.full(len(test), np.nan)
-    by_type = _by_type(train)
+    by_type = by_gpu_type(train)
     if reference is None or reference not in by_type:
         return pred, pred.copy(), pred.copy()
     ref_obs = by_type[reference]
@@ -374,7 +367,7 @@ def evaluate_model(
         if on_step:
             on_step(protocol)
         if protocol == "P4":
-            for gpu, items in sorted(_by_type(obs).items()):
+            for gpu, items in sorted(by_gpu_type(obs).items()):
                 if len(items) < p4_min_obs:
                     continue
                 for seed in range(seeds):

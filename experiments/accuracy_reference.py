@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from goodput.observations import Observation
+from goodput.observations import Observation, by_gpu_type
 from goodput.throughput import _step_time, fit_throughput, throughput_arrays
 
 __all__ = ["capacity_errors", "repeat_errors", "reference_errors", "summarize_reference", "reference_by_model",
@@ -44,13 +44,6 @@ REFERENCES = ("capacity 1-GPU", "capacity multi-GPU", "capacity multi-node", "re
 MIN_CAPACITY_OBS = 3  # a (model, type) with fewer observations is not fitted
 
 
-def _by_type(obs: Sequence[Observation]) -> dict[str, list[Observation]]:
-    out: dict[str, list[Observation]] = defaultdict(list)
-    for o in obs:
-        out[o.gpu_type].append(o)
-    return dict(out)
-
-
 def capacity_errors(obs: Sequence[Observation]) -> pd.DataFrame:
     """In-sample APE (%) of Pollux's model fitted to all of each type's observations of one model.
 
@@ -59,7 +52,7 @@ def capacity_errors(obs: Sequence[Observation]) -> pd.DataFrame:
     observations contribute nothing.
     """
     frames = []
-    for gpu, items in sorted(_by_type(obs).items()):
+    for gpu, items in sorted(by_gpu_type(obs).items()):
         if len(items) < MIN_CAPACITY_OBS:
             continue
         cols = throughput_arrays(items)

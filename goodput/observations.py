@@ -38,7 +38,7 @@ from .validation import (
     normalize_gpu_type,
 )
 
-__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning"]
+__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type"]
 
 
 class TornRecordWarning(UserWarning):
@@ -179,6 +179,14 @@ _OBSERVATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Observation))
 _REQUIRED_FIELDS = frozenset(
     f.name for f in dataclasses.fields(Observation) if f.default is dataclasses.MISSING
 )
+
+
+def by_gpu_type(observations: Iterable[Observation]) -> dict[str, list[Observation]]:
+    """Observations grouped by GPU type, in their order of appearance within each type."""
+    out: dict[str, list[Observation]] = {}
+    for o in observations:
+        out.setdefault(o.gpu_type, []).append(o)
+    return out
 
 
 def _check_placement(placement: Any, num_nodes: int, num_replicas: int) -> tuple[int, ...]:

@@ -73,7 +73,7 @@ import scipy.optimize
 
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text
-from .observations import Observation
+from .observations import Observation, by_gpu_type
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from .threads import single_threaded
 from .validation import check_float, normalize_gpu_type
@@ -360,10 +360,7 @@ class ClusterPrior:
         kept: dict[str, list[Observation]] = {}
         for job, obs in observations.items():
             kept[job] = list(obs)
-            by_type: dict[str, list[Observation]] = {}
-            for o in kept[job]:
-                by_type.setdefault(o.gpu_type, []).append(o)
-            for gpu, items in sorted(by_type.items()):
+            for gpu, items in sorted(by_gpu_type(kept[job]).items()):
                 params = fit_throughput(items)
                 out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job)))
         return cls(out, observations=kept, sizes=dict(sizes or {}))
@@ -379,11 +376,8 @@ class ClusterPrior:
         out = []
         for model in models:
             size = getattr(model, "model_size", None)
-            by_type: dict[str, list[Observation]] = {}
-            for o in model.observations:
-                by_type.setdefault(o.gpu_type, []).append(o)
             own_fit = getattr(model, "own_fit", None)
-            for gpu, items in sorted(by_type.items()):
+            for gpu, items in sorted(by_gpu_type(model.observations).items()):
                 params = own_fit(gpu) if own_fit is not None else fit_throughput(items)
                 out.append(cls._summary(model.job, gpu, params, items, size))
         return cls(out)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from goodput import Observation, Profile, ProfileWriter, ValidationError
 from goodput.errors import DataFormatError
-from goodput.observations import TornRecordWarning
+from goodput.observations import TornRecordWarning, by_gpu_type
 
 BASE = dict(job="cifar10", gpu_type="t4", num_nodes=1, num_replicas=2, local_bsz=64, step_time=0.1, sync_time=0.02)
 
@@ -272,3 +272,10 @@ def test_profile_select_and_types():
     assert len(profile.select(job="other")) == 1
     with pytest.raises(ValidationError):
         Profile([object()])
+
+
+def test_by_gpu_type_groups_in_order_of_appearance():
+    obs = [Observation("j", "T4", 1, 1, 16, 0.1), Observation("j", "a100", 1, 1, 16, 0.05), Observation("j", "t4", 1, 2, 32, 0.3)]
+    groups = by_gpu_type(obs)
+    assert list(groups) == ["t4", "a100"]  # gpu types are lower-cased by Observation
+    assert [o.local_bsz for o in groups["t4"]] == [16, 32] and by_gpu_type([]) == {}
