@@ -68,7 +68,7 @@ from experiments.datasets import Measurements, read_measurements
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.model import JobModel
-from goodput.observations import Observation, by_gpu_type
+from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from goodput.transfer import ClusterPrior
@@ -165,7 +165,7 @@ def _quiet_fit(obs: Sequence[Observation]) -> ThroughputParams:
 def predict_model(model: JobModel, test: Sequence[Observation]) -> Predictions:
     """Median and 90% interval of every test observation from a JobModel (NaN for types it has not seen)."""
     pred, low, high = _nan(len(test))
-    for gpu, rows in _index_by_type(test).items():
+    for gpu, rows in indices_by_gpu_type(test).items():
         if gpu not in model.gpu_types:
             continue
         cols = _cols([test[i] for i in rows])
@@ -173,13 +173,6 @@ def predict_model(model: JobModel, test: Sequence[Observation]) -> Predictions:
         lo, hi = p.interval(LEVEL)
         pred[rows], low[rows], high[rows] = p.step_time, lo, hi
     return pred, low, high
-
-
-def _index_by_type(obs: Sequence[Observation]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for i, o in enumerate(obs):
-        out.setdefault(o.gpu_type, []).append(i)
-    return out
 
 
 def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observation], prior: ClusterPrior | None) -> Predictions:
@@ -191,7 +184,7 @@ def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observa
 def predict_pollux(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
     pred = np.full(len(test), np.nan)
     by_type = by_gpu_type(train)
-    for gpu, rows in _index_by_type(test).items():
+    for gpu, rows in indices_by_gpu_type(test).items():
         if gpu not in by_type:
             continue
         theta = _quiet_fit(by_type[gpu]).as_array()
@@ -228,7 +221,7 @@ class _OneGPU:
 def predict_linear(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
     pred = np.full(len(test), np.nan)
     by_type = by_gpu_type(train)
-    for gpu, rows in _index_by_type(test).items():
+    for gpu, rows in indices_by_gpu_type(test).items():
         one = _OneGPU(by_type.get(gpu, []))
         if not one.ok:
             continue
@@ -251,7 +244,7 @@ def predict_sia(train: Sequence[Observation], test: Sequence[Observation], refer
     measured: dict[tuple[int, int, int, int], list[float]] = {}
     for o in ref_obs:
         measured.setdefault((o.num_nodes, o.num_replicas, o.local_bsz, o.accum_steps), []).append(o.step_time)
-    for gpu, rows in _index_by_type(test).items():
+    for gpu, rows in indices_by_gpu_type(test).items():
         one = _OneGPU(by_type.get(gpu, []))
         if not one.ok or gpu == reference:
             continue

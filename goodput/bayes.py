@@ -43,7 +43,7 @@ from .gp import (
     config_features,
     fit_hyperparameters,
 )
-from .observations import Observation
+from .observations import Observation, indices_by_gpu_type
 from .throughput import ThroughputParams, throughput_arrays
 from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, config_regime, sensitivities
 
@@ -133,10 +133,7 @@ class BayesState:
         """Design of observations (any mix of known types) and their residuals, in input order."""
         parts: list[tuple[np.ndarray, Design]] = []
         y_all = np.empty(len(observations))
-        by_type: dict[str, list[int]] = {}
-        for i, o in enumerate(observations):
-            by_type.setdefault(o.gpu_type, []).append(i)
-        for gpu, rows in by_type.items():
+        for gpu, rows in indices_by_gpu_type(observations).items():
             cols = throughput_arrays([observations[i] for i in rows])
             design = self.design(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
             y_all[rows] = np.log(cols["step_time"]) - design.log_mean

@@ -24,7 +24,7 @@ import math
 import os
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from .validation import (
     normalize_gpu_type,
 )
 
-__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type"]
+__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type", "indices_by_gpu_type"]
 
 
 class TornRecordWarning(UserWarning):
@@ -186,6 +186,14 @@ def by_gpu_type(observations: Iterable[Observation]) -> dict[str, list[Observati
     out: dict[str, list[Observation]] = {}
     for o in observations:
         out.setdefault(o.gpu_type, []).append(o)
+    return out
+
+
+def indices_by_gpu_type(observations: Sequence[Observation]) -> dict[str, list[int]]:
+    """Positions in ``observations`` grouped by GPU type (ascending within each type)."""
+    out: dict[str, list[int]] = {}
+    for i, o in enumerate(observations):
+        out.setdefault(o.gpu_type, []).append(i)
     return out
 
 

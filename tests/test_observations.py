@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from goodput import Observation, Profile, ProfileWriter, ValidationError
 from goodput.errors import DataFormatError
-from goodput.observations import TornRecordWarning, by_gpu_type
+from goodput.observations import TornRecordWarning, by_gpu_type, indices_by_gpu_type
 
 BASE = dict(job="cifar10", gpu_type="t4", num_nodes=1, num_replicas=2, local_bsz=64, step_time=0.1, sync_time=0.02)
 
@@ -279,3 +279,4 @@ def test_by_gpu_type_groups_in_order_of_appearance():
     groups = by_gpu_type(obs)
     assert list(groups) == ["t4", "a100"]  # gpu types are lower-cased by Observation
     assert [o.local_bsz for o in groups["t4"]] == [16, 32] and by_gpu_type([]) == {}
+    assert indices_by_gpu_type(obs) == {"t4": [0, 2], "a100": [1]} and indices_by_gpu_type([]) == {}
