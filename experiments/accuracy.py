@@ -33,7 +33,11 @@ for these methods:
   else A's Pollux fit.
 
 Metrics per protocol and method: median APE, MAPE, p90 APE of step time and the
-coverage of 90% intervals (``n/a`` for methods without intervals). Results per
+coverage of 90% intervals (``n/a`` for methods without intervals), with 95%
+cluster-bootstrap intervals of the median APE and the coverage over the
+independent (model, GPU type) cells (:mod:`experiments.accuracy_intervals`).
+Each row records its ``split`` (P2's warm type, P3/P5's type, P4's random
+order) next to the ``stage`` (P4's checkpoint). Results per
 model are written to ``OUT/rows-<model>.csv`` as soon as the model is done
 (``--resume`` skips the models that ``OUT/settings.json`` records as finished
 under the same settings, and refuses a folder written with other ones), then ``OUT/summary.csv`` and
@@ -63,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 import goodput
+from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.datasets import Measurements, read_measurements
 from goodput.errors import ValidationError
@@ -79,7 +84,7 @@ from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS  # noqa: E402 - on
 P4_STEPS = (5, 10, 20, 40)
 LEVEL = 0.9
 
-_ROW_COLUMNS = ["model", "protocol", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
+_ROW_COLUMNS = ["model", "protocol", "split", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
                 "accum_steps", "actual", "predicted", "low", "high"]
 
 
@@ -266,7 +271,7 @@ def predict_sia(train: Sequence[Observation], test: Sequence[Observation], refer
 def _rows(model: str, split: Split, method: str, test: Sequence[Observation], pred: Predictions, stage: str | None = None) -> pd.DataFrame:
     cols = _cols(test)
     return pd.DataFrame({
-        "model": model, "protocol": split.protocol, "stage": stage or split.stage, "method": method,
+        "model": model, "protocol": split.protocol, "split": split.stage, "stage": stage or split.stage, "method": method,
         "gpu_type": [o.gpu_type for o in test], "num_nodes": cols["num_nodes"].astype(int),
         "num_replicas": cols["num_replicas"].astype(int), "local_bsz": cols["local_bsz"].astype(int),
         "accum_steps": cols["accum_steps"].astype(int), "actual": cols["step_time"],
@@ -307,7 +312,7 @@ def _online(model: str, gpu: str, obs: Sequence[Observation], prior: ClusterPrio
         return []
     out: list[pd.DataFrame] = []
     variants = [(m, prior if m == "bayes" else None) for m in methods if m in ("bayes", "bayes-noprior")]
-    split = Split("P4", "", [], [])
+    split = Split("P4", f"order={seed}", [], [])  # one random order of one type: an independent unit
     for method, cluster_prior in variants:
         jm = JobModel(model, init_batch_size=min(o.local_bsz for o in order), cluster_prior=cluster_prior)
         nexts = []
@@ -382,26 +387,47 @@ def _group(protocol: str, stage: str) -> str:
     return protocol
 
 
-def summarize(rows: pd.DataFrame) -> pd.DataFrame:
-    """Median APE, MAPE, p90 APE (percent) and 90%-interval coverage per protocol and method."""
+_SUMMARY_COLUMNS = ["protocol", "method", "n", "median_ape", "mape", "p90_ape", "coverage90", "models", "units",
+                    "median_ape_low", "median_ape_high", "coverage90_low", "coverage90_high"]
+
+
+def _units(frame: pd.DataFrame) -> np.ndarray:
+    """Independent unit of each row: the (model, GPU type) cell it measures; see :mod:`experiments.accuracy_intervals`."""
+    return (frame["model"].astype(str) + "|" + frame["gpu_type"].astype(str)).to_numpy()
+
+
+def summarize(rows: pd.DataFrame, *, resamples: int = RESAMPLES) -> pd.DataFrame:
+    """Median APE, MAPE, p90 APE (percent) and 90%-interval coverage per protocol and method.
+
+    With 95% cluster-bootstrap intervals of the median APE and the coverage (``*_low``/``*_high``,
+    resampling the ``units`` independent (model, GPU type) cells; ``resamples=0`` skips them).
+    """
     if rows.empty:
-        return pd.DataFrame(columns=["protocol", "method", "n", "median_ape", "mape", "p90_ape", "coverage90", "models"])
+        return pd.DataFrame(columns=_SUMMARY_COLUMNS)
     frame = rows.dropna(subset=["predicted"]).copy()
     frame["group"] = [_group(p, s) for p, s in zip(frame["protocol"], frame["stage"])]
     frame["ape"] = np.abs(frame["predicted"] / frame["actual"] - 1.0) * 100.0
     frame["covered"] = (frame["low"] <= frame["actual"]) & (frame["actual"] <= frame["high"])
+    frame["unit"] = _units(frame)
     out = []
     order = {g: i for i, g in enumerate(["P1", "P2", "P3", *[f"P4@{k}" for k in P4_STEPS], "P4 next", "P5"])}
     for (group, method), g in frame.groupby(["group", "method"], sort=False):
         has_interval = g["low"].notna().all()
-        out.append({
+        row = {
             "protocol": group, "method": method, "n": len(g),
             "median_ape": float(np.median(g["ape"])), "mape": float(np.mean(g["ape"])),
             "p90_ape": float(np.percentile(g["ape"], 90)),
             "coverage90": float(100.0 * g["covered"].mean()) if has_interval else math.nan,
-            "models": g["model"].nunique(),
-        })
-    summary = pd.DataFrame(out)
+            "models": g["model"].nunique(), "units": g["unit"].nunique(),
+            "median_ape_low": math.nan, "median_ape_high": math.nan, "coverage90_low": math.nan, "coverage90_high": math.nan,
+        }
+        if resamples:
+            ci = cluster_bootstrap(g["ape"].to_numpy(), g["covered"].to_numpy() if has_interval else None,
+                                   g["unit"].to_numpy(), resamples=resamples)
+            row.update(median_ape_low=ci.median_ape_low, median_ape_high=ci.median_ape_high,
+                       coverage90_low=ci.coverage_low, coverage90_high=ci.coverage_high)
+        out.append(row)
+    summary = pd.DataFrame(out, columns=_SUMMARY_COLUMNS)
     summary["_p"] = summary["protocol"].map(lambda p: order.get(p, 99))
     summary["_m"] = summary["method"].map(lambda m: METHODS.index(m) if m in METHODS else 99)
     return summary.sort_values(["_p", "_m"]).drop(columns=["_p", "_m"]).reset_index(drop=True)
@@ -423,13 +449,25 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
+def _fmt_interval(low: Any, high: Any) -> str:
+    if any(v is None or (isinstance(v, float) and not math.isfinite(v)) for v in (low, high)):
+        return "n/a"
+    return f"{low:.1f}–{high:.1f}"
+
+
 def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
              reference: pd.DataFrame | None = None, reference_by_model: pd.DataFrame | None = None) -> str:
-    lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval).", ""]
-    lines += ["| protocol | method | n | median APE | MAPE | p90 APE | coverage 90% |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval). "
+             "The 95% intervals resample the independent units (model × GPU type; `experiments/accuracy_intervals.py`): "
+             "a target is met with confidence only when the whole interval lies on its side.", ""]
+    lines += ["| protocol | method | n | units | median APE | 95% CI | MAPE | p90 APE | coverage 90% | 95% CI |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in summary.itertuples(index=False):
-        lines.append(f"| {row.protocol} | {row.method} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | "
-                     f"{_fmt(row.p90_ape)} | {_fmt(row.coverage90)} |")
+        units = getattr(row, "units", math.nan)
+        lines.append(f"| {row.protocol} | {row.method} | {row.n} | {_fmt(units, 0)} | {_fmt(row.median_ape)} | "
+                     f"{_fmt_interval(getattr(row, 'median_ape_low', None), getattr(row, 'median_ape_high', None))} | "
+                     f"{_fmt(row.mape)} | {_fmt(row.p90_ape)} | {_fmt(row.coverage90)} | "
+                     f"{_fmt_interval(getattr(row, 'coverage90_low', None), getattr(row, 'coverage90_high', None))} |")
     if by_model is not None and not by_model.empty:
         cols = list(by_model.columns)
         lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
@@ -592,7 +630,8 @@ def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict
         metrics = {}
         for row in summary.itertuples(index=False):
             key = f"{row.protocol}.{row.method}".replace(" ", "_").replace("@", "_at_")
-            for metric in ("median_ape", "mape", "p90_ape", "coverage90"):
+            for metric in ("median_ape", "mape", "p90_ape", "coverage90", "median_ape_low", "median_ape_high",
+                           "coverage90_low", "coverage90_high"):
                 value = getattr(row, metric)
                 if math.isfinite(value):
                     metrics[f"{key}.{metric}"] = float(value)

@@ -1,0 +1,105 @@
+"""Cluster-bootstrap intervals of the accuracy figures (experiments/accuracy_intervals.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from experiments.accuracy import markdown, summarize
+from experiments.accuracy_intervals import cluster_bootstrap
+
+
+def test_identical_units_give_a_point_interval():
+    # every unit holds the same rows: any resample has the same median and coverage
+    ape = np.tile([1.0, 5.0, 9.0], 4)
+    covered = np.tile([True, True, False], 4)
+    units = np.repeat(np.arange(4), 3)
+    ci = cluster_bootstrap(ape, covered, units, resamples=300)
+    assert ci.median_ape_low == ci.median_ape_high == 5.0
+    assert ci.coverage_low == pytest.approx(200 / 3) and ci.coverage_high == pytest.approx(200 / 3)
+    assert ci.units == 4
+
+
+def test_interval_brackets_the_estimate_and_is_reproducible():
+    rng = np.random.default_rng(1)
+    units = np.repeat(np.arange(20), 30)
+    ape = np.abs(rng.normal(0, 1, 20)[units] + rng.normal(0, 0.5, units.size)) * 10
+    covered = rng.random(units.size) < 0.9
+    a = cluster_bootstrap(ape, covered, units, seed=3)
+    b = cluster_bootstrap(ape, covered, units, seed=3)
+    assert a == b
+    assert a.median_ape_low < np.median(ape) < a.median_ape_high
+    assert a.coverage_low < 100 * covered.mean() < a.coverage_high
+
+
+def test_clustered_errors_widen_the_interval():
+    """The same rows read as 600 independent units give a far narrower interval than as 6 clusters."""
+    rng = np.random.default_rng(0)
+    clusters = np.repeat(np.arange(6), 100)
+    shift = np.array([0.0, 0.0, 1.0, 1.0, 0.0, 1.0])  # whole cells covered or missed together
+    covered = (rng.random(600) < 0.5 + 0.45 * shift[clusters])
+    ape = rng.exponential(5.0, 600) * (1 + shift[clusters])
+    clustered = cluster_bootstrap(ape, covered, clusters, resamples=500)
+    independent = cluster_bootstrap(ape, covered, np.arange(600), resamples=500)
+    width = lambda ci: ci.coverage_high - ci.coverage_low  # noqa: E731
+    assert width(clustered) > 3 * width(independent)
+    assert clustered.median_ape_high - clustered.median_ape_low > 2 * (independent.median_ape_high - independent.median_ape_low)
+
+
+def test_binomial_coverage_interval_is_about_right_for_independent_rows():
+    # 400 independent rows covered with p = 0.9: the percentile interval is close to ±1.96·√(p(1-p)/n) ≈ ±2.9 points
+    rng = np.random.default_rng(5)
+    covered = rng.random(400) < 0.9
+    ci = cluster_bootstrap(np.ones(400), covered, np.arange(400), resamples=2000)
+    assert ci.coverage_high - ci.coverage_low == pytest.approx(2 * 1.96 * np.sqrt(0.09 / 400) * 100, rel=0.15)
+
+
+def test_no_intervals_give_nan_coverage():
+    ci = cluster_bootstrap([1.0, 2.0, 3.0], None, ["a", "b", "c"], resamples=50)
+    assert np.isnan(ci.coverage_low) and np.isnan(ci.coverage_high) and ci.median_ape_low <= ci.median_ape_high
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(ape=[], covered=None, units=[]), "ape"),
+        (dict(ape=[1.0, 2.0], covered=None, units=[0]), "units"),
+        (dict(ape=[1.0, 2.0], covered=[True], units=[0, 1]), "covered"),
+        (dict(ape=[1.0], covered=None, units=[0], resamples=0), "resamples"),
+        (dict(ape=[1.0], covered=None, units=[0], confidence=1.0), "confidence"),
+    ],
+)
+def test_bad_input_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        cluster_bootstrap(**kwargs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.booleans(), st.integers(0, 5)), min_size=1, max_size=40))
+def test_interval_stays_within_the_data(rows):
+    ape, covered, units = (np.array(c) for c in zip(*rows))
+    ci = cluster_bootstrap(ape, covered, units, resamples=100)
+    assert ape.min() <= ci.median_ape_low <= ci.median_ape_high <= ape.max()
+    assert 0.0 <= ci.coverage_low <= ci.coverage_high <= 100.0
+
+
+def test_summary_and_markdown_carry_the_intervals():
+    rng = np.random.default_rng(2)
+    n = 240
+    actual = rng.uniform(0.1, 1.0, n)
+    predicted = actual * np.exp(rng.normal(0, 0.1, n))
+    rows = pd.DataFrame({
+        "model": np.repeat(["a", "b", "c", "d"], n // 4), "protocol": "P1", "split": "all", "stage": "all", "method": "bayes",
+        "gpu_type": np.tile(["t4", "v100"], n // 2), "num_nodes": 1, "num_replicas": 2, "local_bsz": 32, "accum_steps": 0,
+        "actual": actual, "predicted": predicted, "low": predicted * 0.85, "high": predicted * 1.15,
+    })
+    summary = summarize(rows).iloc[0]
+    assert summary["units"] == 8  # 4 models × 2 types
+    assert summary["median_ape_low"] <= summary["median_ape"] <= summary["median_ape_high"]
+    assert summary["coverage90_low"] <= summary["coverage90"] <= summary["coverage90_high"]
+    text = markdown(summarize(rows), "t")
+    assert f"{summary['median_ape_low']:.1f}–{summary['median_ape_high']:.1f}" in text and "| units |" in text
+    assert np.isnan(summarize(rows, resamples=0).iloc[0]["median_ape_low"])
