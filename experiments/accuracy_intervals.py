@@ -35,10 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BootstrapInterval", "cluster_bootstrap", "RESAMPLES", "CONFIDENCE"]
+__all__ = ["BootstrapInterval", "cluster_bootstrap", "RESAMPLES", "CONFIDENCE", "MIN_UNITS"]
 
 RESAMPLES = 1000
 CONFIDENCE = 0.95
+MIN_UNITS = 3  # fewer independent units cannot support an interval (NaN): one unit resamples to itself
 _CHUNK_CELLS = 4_000_000  # resamples × rows per chunk of the weighted-median computation (32 MB of float64)
 
 
@@ -47,7 +48,8 @@ class BootstrapInterval:
     """Percentile intervals (at ``confidence``) over resampled units; NaN where undefined.
 
     Attributes:
-        median_ape_low, median_ape_high: interval of the pooled median APE (same unit as the input, %).
+        median_ape_low, median_ape_high: interval of the pooled median APE (same unit as the input, %);
+            NaN with fewer than :data:`MIN_UNITS` units.
         coverage_low, coverage_high: interval of the pooled coverage, percent (NaN without intervals).
         units: independent units resampled.
     """
@@ -60,11 +62,15 @@ class BootstrapInterval:
 
 
 def _weighted_medians(sorted_values: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
-    """Lower weighted median of ``sorted_values`` under each row of ``row_weights`` (B, N) -> (B,)."""
+    """Median of the multiset that repeats ``sorted_values[i]`` ``row_weights[b, i]`` times, per row b: (B, N) -> (B,).
+
+    Integer weights; the same value as ``np.median`` of the repeated values (the mean of the two middle ones for an even count).
+    """
     cumulative = np.cumsum(row_weights, axis=1)
-    half = cumulative[:, -1:] / 2.0
-    position = (cumulative < half).sum(axis=1)
-    return sorted_values[np.minimum(position, sorted_values.size - 1)]
+    total = cumulative[:, -1:]
+    low = (cumulative <= (total - 1) // 2).sum(axis=1)
+    high = (cumulative <= total // 2).sum(axis=1)
+    return (sorted_values[low] + sorted_values[high]) / 2.0
 
 
 def cluster_bootstrap(ape: np.ndarray, covered: np.ndarray | None, units: np.ndarray, *, resamples: int = RESAMPLES,
@@ -99,15 +105,18 @@ def cluster_bootstrap(ape: np.ndarray, covered: np.ndarray | None, units: np.nda
         raise ValueError(f"confidence: {confidence!r} must lie in (0, 1)")
     _, unit_of_row = np.unique(units, return_inverse=True)
     num_units = int(unit_of_row.max()) + 1
+    if num_units < MIN_UNITS:
+        return BootstrapInterval(math.nan, math.nan, math.nan, math.nan, num_units)
     rng = np.random.default_rng(seed)
     # multiplicity of each unit in each resample: (B, U)
     counts = np.stack([np.bincount(rng.integers(0, num_units, num_units), minlength=num_units) for _ in range(int(resamples))])
+    counts = counts.astype(np.int64)
     tail = (1.0 - float(confidence)) / 2.0 * 100.0
 
     order = np.argsort(ape, kind="stable")
     sorted_ape, sorted_unit = ape[order], unit_of_row[order]
     chunk = max(1, _CHUNK_CELLS // ape.size)
-    medians = np.concatenate([_weighted_medians(sorted_ape, counts[i:i + chunk][:, sorted_unit].astype(float))
+    medians = np.concatenate([_weighted_medians(sorted_ape, counts[i:i + chunk][:, sorted_unit])
                               for i in range(0, counts.shape[0], chunk)])
     med_low, med_high = np.percentile(medians, [tail, 100.0 - tail])
 

@@ -23,6 +23,20 @@ def test_identical_units_give_a_point_interval():
     assert ci.units == 4
 
 
+def test_resampled_median_is_numpys_median_of_the_repeated_rows():
+    # two rows per unit, identical units: every resample's median is np.median of the rows (the mean of the middle two)
+    ci = cluster_bootstrap(np.tile([1.0, 2.0], 5), None, np.repeat(np.arange(5), 2), resamples=50)
+    assert ci.median_ape_low == ci.median_ape_high == 1.5
+
+
+def test_too_few_units_give_no_interval():
+    # one (model, type) cell resamples to itself: a zero-width interval would claim a certainty the data lack
+    for units in ([0] * 6, [0, 0, 0, 1, 1, 1]):
+        ci = cluster_bootstrap(np.arange(6.0), np.ones(6, bool), units)
+        assert np.isnan([ci.median_ape_low, ci.median_ape_high, ci.coverage_low, ci.coverage_high]).all()
+        assert ci.units == len(set(units))
+
+
 def test_interval_brackets_the_estimate_and_is_reproducible():
     rng = np.random.default_rng(1)
     units = np.repeat(np.arange(20), 30)
@@ -58,7 +72,7 @@ def test_binomial_coverage_interval_is_about_right_for_independent_rows():
 
 
 def test_no_intervals_give_nan_coverage():
-    ci = cluster_bootstrap([1.0, 2.0, 3.0], None, ["a", "b", "c"], resamples=50)
+    ci = cluster_bootstrap([1.0, 2.0, 3.0, 4.0], None, ["a", "b", "c", "d"], resamples=50)
     assert np.isnan(ci.coverage_low) and np.isnan(ci.coverage_high) and ci.median_ape_low <= ci.median_ape_high
 
 
@@ -82,6 +96,9 @@ def test_bad_input_names_the_field(kwargs, field):
 def test_interval_stays_within_the_data(rows):
     ape, covered, units = (np.array(c) for c in zip(*rows))
     ci = cluster_bootstrap(ape, covered, units, resamples=100)
+    if ci.units < 3:
+        assert np.isnan(ci.median_ape_low)
+        return
     assert ape.min() <= ci.median_ape_low <= ci.median_ape_high <= ape.max()
     assert 0.0 <= ci.coverage_low <= ci.coverage_high <= 100.0
 
