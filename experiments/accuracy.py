@@ -312,7 +312,7 @@ def _online(model: str, gpu: str, obs: Sequence[Observation], prior: ClusterPrio
         return []
     out: list[pd.DataFrame] = []
     variants = [(m, prior if m == "bayes" else None) for m in methods if m in ("bayes", "bayes-noprior")]
-    split = Split("P4", f"order={seed}", [], [])  # one random order of one type: an independent unit
+    split = Split("P4", f"order={seed}", [], [])  # rows record which random order they came from
     for method, cluster_prior in variants:
         jm = JobModel(model, init_batch_size=min(o.local_bsz for o in order), cluster_prior=cluster_prior)
         nexts = []
@@ -449,10 +449,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
-def _fmt_interval(low: Any, high: Any) -> str:
-    if any(v is None or (isinstance(v, float) and not math.isfinite(v)) for v in (low, high)):
-        return "n/a"
-    return f"{low:.1f}–{high:.1f}"
+def _fmt_interval(low: float, high: float) -> str:
+    return "n/a" if not (math.isfinite(low) and math.isfinite(high)) else f"{low:.1f}–{high:.1f}"
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
@@ -463,11 +461,9 @@ def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_mo
     lines += ["| protocol | method | n | units | median APE | 95% CI | MAPE | p90 APE | coverage 90% | 95% CI |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in summary.itertuples(index=False):
-        units = getattr(row, "units", math.nan)
-        lines.append(f"| {row.protocol} | {row.method} | {row.n} | {_fmt(units, 0)} | {_fmt(row.median_ape)} | "
-                     f"{_fmt_interval(getattr(row, 'median_ape_low', None), getattr(row, 'median_ape_high', None))} | "
-                     f"{_fmt(row.mape)} | {_fmt(row.p90_ape)} | {_fmt(row.coverage90)} | "
-                     f"{_fmt_interval(getattr(row, 'coverage90_low', None), getattr(row, 'coverage90_high', None))} |")
+        lines.append(f"| {row.protocol} | {row.method} | {row.n} | {row.units} | {_fmt(row.median_ape)} | "
+                     f"{_fmt_interval(row.median_ape_low, row.median_ape_high)} | {_fmt(row.mape)} | {_fmt(row.p90_ape)} | "
+                     f"{_fmt(row.coverage90)} | {_fmt_interval(row.coverage90_low, row.coverage90_high)} |")
     if by_model is not None and not by_model.empty:
         cols = list(by_model.columns)
         lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
