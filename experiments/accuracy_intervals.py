@@ -110,7 +110,6 @@ def cluster_bootstrap(ape: np.ndarray, covered: np.ndarray | None, units: np.nda
     rng = np.random.default_rng(seed)
     # multiplicity of each unit in each resample: (B, U)
     counts = np.stack([np.bincount(rng.integers(0, num_units, num_units), minlength=num_units) for _ in range(int(resamples))])
-    counts = counts.astype(np.int64)
     tail = (1.0 - float(confidence)) / 2.0 * 100.0
 
     order = np.argsort(ape, kind="stable")
