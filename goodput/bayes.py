@@ -183,6 +183,36 @@ class BayesState:
             return np.zeros(design.log_mean.shape)
         return np.einsum("ij,jk,ik->i", design.s_id, cov, design.s_id)
 
+    def _borrowed_var(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+        """Delta-method variance of another type's fitted sync terms and γ where members carry them.
+
+        A type without multi-GPU data takes its multi-node predictions partly from the job's own
+        fit on another type (``TypeTransfer.borrowed``: weight w of members per such type): the
+        uncertainty of that fit's sync and γ groups (its :attr:`cov_id`) carries over with weight
+        √w, as :meth:`_carried` does for a type's own fit.
+        """
+        nodes, replicas, bsz, accum = (np.asarray(a, dtype=float).ravel() for a in np.broadcast_arrays(nodes, replicas, bsz, accum))
+        out = np.zeros(nodes.size)
+        transfer = self.transfers[gpu]
+        if not transfer.borrowed:
+            return out
+        regime = config_regime(nodes, replicas)
+        sens = None
+        for r, weights in transfer.borrowed.items():
+            rows = (regime == r) & ~np.isin(regime, transfer.regimes.covered)
+            if not rows.any():
+                continue
+            if sens is None:
+                sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
+            for ref, weight in weights.items():
+                cov = self.cov_id.get(ref)
+                if cov is None or ref not in self._id:
+                    continue
+                s = np.zeros((int(rows.sum()), _G))
+                s[:, _OWN_SYNC] = sens[np.ix_(rows, _OWN_SYNC)] * self._id[ref][_OWN_SYNC] * math.sqrt(weight)
+                out[rows] += np.einsum("ij,jk,ik->i", s, cov, s)
+        return out
+
     # ------------------------------------------------------------------ prediction
     def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
         """Posterior mean of log step time (hot path: no variance)."""
@@ -208,7 +238,7 @@ class BayesState:
             mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
             # the residual scale is estimated from the type's few residual degrees of freedom:
             # marginalising it gives a Student-t, matched here at the 90% quantile
-            var = var * self.t_factor(gpu) ** 2 + self._id_var(gpu, design) + design.d
+            var = var * self.t_factor(gpu) ** 2 + self._id_var(gpu, design) + self._borrowed_var(gpu, nodes, replicas, bsz, accum) + design.d
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)

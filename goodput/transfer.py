@@ -31,9 +31,16 @@ observed in that regime, scaled by a factor λ:
   β_n/α_n): what other jobs teach there is the premium of the network over the
   node's interconnect, not their sync profile (:func:`_ratio_member`; on
   Pollux's T4 traces this halves the single-node → multi-node error, 24% →
-  12%). Otherwise λ is fitted to the job's own multi-GPU observations on that
-  type, else to its observations on another type that the other job also ran
-  on (their sync costs relate as on that type), else the ratio of model sizes
+  12%). For the multi-node regime of a type without multi-GPU data, the job's
+  own fit on another type it ran multi-GPU on (its sync terms and γ, its
+  inter-node terms by the ratio rule when it has no multi-node data there),
+  with this type's compute terms and the inter-node terms × the other job's
+  ratio of inter-node sync between the two types (:func:`_carried_member`:
+  P2's multi-node configurations then rest on the rule P3 measured, not on
+  the other jobs' sync shape). Otherwise λ is fitted to the job's own
+  multi-GPU observations on that type, else to its observations on another
+  type that the other job also ran on (their sync costs relate as on that
+  type), else the ratio of model sizes
   when both are known, else the ratio of their size proxies
   (:func:`size_proxy`: compute time tracks the model's size, as gradient
   bytes do);
@@ -544,6 +551,9 @@ class TypeTransfer:
         inherited: per unobserved regime index, the total weight of members that carry the
             type's own fitted sync terms and γ (:func:`_ratio_member`): the uncertainty of
             those parameters carries over to them (every member carries the own compute terms).
+        borrowed: per unobserved regime index, ``{type: weight}`` of members that carry the
+            job's own fitted sync terms and γ on another type (:func:`_carried_member`): that
+            type's parameter uncertainty carries over to them.
     """
 
     gpu_type: str
@@ -555,6 +565,7 @@ class TypeTransfer:
     sources: dict[str, str] = field(default_factory=dict)
     inflate: dict[int, float] = field(default_factory=dict)  # per regime: factor on the ensemble variance
     inherited: dict[int, float] = field(default_factory=dict)  # per regime: weight of members with the type's own sync terms
+    borrowed: dict[int, dict[str, float]] = field(default_factory=dict)  # per regime: {other type: weight of members with its sync terms}
 
     def __post_init__(self) -> None:
         self.theta = self.params.as_array()
@@ -633,6 +644,44 @@ def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
     return Member(theta, 1.0, f"job {other.job}, own intra-node sync × its inter/intra ratio")
 
 
+# Above this overlap γ, a single-node fit's sync can hide behind its compute (the step is within
+# 2^(1/γ) − 1 < 26% of the larger of the two): its sync terms are not identified well enough to
+# carry to a type where compute is faster and the sync shows (Gavel's resnet-18 on K80: γ = 4.4).
+CARRY_MAX_GAMMA = 3.0
+
+
+def _carried_member(own: np.ndarray, own_ref: np.ndarray, ref_regimes: Regimes, ref_c: float, on_ref: JobTypeSummary,
+                    other: JobTypeSummary) -> Member | None:
+    """Multi-node member of a type without multi-GPU data: the job's own fit on a reference type, carried over.
+
+    The job's fit on type ``ref`` (its sync terms and γ; when ``ref`` has no multi-node data,
+    its inter-node terms by P3's ratio rule, :func:`_ratio_member`, from the other job on
+    ``ref``), with this type's compute terms and the inter-node terms × the other job's ratio
+    of inter-node sync between the two types (α_n here / α_n on ``ref``, γ-held fits): what
+    the other job teaches is how the two types' networks compare, not its sync profile.
+    ``None`` when ``ref`` does not identify the job's sync (no single-node multi-GPU data, or
+    its intra-node sync hidden behind compute: α_r below :data:`RATIO_MIN_SYNC` of the compute,
+    or γ above :data:`CARRY_MAX_GAMMA`) or the other job has no multi-node data on either type.
+    """
+    if other.params_g is None or on_ref.params_g is None or not (other.regimes.has_inter and on_ref.regimes.has_inter):
+        return None
+    if ref_regimes.has_inter:
+        theta = own_ref.copy()
+    elif ref_regimes.has_single_node_multi and own_ref[4] > RATIO_MIN_SYNC * ref_c and own_ref[6] <= CARRY_MAX_GAMMA:
+        member = _ratio_member(own_ref, on_ref)
+        if member is None:
+            return None
+        theta = member.theta.copy()
+    else:
+        return None
+    here, there = other.params_g.alpha_n, on_ref.params_g.alpha_n
+    if not (here > 0 and there > 0):
+        return None
+    theta[0], theta[1] = own[0], own[1]
+    theta[2:4] *= here / there
+    return Member(theta, 1.0, f"job {other.job}, own fit on {on_ref.gpu_type} × its {other.gpu_type}/{on_ref.gpu_type} inter-node sync")
+
+
 def _default_source(c_ref: float) -> np.ndarray:
     alpha_r = DEFAULTS["sync_ratio"].value * c_ref
     alpha_n = DEFAULTS["inter_ratio"].value * alpha_r
@@ -702,6 +751,7 @@ def build_transfer(
         struct: dict[int, float] = {}
         inflate: dict[int, float] = {}
         inherited: dict[int, float] = {}
+        borrowed: dict[int, dict[str, float]] = {}
         for regime in (1, 2, 3):
             if regime in reg.covered or gpu in keep_own:
                 continue
@@ -741,14 +791,24 @@ def build_transfer(
                         if lam is None:
                             continue  # its sync profile cannot be matched to the job's: no vote
                     else:
+                        carried = None
                         for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
                             on_ref = cluster_prior.find(other.job, ref)
+                            if regime == 3 and on_ref is not None:
+                                carried = _carried_member(own, own_fits[ref].as_array(), regimes[ref], c_ref[ref], on_ref, other)
+                                if carried is not None:
+                                    borrowed.setdefault(regime, {})
+                                    borrowed[regime][ref] = borrowed[regime].get(ref, 0.0) + 1.0
+                                    break
                             if on_ref is not None and on_ref.params_g is not None:
                                 ref_guess = _size_ratio(size, proxy.get(ref), c_ref[ref], on_ref)
                                 lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess)
                                 if lam is not None:
                                     how = f"scaled as on {ref}"
                                     break
+                        if carried is not None:
+                            family_x.append(carried)
+                            continue
                         if lam is None:
                             lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by size proxy")
                     family_x.append(Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}"))
@@ -788,6 +848,8 @@ def build_transfer(
                 chosen.append(Member(mem.theta, 1.0 / votes, mem.source))
             if regime in inherited:
                 inherited[regime] /= votes  # the weight of the members carrying the type's own sync terms
+            if regime in borrowed:
+                borrowed[regime] = {t: w / votes for t, w in borrowed[regime].items()}
             if use_default:
                 chosen += _normalised(family_d, 1.0 / votes)
             if m >= 2:
@@ -801,7 +863,7 @@ def build_transfer(
                 if value:
                     struct[regime] = value
         out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate,
-                                inherited)
+                                inherited, borrowed)
     return out
 
 

@@ -137,6 +137,50 @@ def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
     assert not any("inter/intra ratio" in m.source for m in quiet._current().transfers["t4"].members[3])
 
 
+def test_a_type_without_multi_gpu_data_carries_the_jobs_own_sync_from_another_type():
+    # P2's layout: the new job ran multi-GPU on one node of type "w" only, and 1 GPU on "x". Other
+    # jobs ran everything on both; on "x" compute is 2x faster and every sync cost 3x dearer.
+    from goodput.transfer import ClusterPrior
+
+    single = [(1, 1), (1, 2), (1, 3), (1, 4)]
+    multi = [(2, 4), (2, 8), (3, 12), (4, 16), (8, 32)]
+
+    def job(ac, bc, ar, slope_r, gamma, compute=1.0, sync=1.0):  # inter-node sync costs 5x the intra-node one
+        return ThroughputParams(compute * ac, compute * bc, sync * 5 * ar, sync * 1.25 * ar, sync * ar, sync * slope_r * ar, gamma)
+
+    shapes = {"a": (0.02, 0.001, 0.01, 0.1, 1.2), "b": (0.2, 0.01, 0.2, 0.02, 2.5), "c": (0.05, 0.004, 0.02, 0.3, 1.0)}
+    others = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        others[name] = (synthetic(job(*shape), single + multi, job=name, gpu="w", seed=i, accums=(0,), noise=0.02)
+                        + synthetic(job(*shape, compute=0.5, sync=3.0), single + multi, job=name, gpu="x", seed=10 + i, accums=(0,), noise=0.02))
+    prior = ClusterPrior.from_observations(others)
+    shape = (0.1, 0.003, 0.08, 0.15, 1.0)
+    train = (synthetic(job(*shape), single, job="new", gpu="w", seed=20, accums=(0,), noise=0.02)
+             + synthetic(job(*shape, compute=0.5, sync=3.0), [(1, 1)], job="new", gpu="x", seed=21, accums=(0,), noise=0.02))
+    model = JobModel("new", init_batch_size=8, cluster_prior=prior).observe(train)
+    state = model._current()
+    transfer = state.transfers["x"]
+    carried = [m for m in transfer.members[3] if "own fit on w" in m.source]
+    assert len(carried) == 3 and transfer.borrowed[3]["w"] > 0.5
+    own_w = model.own_fit("w")
+    for member in carried:
+        name = member.source.split(",")[0].removeprefix("job ")
+        here, there = prior.find(name, "x").params_g, prior.find(name, "w").params_g
+        src = prior.find(name, "w").params
+        assert member.theta[6] == own_w.gamma and member.theta[0] == pytest.approx(model.own_fit("x").alpha_c)
+        # own intra-node constant on w × the other job's inter/intra ratio on w × its x/w inter-node ratio
+        assert member.theta[2] == pytest.approx(own_w.alpha_r * src.alpha_n / src.alpha_r * here.alpha_n / there.alpha_n)
+    test = synthetic(job(*shape, compute=0.5, sync=3.0), multi, job="new", gpu="x", seed=22, accums=(0,), noise=0.0)
+    cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")}
+    pred = model.predict("x", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"])
+    actual = np.array([o.step_time for o in test])
+    assert np.median(np.abs(pred.step_time / actual - 1)) < 0.15
+    # the uncertainty of the own fit on w carries over to these predictions (and only to multi-node ones)
+    var = state._borrowed_var("x", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], np.zeros_like(actual))
+    assert np.all(var > 0) and np.all(np.isfinite(var))
+    assert np.all(state._borrowed_var("x", np.ones(3), np.array([1, 2, 4]), np.full(3, 64.0), np.zeros(3)) == 0)
+
+
 @pytest.mark.data
 def test_multi_node_from_single_node_on_pollux_traces(pollux_traces, tmp_path):
     from experiments import accuracy

@@ -116,7 +116,9 @@ def test_cross_job_prior_gives_a_brand_new_job_multi_gpu_predictions():
     slow = [o for o in test if o.gpu_type == "slow"]
     pred = np.array([model.predict("slow", o.num_nodes, o.num_replicas, o.local_bsz).step_time for o in slow])
     assert np.median(_ape(pred, slow)) < 0.08
-    assert "scaled as on fast" in model.diagnostics["transfers"]["slow"]["sources"]["inter"]
+    sources = model.diagnostics["transfers"]["slow"]["sources"]
+    assert "scaled as on fast" in sources["intramany"]  # other jobs' sync profiles, scaled as on "fast"
+    assert "own fit on fast" in sources["inter"]  # the job's own sync on "fast", carried over (P3's rule)
 
 
 def test_cluster_prior_round_trip_and_exclude(tmp_path):
@@ -235,3 +237,23 @@ def test_cold_calibration_scales_only_a_cold_jobs_unobserved_regimes():
     scaled = JobModel("new", 8, cluster_prior=prior).observe(warm).predict("slow", nodes, replicas, 32).log_std
     plain = JobModel("new", 8, cluster_prior=neutral).observe(warm).predict("slow", nodes, replicas, 32).log_std
     np.testing.assert_allclose(scaled, plain, rtol=1e-9)
+
+
+def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
+    from goodput.transfer import CARRY_MAX_GAMMA, Regimes, _carried_member
+
+    others = {name: _job(name, c, s, seed=i) for i, (name, c, s) in enumerate([("a", 0.5, 0.6), ("b", 2.0, 1.7)])}
+    prior = ClusterPrior.from_observations(others)
+    on_ref, other = prior.find("a", "fast"), prior.find("a", "slow")
+    single_node = Regimes.of(synthetic(FAST, SINGLE + INTRA, job="new", gpu="fast", seed=1, accums=(0,)))
+    assert single_node.has_single_node_multi and not single_node.has_inter
+    own = np.array([0.05, 0.002, 0.0, 0.0, 0.0, 0.0, 1.0])  # this type: compute only
+    visible = np.array([0.05, 0.002, 0.04, 0.004, 0.04, 0.004, 1.5])
+    member = _carried_member(own, visible, single_node, 0.06, on_ref, other)
+    assert member is not None and member.theta[0] == 0.05 and member.theta[6] == 1.5
+    assert member.theta[2] == pytest.approx(0.04 * on_ref.params.alpha_n / on_ref.params.alpha_r * other.params_g.alpha_n / on_ref.params_g.alpha_n)
+    hidden = visible.copy()
+    hidden[6] = CARRY_MAX_GAMMA + 1.0  # the fit could hide its sync behind compute: not identified
+    assert _carried_member(own, hidden, single_node, 0.06, on_ref, other) is None
+    one_gpu = Regimes.of(synthetic(FAST, SINGLE, job="new", gpu="fast", seed=1, accums=(0,)))
+    assert _carried_member(own, visible, one_gpu, 0.06, on_ref, other) is None  # nothing of its own sync to carry
