@@ -196,20 +196,19 @@ class BayesState:
         transfer = self.transfers[gpu]
         if not transfer.borrowed:
             return out
-        regime = config_regime(nodes, replicas)
+        regime = config_regime(nodes, replicas)  # borrowed regimes are ones the type has not been observed in
         sens = None
         for r, weights in transfer.borrowed.items():
-            rows = (regime == r) & ~np.isin(regime, transfer.regimes.covered)
+            rows = regime == r
             if not rows.any():
                 continue
             if sens is None:
-                sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
+                sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)[:, _OWN_SYNC]
             for ref, weight in weights.items():
-                cov = self.cov_id.get(ref)
-                if cov is None or ref not in self._id:
+                if ref not in self.cov_id:
                     continue
-                s = np.zeros((int(rows.sum()), _G))
-                s[:, _OWN_SYNC] = sens[np.ix_(rows, _OWN_SYNC)] * self._id[ref][_OWN_SYNC] * math.sqrt(weight)
+                cov = self.cov_id[ref][np.ix_(_OWN_SYNC, _OWN_SYNC)]
+                s = sens[rows] * self._id[ref][_OWN_SYNC] * math.sqrt(weight)
                 out[rows] += np.einsum("ij,jk,ik->i", s, cov, s)
         return out
 
