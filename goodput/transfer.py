@@ -797,8 +797,8 @@ def build_transfer(
                             if regime == 3 and on_ref is not None:
                                 carried = _carried_member(own, own_fits[ref].as_array(), regimes[ref], c_ref[ref], on_ref, other)
                                 if carried is not None:
-                                    borrowed.setdefault(regime, {})
-                                    borrowed[regime][ref] = borrowed[regime].get(ref, 0.0) + 1.0
+                                    counts = borrowed.setdefault(regime, {})
+                                    counts[ref] = counts.get(ref, 0.0) + 1.0
                                     break
                             if on_ref is not None and on_ref.params_g is not None:
                                 ref_guess = _size_ratio(size, proxy.get(ref), c_ref[ref], on_ref)
