@@ -91,9 +91,10 @@ class BayesState:
     index: dict[str, int] = field(init=False)
     cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
     dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
-    # per type: factor on the log-std of configurations in regimes the type has not been observed
-    # in, from the cluster's cold calibration (ClusterPrior.cold_calibration; cold jobs only)
-    cold_scale: dict[str, float] = field(default_factory=dict)
+    # per type and regime index: factor on the log-std of configurations in that regime when the
+    # type has not been observed in it, from the cluster's calibrations (ClusterPrior.cold_calibration
+    # for cold jobs, ClusterPrior.warm_calibration for jobs that have run multi-GPU)
+    regime_scale: dict[str, dict[int, float]] = field(default_factory=dict)
     _id: dict[str, np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -242,11 +243,14 @@ class BayesState:
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
         std = np.where(ok, np.sqrt(var), fallback)
-        scale = self.cold_scale.get(gpu)
-        if scale is not None and scale != 1.0:
+        scales = self.regime_scale.get(gpu)
+        if scales:
             n, r = (np.ravel(a) for a in np.broadcast_arrays(nodes, replicas, bsz, accum)[:2])
             regime = config_regime(n, r)
-            std = np.where((regime > 0) & ~np.isin(regime, self.transfers[gpu].regimes.covered), std * scale, std)
+            factor = np.ones(regime.shape)
+            for index, scale in scales.items():
+                factor[regime == index] = scale
+            std = np.where(np.isin(regime, self.transfers[gpu].regimes.covered), std, std * factor)
         return np.where(ok, design.log_mean + mu, design.log_mean), std
 
     # ------------------------------------------------------------------ online

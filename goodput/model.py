@@ -354,10 +354,15 @@ class JobModel:
         fit_hyper = hyperparameters or previous is None
         self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points,
                                   fit_hyper=fit_hyper)
-        if self.cluster_prior is not None and not any(o.num_replicas > 1 for obs in self._observations.values() for o in obs):
-            # a cold job (1-GPU profiles only): its multi-GPU predictions rest on the other jobs,
-            # whose transferability the cluster's own leave-one-job-out calibration measures
-            self._state.cold_scale = {t: self.cluster_prior.cold_factor(t) for t in self._observations}
+        if self.cluster_prior is not None:
+            # Predictions in regimes a type has not been observed in rest on transfer rules whose
+            # reliability the cluster's own leave-one-job-out calibrations measure: for a cold job
+            # (1-GPU profiles only) the other jobs' sync, for a warm one the rules that carry its
+            # own single-node data to multi-node and to other types.
+            if not any(o.num_replicas > 1 for obs in self._observations.values() for o in obs):
+                self._state.regime_scale = {t: dict.fromkeys((1, 2, 3), self.cluster_prior.cold_factor(t)) for t in self._observations}
+            else:
+                self._state.regime_scale = {t: self.cluster_prior.warm_factors(self._state.transfers[t].regimes) for t in self._observations}
         self._refit_due = self._hyper_due = False
         self._pending = 0
         self.refits += 1
@@ -392,7 +397,10 @@ class JobModel:
             "hyperparameters": state.hyper.to_dict(),
             "task_correlation": state.hyper.task_correlation().round(3).tolist(),
             "transfers": {t: {"covered": [REGIMES[r] for r in tr.regimes.covered], "sources": tr.sources,
-                              "members": {REGIMES[r]: len(m) for r, m in tr.members.items()}}
+                              "members": {REGIMES[r]: len(m) for r, m in tr.members.items()},
+                              # factor on the predictive std of each unobserved regime (the cluster's calibrations)
+                              "spread_scale": {REGIMES[r]: round(f, 3) for r, f in state.regime_scale.get(t, {}).items()
+                                               if r not in tr.regimes.covered}}
                           for t, tr in state.transfers.items()},
             "fallback": state.posterior is None,
             "reason": state.reason,

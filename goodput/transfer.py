@@ -49,7 +49,10 @@ observed in that regime, scaled by a factor λ:
 How far other jobs can be trusted is a property of the cluster, measured on it:
 :meth:`ClusterPrior.cold_calibration` models each of its jobs from that job's
 1-GPU data and the others, and scales a cold job's predictive spread so that
-90% intervals cover 90% there.
+90% intervals cover 90% there; :meth:`ClusterPrior.warm_calibration` does the
+same for a job that has run multi-GPU on one node of some type, per situation
+(that type's multi-node regime; another type's single-node and multi-node
+regimes).
 
 A configuration in an unobserved regime is predicted by the weighted mean of
 the members' log step times; their weighted variance, plus a structural
@@ -321,6 +324,16 @@ def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any
 CALIBRATION_MIN_JOBS = 2  # jobs with multi-GPU data a calibration factor needs (per type, else pooled)
 CALIBRATION_RANGE = (0.5, 3.0)  # a calibration factor is clipped to this range
 CALIBRATION_LEVEL = 0.9
+# Where a job that has run multi-GPU (on one node of some type) still predicts by transfer
+# (ClusterPrior.warm_calibration): the multi-node regime of a type with single-node multi-GPU data,
+# and the single-node and multi-node regimes of a type it has run on 1 GPU only.
+WARM_SITUATIONS = ("same type, multi-node", "other type, single-node", "other type, multi-node")
+
+
+def _warm_situations(same_type: bool, inter: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    if same_type:
+        return [(WARM_SITUATIONS[0], inter)]
+    return [(WARM_SITUATIONS[1], ~inter), (WARM_SITUATIONS[2], inter)]
 
 
 def _scale_factor(items: Sequence[tuple[np.ndarray, float]]) -> float:
@@ -352,7 +365,10 @@ class ClusterPrior:
     # Per GPU type (and "*" for all), the factor on the predictive log-std of a cold job's
     # multi-GPU configurations (see cold_calibration); None: not computed yet.
     calibration: dict[str, float] | None = None
-    # The jobs' raw observations, when built from them (not saved): what cold_calibration needs.
+    # Per situation of WARM_SITUATIONS, the factor on the predictive log-std of a job that has run
+    # multi-GPU, in the regimes a type has not been observed in (see warm_calibration); None: not computed yet.
+    warm: dict[str, float] | None = None
+    # The jobs' raw observations, when built from them (not saved): what the calibrations need.
     observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
     sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
@@ -458,6 +474,74 @@ class ClusterPrior:
                 self.calibration[gpu] = _scale_factor(items)
         return self.calibration
 
+    def warm_calibration(self) -> dict[str, float]:
+        """Per situation (:data:`WARM_SITUATIONS`), the factor that makes a warm job's 90% intervals cover 90%.
+
+        A job that has run multi-GPU on some type still predicts the regimes a type has not
+        been observed in from transfer rules: its multi-node configurations from its single-node
+        ones and other jobs' inter/intra ratios (:func:`_ratio_member`), another type's
+        multi-GPU configurations from its own fit carried over (:func:`_carried_member`) or
+        other jobs' sync profiles. How well those rules hold is, like the cold job's case
+        (:meth:`cold_calibration`), a property of the cluster, measured on it leave-one-job-out:
+        each job is modelled from its 1-GPU observations and its single-node multi-GPU ones on
+        one type (each such type in turn), with the other jobs as prior, and its observations
+        in the regimes that model has not seen give ``|z|``. The factor is the weighted 90%
+        quantile of ``|z|`` over the normal's 1.645 (each (job, type, situation) cell weighing
+        the same), pooled over GPU types, with at least :data:`CALIBRATION_MIN_JOBS` jobs per
+        situation; clipped to :data:`CALIBRATION_RANGE`. Empty without the raw observations or
+        with fewer jobs.
+        """
+        if self.warm is not None:
+            return self.warm
+        self.warm = {}
+        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS + 1:
+            return self.warm
+        from .model import JobModel  # noqa: PLC0415 - model builds on this module
+
+        scores: dict[str, list[tuple[np.ndarray, float, str]]] = {}
+        for job, obs in sorted(self.observations.items()):
+            one = [o for o in obs if o.num_replicas == 1]
+            one_types = {o.gpu_type for o in one}
+            warm_types = sorted({o.gpu_type for o in obs if o.num_replicas > 1 and o.num_nodes == 1} & one_types)
+            if not warm_types:
+                continue
+            others = self.exclude(job)
+            others.calibration, others.warm = {}, {}  # no nested calibration
+            for warm_type in warm_types:
+                train = one + [o for o in obs if o.gpu_type == warm_type and o.num_replicas > 1 and o.num_nodes == 1]
+                model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others,
+                                 model_size=self.sizes.get(job))
+                model.observe(train)
+                for gpu in sorted(one_types):
+                    rows = [o for o in obs if o.gpu_type == gpu and o.num_replicas > 1 and not (gpu == warm_type and o.num_nodes == 1)]
+                    if not rows:
+                        continue
+                    cols = throughput_arrays(rows)
+                    pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+                    z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
+                    inter = cols["num_nodes"] > 1
+                    for situation, mask in _warm_situations(gpu == warm_type, inter):
+                        if mask.any():
+                            scores.setdefault(situation, []).append((z[mask], 1.0 / int(mask.sum()), job))
+        for situation, items in scores.items():
+            if len({job for _, _, job in items}) >= CALIBRATION_MIN_JOBS:
+                self.warm[situation] = _scale_factor([(z, w) for z, w, _ in items])
+        return self.warm
+
+    def warm_factors(self, regimes: Regimes) -> dict[int, float]:
+        """:meth:`warm_calibration`'s factor per regime index that a type with these ``regimes`` has not been observed in."""
+        factors = self.warm_calibration()
+        if regimes.has_multi:
+            if regimes.has_single_node_multi and not regimes.has_inter and WARM_SITUATIONS[0] in factors:
+                return {3: factors[WARM_SITUATIONS[0]]}
+            return {}
+        out = {}
+        if WARM_SITUATIONS[1] in factors:
+            out[1] = out[2] = factors[WARM_SITUATIONS[1]]
+        if WARM_SITUATIONS[2] in factors:
+            out[3] = factors[WARM_SITUATIONS[2]]
+        return out
+
     def cold_factor(self, gpu_type: str) -> float:
         """:meth:`cold_calibration`'s factor for one type (1 when there is none)."""
         calibration = self.cold_calibration()
@@ -476,8 +560,9 @@ class ClusterPrior:
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
-        """Summaries and the cold calibration (computed now when the observations are at hand)."""
-        return {"summaries": [s.to_dict() for s in self.summaries], "calibration": self.cold_calibration()}
+        """Summaries and the calibrations (computed now when the observations are at hand)."""
+        return {"summaries": [s.to_dict() for s in self.summaries], "calibration": self.cold_calibration(),
+                "warm_calibration": self.warm_calibration()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
@@ -488,7 +573,12 @@ class ClusterPrior:
             if not isinstance(calibration, Mapping):
                 raise ValidationError("cluster_prior.calibration", calibration, "expected {gpu_type: factor}")
             calibration = {str(k): check_float(f"calibration[{k!r}]", v, positive=True) for k, v in calibration.items()}
-        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration)
+        warm = data.get("warm_calibration")
+        if warm is not None:
+            if not isinstance(warm, Mapping) or set(warm) - set(WARM_SITUATIONS):
+                raise ValidationError("cluster_prior.warm_calibration", warm, f"expected {{situation: factor}}, situations {WARM_SITUATIONS}")
+            warm = {str(k): check_float(f"warm_calibration[{k!r}]", v, positive=True) for k, v in warm.items()}
+        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")

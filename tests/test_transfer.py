@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -232,11 +233,66 @@ def test_cold_calibration_scales_only_a_cold_jobs_unobserved_regimes():
     plain = JobModel("new", 8, cluster_prior=neutral).observe(cold).predict("slow", nodes, replicas, 32).log_std
     assert scaled[0] == pytest.approx(plain[0])  # 1 GPU: observed, not scaled
     np.testing.assert_allclose(scaled[1:], factor * plain[1:], rtol=1e-9)
-    # once the job has run multi-GPU, its own data speak: no cold scaling
+    # once the job has run multi-GPU, its own data speak: no cold scaling; the warm calibration
+    # scales only the multi-node regime its single-node data on "slow" are carried to
     warm = cold + synthetic(SLOW, [(1, 2)], job="new", gpu="slow", seed=14, accums=(0,))
     scaled = JobModel("new", 8, cluster_prior=prior).observe(warm).predict("slow", nodes, replicas, 32).log_std
     plain = JobModel("new", 8, cluster_prior=neutral).observe(warm).predict("slow", nodes, replicas, 32).log_std
-    np.testing.assert_allclose(scaled, plain, rtol=1e-9)
+    multi_node = prior.warm_calibration()["same type, multi-node"]
+    assert multi_node != pytest.approx(factor)
+    np.testing.assert_allclose(scaled, plain * np.array([1.0, 1.0, multi_node, multi_node]), rtol=1e-9)
+
+
+def _premium_cluster(premiums: list[float]) -> dict[str, list]:
+    """Jobs whose inter-node sync is ``premium`` × the reference's (their intra-node sync alike)."""
+    out = {}
+    for i, premium in enumerate(premiums):
+        params = {}
+        for gpu, base in (("fast", FAST), ("slow", SLOW)):
+            p = _scaled(base, 1.0 + 0.3 * i)
+            params[gpu] = ThroughputParams(p.alpha_c, p.beta_c, p.alpha_n * premium, p.beta_n * premium, p.alpha_r, p.beta_r, p.gamma)
+        configs = SINGLE + INTRA + [(2, 8), (4, 16)]
+        out[f"j{i}"] = synthetic(params["fast"], configs, job=f"j{i}", gpu="fast", seed=40 + i, accums=(0,)) + synthetic(
+            params["slow"], configs, job=f"j{i}", gpu="slow", seed=140 + i, accums=(0,))
+    return out
+
+
+def test_warm_calibration_measures_how_well_single_node_data_carry_to_multi_node():
+    # P3's rule (own intra-node sync × other jobs' inter/intra ratio) holds where the jobs' networks
+    # cost alike, and fails where one job's inter-node premium is 10x another's
+    alike = ClusterPrior.from_observations(_premium_cluster([1.0, 1.1, 0.9, 1.05]))
+    unlike = ClusterPrior.from_observations(_premium_cluster([0.3, 3.0, 0.5, 2.0]))
+    a, u = alike.warm_calibration(), unlike.warm_calibration()
+    situation = "same type, multi-node"
+    assert situation in a and situation in u
+    # the ensemble of ratio members spreads with the jobs' disagreement; the calibration sets how far
+    # to trust that spread: narrower where the rule holds, about as wide where the jobs disagree
+    assert a[situation] < 0.75 and u[situation] > 1.5 * a[situation]
+    # the factor reaches the predictions: a warm job's multi-node std on a type with its single-node data
+    new = [dataclasses.replace(o, job="new") for o in _premium_cluster([1.0])["j0"] if o.num_nodes == 1]
+    neutral = ClusterPrior(unlike.summaries, calibration={}, warm={})
+    nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 8, 8, 16])
+    scaled = JobModel("new", 8, cluster_prior=unlike).observe(new).predict("fast", nodes, replicas, 32).log_std
+    plain = JobModel("new", 8, cluster_prior=neutral).observe(new).predict("fast", nodes, replicas, 32).log_std
+    np.testing.assert_allclose(scaled, plain * np.array([1.0, 1.0, u[situation], u[situation]]), rtol=1e-9)
+    # ... and on a type it ran on 1 GPU only, every multi-GPU regime (P2's situation)
+    new = [o for o in new if o.gpu_type == "fast" or o.num_replicas == 1]
+    scaled = JobModel("new", 8, cluster_prior=unlike).observe(new).predict("slow", nodes, replicas, 32).log_std
+    plain = JobModel("new", 8, cluster_prior=neutral).observe(new).predict("slow", nodes, replicas, 32).log_std
+    intra, inter = u["other type, single-node"], u["other type, multi-node"]
+    np.testing.assert_allclose(scaled, plain * np.array([1.0, intra, inter, inter]), rtol=1e-9)
+    spread = JobModel("new", 8, cluster_prior=unlike).observe(new).diagnostics["transfers"]
+    assert spread["slow"]["spread_scale"] == pytest.approx({"intra2": intra, "intramany": intra, "inter": inter}, abs=1e-3)
+    assert spread["fast"]["spread_scale"] == pytest.approx({"inter": u[situation]}, abs=1e-3)
+    # saved and loaded with the prior; unknown situations and bad factors are refused
+    loaded = ClusterPrior.from_dict(json.loads(json.dumps(unlike.to_dict())))
+    assert loaded.warm_calibration() == pytest.approx(u) and loaded.observations is None
+    with pytest.raises(ValueError, match="warm_calibration"):
+        ClusterPrior.from_dict({"summaries": [], "warm_calibration": {"nowhere": 1.0}})
+    with pytest.raises(ValueError, match="warm_calibration"):
+        ClusterPrior.from_dict({"summaries": [], "warm_calibration": {situation: 0.0}})
+    # too few jobs: no calibration
+    assert ClusterPrior.from_observations(_premium_cluster([1.0, 2.0])).warm_calibration() == {}
 
 
 def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
