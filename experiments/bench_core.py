@@ -30,9 +30,11 @@ TYPES = {
 }
 
 
-def observations(gpu_type: str, count: int, seed: int = 0) -> list[Observation]:
+def observations(gpu_type: str, count: int, seed: int = 0, *, params: ThroughputParams | None = None,
+                 job: str = "bench") -> list[Observation]:
+    """``count`` noisy observations of ``job`` on ``gpu_type`` (parameters: ``TYPES[gpu_type]`` unless given)."""
     rng = np.random.default_rng(seed)
-    params = TYPES[gpu_type]
+    params = TYPES[gpu_type] if params is None else params
     configs = [(1, 1), (1, 2), (1, 4), (2, 8), (3, 12), (4, 16)]
     out = []
     for i in range(count):
@@ -40,7 +42,7 @@ def observations(gpu_type: str, count: int, seed: int = 0) -> list[Observation]:
         bsz = int(2 ** rng.uniform(3, 9))
         accum = int(rng.integers(0, 3))
         step = float(predict_step_time(params, nodes, replicas, bsz, accum)) * float(np.exp(rng.normal(0, 0.03)))
-        out.append(Observation(job="bench", gpu_type=gpu_type, num_nodes=nodes, num_replicas=replicas,
+        out.append(Observation(job=job, gpu_type=gpu_type, num_nodes=nodes, num_replicas=replicas,
                                local_bsz=bsz, accum_steps=accum, step_time=step))
     return out
 

@@ -29,3 +29,7 @@ def test_bench_model_quick(tmp_path):
     whats = [row["what"] for row in figures["rows"]]
     assert any(w.startswith("observe(1) + table(20") for w in whats) and any(w.startswith("full refit") for w in whats)
     assert all(row["median_ms"] > 0 for row in figures["rows"]) and figures["gp_points"] >= 200
+    # the path of a job partly predicted by transfer, with a cluster prior: timed without refits
+    transfer = [row for row in figures["rows"] if "by transfer" in row["what"]]
+    assert len(transfer) == 1 and transfer[0]["refits_during"] == 0, transfer
+    assert any("calibrations" in w for w in whats)
