@@ -445,7 +445,7 @@ class ClusterPrior:
         if self.calibration is not None:
             return self.calibration
         self.calibration = {}
-        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS + 1:
+        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
             return self.calibration
         from .model import JobModel  # noqa: PLC0415 - model builds on this module
 
@@ -496,7 +496,7 @@ class ClusterPrior:
         if self.warm is not None:
             return self.warm
         self.warm = {}
-        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS + 1:
+        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
             return self.warm
         from .model import JobModel  # noqa: PLC0415 - model builds on this module
 
