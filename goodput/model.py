@@ -360,7 +360,8 @@ class JobModel:
             # (1-GPU profiles only) the other jobs' sync, for a warm one the rules that carry its
             # own single-node data to multi-node and to other types.
             if not any(o.num_replicas > 1 for obs in self._observations.values() for o in obs):
-                self._state.regime_scale = {t: dict.fromkeys((1, 2, 3), self.cluster_prior.cold_factor(t)) for t in self._observations}
+                factors = {t: self.cluster_prior.cold_factor(t) for t in self._observations}
+                self._state.regime_scale = {t: dict.fromkeys((1, 2, 3), f) for t, f in factors.items() if f != 1.0}
             else:
                 self._state.regime_scale = {t: self.cluster_prior.warm_factors(self._state.transfers[t].regimes) for t in self._observations}
         self._refit_due = self._hyper_due = False

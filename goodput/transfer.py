@@ -336,6 +336,14 @@ def _warm_situations(same_type: bool, inter: np.ndarray) -> list[tuple[str, np.n
     return [(WARM_SITUATIONS[1], ~inter), (WARM_SITUATIONS[2], inter)]
 
 
+def _abs_z(model: Any, rows: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+    """``|log(measured / predicted)| / predicted log-std`` of ``rows`` (one GPU type) under ``model``, and which are multi-node."""
+    cols = throughput_arrays(rows)
+    pred = model.predict(rows[0].gpu_type, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+    z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
+    return z, cols["num_nodes"] > 1
+
+
 def _scale_factor(items: Sequence[tuple[np.ndarray, float]]) -> float:
     """Weighted ``CALIBRATION_LEVEL`` quantile of |z| (each item: z-scores and the weight of each) over the normal's."""
     z = np.concatenate([v for v, _ in items])
@@ -447,23 +455,15 @@ class ClusterPrior:
         self.calibration = {}
         if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
             return self.calibration
-        from .model import JobModel  # noqa: PLC0415 - model builds on this module
-
         scores: dict[str, list[tuple[np.ndarray, float]]] = {}
         for job, obs in sorted(self.observations.items()):
             single = [o for o in obs if o.num_replicas == 1]
             multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
             if not single or not multi:
                 continue
-            others = self.exclude(job)
-            others.calibration = {}  # no nested calibration
-            model = JobModel(job, init_batch_size=min(o.local_bsz for o in single), cluster_prior=others,
-                             model_size=self.sizes.get(job))
-            model.observe(single)
+            model = self._left_out_model(job, single)
             for gpu in sorted({o.gpu_type for o in multi}):
-                cols = throughput_arrays([o for o in multi if o.gpu_type == gpu])
-                pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-                z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
+                z, _ = _abs_z(model, [o for o in multi if o.gpu_type == gpu])
                 scores.setdefault(gpu, []).append((z, 1.0 / len(z)))
         pooled = [item for items in scores.values() for item in items]
         if len({id(z) for z, _ in pooled}) < CALIBRATION_MIN_JOBS:
@@ -498,30 +498,17 @@ class ClusterPrior:
         self.warm = {}
         if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
             return self.warm
-        from .model import JobModel  # noqa: PLC0415 - model builds on this module
-
         scores: dict[str, list[tuple[np.ndarray, float, str]]] = {}
         for job, obs in sorted(self.observations.items()):
             one = [o for o in obs if o.num_replicas == 1]
             one_types = {o.gpu_type for o in one}
-            warm_types = sorted({o.gpu_type for o in obs if o.num_replicas > 1 and o.num_nodes == 1} & one_types)
-            if not warm_types:
-                continue
-            others = self.exclude(job)
-            others.calibration, others.warm = {}, {}  # no nested calibration
-            for warm_type in warm_types:
-                train = one + [o for o in obs if o.gpu_type == warm_type and o.num_replicas > 1 and o.num_nodes == 1]
-                model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others,
-                                 model_size=self.sizes.get(job))
-                model.observe(train)
+            for warm_type in sorted({o.gpu_type for o in obs if o.num_replicas > 1 and o.num_nodes == 1} & one_types):
+                model = self._left_out_model(job, one + [o for o in obs if o.gpu_type == warm_type and o.num_replicas > 1 and o.num_nodes == 1])
                 for gpu in sorted(one_types):
                     rows = [o for o in obs if o.gpu_type == gpu and o.num_replicas > 1 and not (gpu == warm_type and o.num_nodes == 1)]
                     if not rows:
                         continue
-                    cols = throughput_arrays(rows)
-                    pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-                    z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
-                    inter = cols["num_nodes"] > 1
+                    z, inter = _abs_z(model, rows)
                     for situation, mask in _warm_situations(gpu == warm_type, inter):
                         if mask.any():
                             scores.setdefault(situation, []).append((z[mask], 1.0 / int(mask.sum()), job))
@@ -529,6 +516,15 @@ class ClusterPrior:
             if len({job for _, _, job in items}) >= CALIBRATION_MIN_JOBS:
                 self.warm[situation] = _scale_factor([(z, w) for z, w, _ in items])
         return self.warm
+
+    def _left_out_model(self, job: str, train: list[Observation]) -> Any:
+        """A :class:`~goodput.model.JobModel` of ``job`` fitted to ``train`` with the other jobs as prior (not calibrated: no nesting)."""
+        from .model import JobModel  # noqa: PLC0415 - model builds on this module
+
+        others = self.exclude(job)
+        others.calibration, others.warm = {}, {}
+        model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others, model_size=self.sizes.get(job))
+        return model.observe(train)
 
     def warm_factors(self, regimes: Regimes) -> dict[int, float]:
         """:meth:`warm_calibration`'s factor per regime index that a type with these ``regimes`` has not been observed in."""
