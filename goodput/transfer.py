@@ -31,11 +31,14 @@ observed in that regime, scaled by a factor λ:
   β_n/α_n): what other jobs teach there is the premium of the network over the
   node's interconnect, not their sync profile (:func:`_ratio_member`; on
   Pollux's T4 traces this halves the single-node → multi-node error, 24% →
-  12%). For the multi-node regime of a type without multi-GPU data, the job's
+  12%). Single-node data hardly separate γ from the intra-node sync, so the
+  rule is applied to fits over a grid of γ, weighted by their posterior
+  (:func:`_gamma_posterior`; Pollux's T4 traces 12% → 10.5%). For the
+  multi-node regime of a type without multi-GPU data, the job's
   own fit on another type it ran multi-GPU on (its sync terms and γ, its
   inter-node terms by the ratio rule when it has no multi-node data there),
   with this type's compute terms and the inter-node terms × the other job's
-  ratio of inter-node sync between the two types (:func:`_carried_member`:
+  ratio of inter-node sync between the two types (:func:`_carried_members`:
   P2's multi-node configurations then rest on the rule P3 measured, not on
   the other jobs' sync shape). Otherwise λ is fitted to the job's own
   multi-GPU observations on that type, else to its observations on another
@@ -480,7 +483,7 @@ class ClusterPrior:
         A job that has run multi-GPU on some type still predicts the regimes a type has not
         been observed in from transfer rules: its multi-node configurations from its single-node
         ones and other jobs' inter/intra ratios (:func:`_ratio_member`), another type's
-        multi-GPU configurations from its own fit carried over (:func:`_carried_member`) or
+        multi-GPU configurations from its own fit carried over (:func:`_carried_members`) or
         other jobs' sync profiles. How well those rules hold is, like the cold job's case
         (:meth:`cold_calibration`), a property of the cluster, measured on it leave-one-job-out:
         each job is modelled from its 1-GPU observations and its single-node multi-GPU ones on
@@ -640,7 +643,7 @@ class TypeTransfer:
             type's own fitted sync terms and γ (:func:`_ratio_member`): the uncertainty of
             those parameters carries over to them (every member carries the own compute terms).
         borrowed: per unobserved regime index, ``{type: weight}`` of members that carry the
-            job's own fitted sync terms and γ on another type (:func:`_carried_member`): that
+            job's own fitted sync terms and γ on another type (:func:`_carried_members`): that
             type's parameter uncertainty carries over to them.
     """
 
@@ -732,42 +735,96 @@ def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
     return Member(theta, 1.0, f"job {other.job}, own intra-node sync × its inter/intra ratio")
 
 
+# Overlaps γ over which a single-node fit is averaged when its sync is carried to several nodes
+# (a uniform prior on these values; Pollux's γ ranges over [1, 10], fits land mostly in 1–3).
+GAMMA_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
+GAMMA_MIN_WEIGHT = 1e-3  # posterior weight below which an overlap of the grid is dropped
+
+
+def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own: ThroughputParams) -> list[tuple[np.ndarray, float]]:
+    """Fits of one type's observations over the overlap γ (θ), and their posterior weights.
+
+    On one node, the overlap γ and the intra-node sync cost α_r explain the same step times in
+    many combinations (more overlap hides more sync), and they part ways only on several nodes,
+    where sync outgrows compute: Pollux's T4 deepspeech2 fits α_r = 0.33 s at γ = 2.6 on its
+    single-node data and 0.084 s at γ = 1.4 on all of them. Rather than carry the one
+    combination the single-node fit happens to pick, the multi-node prediction averages over γ
+    (Bayesian model averaging: Hoeting et al., "Bayesian model averaging: a tutorial",
+    Statistical Science 14(4), 1999). The nodes are :data:`GAMMA_GRID` and the free fit's γ
+    (``own``, the likelihood's mode), each a fit with γ held there; its weight is the
+    likelihood ``exp(−½ Σ r² / σ²)`` times the width of its cell of a uniform prior on
+    [1, max(5, γ_own)], with ``r`` the log residuals of step time and σ = ``noise_std``: the
+    error of Pollux's form itself (the cluster's other jobs' fits on single-node multi-GPU
+    configurations), which dominates the residuals of a fit, not measurement noise. Nodes of
+    weight below :data:`GAMMA_MIN_WEIGHT` are dropped.
+    """
+    cols = throughput_arrays(observations)
+    log_step = np.log(cols["step_time"])
+    gammas = sorted(set(GAMMA_GRID) | {own.gamma})
+    thetas, log_like = [], []
+    for gamma in gammas:
+        theta = own.as_array() if gamma == own.gamma else fit_throughput(observations, gamma=gamma, initial=own).as_array()
+        resid = np.log(_step_time(theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])) - log_step
+        thetas.append(theta)
+        log_like.append(-0.5 * float(np.sum(resid**2)) / noise_std**2)
+    edges = np.concatenate([[gammas[0]], (np.array(gammas[1:]) + np.array(gammas[:-1])) / 2, [max(gammas[-1], GAMMA_GRID[-1])]])
+    weights = np.diff(edges) * np.exp(np.array(log_like) - max(log_like))
+    keep = weights >= GAMMA_MIN_WEIGHT * weights.sum()  # negligible overlaps would only cost prediction time
+    weights = weights[keep] / weights[keep].sum()
+    return list(zip([t for t, k in zip(thetas, keep) if k], weights.tolist()))
+
+
+def _ratio_members(grid: Sequence[tuple[np.ndarray, float]], own: np.ndarray, other: JobTypeSummary) -> list[Member]:
+    """:func:`_ratio_member` of each γ of a :func:`_gamma_posterior`, with its weight and the job's own compute terms."""
+    out = []
+    for theta, weight in grid:
+        member = _ratio_member(theta, other)
+        if member is not None:
+            member.theta[0], member.theta[1] = own[0], own[1]
+            out.append(Member(member.theta, weight, member.source))
+    return out
+
+
 # Above this overlap γ, a single-node fit's sync can hide behind its compute (the step is within
 # 2^(1/γ) − 1 < 26% of the larger of the two): its sync terms are not identified well enough to
 # carry to a type where compute is faster and the sync shows (Gavel's resnet-18 on K80: γ = 4.4).
 CARRY_MAX_GAMMA = 3.0
 
 
-def _carried_member(own: np.ndarray, own_ref: np.ndarray, ref_regimes: Regimes, ref_c: float, on_ref: JobTypeSummary,
-                    other: JobTypeSummary) -> Member | None:
-    """Multi-node member of a type without multi-GPU data: the job's own fit on a reference type, carried over.
+def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tuple[np.ndarray, float]] | None, ref_regimes: Regimes,
+                     ref_c: float, on_ref: JobTypeSummary, other: JobTypeSummary) -> list[Member]:
+    """Multi-node members of a type without multi-GPU data: the job's own fit on a reference type, carried over.
 
-    The job's fit on type ``ref`` (its sync terms and γ; when ``ref`` has no multi-node data,
-    its inter-node terms by P3's ratio rule, :func:`_ratio_member`, from the other job on
-    ``ref``), with this type's compute terms and the inter-node terms × the other job's ratio
+    The job's fit on type ``ref`` (``own_ref``: its sync terms and γ; when ``ref`` has no
+    multi-node data, P3's ratio rule, :func:`_ratio_member`, from the other job on ``ref``,
+    applied to each γ of ``ref_grid``, the :func:`_gamma_posterior` of its data, with its
+    weight), with this type's compute terms and the inter-node terms × the other job's ratio
     of inter-node sync between the two types (α_n here / α_n on ``ref``, γ-held fits): what
     the other job teaches is how the two types' networks compare, not its sync profile.
-    ``None`` when ``ref`` does not identify the job's sync (no single-node multi-GPU data, or
-    its intra-node sync hidden behind compute: α_r below :data:`RATIO_MIN_SYNC` of the compute,
-    or γ above :data:`CARRY_MAX_GAMMA`) or the other job has no multi-node data on either type.
+    Empty when ``ref`` does not identify the job's sync (no single-node multi-GPU data, or
+    its intra-node sync hidden behind compute in its fit: α_r below :data:`RATIO_MIN_SYNC` of
+    the compute, or γ above :data:`CARRY_MAX_GAMMA`) or the other job has no multi-node data
+    on either type.
     """
     if other.params_g is None or on_ref.params_g is None or not (other.regimes.has_inter and on_ref.regimes.has_inter):
-        return None
+        return []
     if ref_regimes.has_inter:
-        theta = own_ref.copy()
+        members = [Member(own_ref.copy(), 1.0, "")]
     elif ref_regimes.has_single_node_multi and own_ref[4] > RATIO_MIN_SYNC * ref_c and own_ref[6] <= CARRY_MAX_GAMMA:
-        member = _ratio_member(own_ref, on_ref)
-        if member is None:
-            return None
-        theta = member.theta.copy()
+        members = _ratio_members(ref_grid or [(own_ref, 1.0)], own, on_ref)
     else:
-        return None
+        return []
     here, there = other.params_g.alpha_n, on_ref.params_g.alpha_n
     if not (here > 0 and there > 0):
-        return None
-    theta[0], theta[1] = own[0], own[1]
-    theta[2:4] *= here / there
-    return Member(theta, 1.0, f"job {other.job}, own fit on {on_ref.gpu_type} × its {other.gpu_type}/{on_ref.gpu_type} inter-node sync")
+        return []
+    source = f"job {other.job}, own fit on {on_ref.gpu_type} × its {other.gpu_type}/{on_ref.gpu_type} inter-node sync"
+    out = []
+    for member in members:
+        theta = member.theta
+        theta[0], theta[1] = own[0], own[1]
+        theta[2:4] *= here / there
+        out.append(Member(theta, member.weight, source))
+    return out
 
 
 def _default_source(c_ref: float) -> np.ndarray:
@@ -818,6 +875,17 @@ def build_transfer(
                         continue
                     cache[key] = value
                 held[t] = cache[key]
+    def gamma_grid(t: str) -> list[tuple[np.ndarray, float]]:
+        """:func:`_gamma_posterior` of type ``t``'s observations (memoised in ``cache``)."""
+        key = ("gamma grid", t, len(observations[t]))
+        if cache is None or key not in cache:
+            noise = (cluster_prior.struct(t, 1) if cluster_prior is not None else None) or DEFAULTS["struct_std"].value
+            value = _gamma_posterior(observations[t], noise, own_fits[t])
+            if cache is None:
+                return value
+            cache[key] = value
+        return cache[key]
+
     out: dict[str, TypeTransfer] = {}
     for gpu, params in own_fits.items():
         reg = regimes[gpu]
@@ -860,7 +928,7 @@ def build_transfer(
                         for z, w in zip(GH_NODES, GH_WEIGHTS)
                     ]
                     family_w += _normalised(group)
-            family_x: list[Member] = []
+            family_x: list[list[Member]] = []  # one group (one vote) per other job
             if cluster_prior is not None:
                 for other in cluster_prior.on(gpu, regime):
                     if other.params_g is None:
@@ -869,9 +937,9 @@ def build_transfer(
                     guess = _size_ratio(size, proxy.get(gpu), c_ref[gpu], other)
                     lam, how = None, ""
                     if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
-                        ratio_member = _ratio_member(own, other)
-                        if ratio_member is not None:
-                            family_x.append(ratio_member)
+                        group = _ratio_members(gamma_grid(gpu), own, other)
+                        if group:
+                            family_x.append(group)
                             inherited[regime] = inherited.get(regime, 0.0) + 1.0
                             continue
                     if gpu in multi_cols:
@@ -879,12 +947,13 @@ def build_transfer(
                         if lam is None:
                             continue  # its sync profile cannot be matched to the job's: no vote
                     else:
-                        carried = None
+                        carried: list[Member] = []
                         for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
                             on_ref = cluster_prior.find(other.job, ref)
                             if regime == 3 and on_ref is not None:
-                                carried = _carried_member(own, own_fits[ref].as_array(), regimes[ref], c_ref[ref], on_ref, other)
-                                if carried is not None:
+                                ref_grid = gamma_grid(ref) if regimes[ref].has_single_node_multi and not regimes[ref].has_inter else None
+                                carried = _carried_members(own, own_fits[ref].as_array(), ref_grid, regimes[ref], c_ref[ref], on_ref, other)
+                                if carried:
                                     counts = borrowed.setdefault(regime, {})
                                     counts[ref] = counts.get(ref, 0.0) + 1.0
                                     break
@@ -894,12 +963,12 @@ def build_transfer(
                                 if lam is not None:
                                     how = f"scaled as on {ref}"
                                     break
-                        if carried is not None:
+                        if carried:
                             family_x.append(carried)
                             continue
                         if lam is None:
                             lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by size proxy")
-                    family_x.append(Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}"))
+                    family_x.append([Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}")])
             family_d: list[Member] = []
             if defaults:
                 source = _default_source(c_ref[gpu])
@@ -932,8 +1001,8 @@ def build_transfer(
             votes = len(groups_w) + m + (1 if use_default else 0)
             for group in groups_w.values():
                 chosen += _normalised(group, 1.0 / votes)
-            for mem in family_x:
-                chosen.append(Member(mem.theta, 1.0 / votes, mem.source))
+            for group in family_x:
+                chosen += _normalised(group, 1.0 / votes)
             if regime in inherited:
                 inherited[regime] /= votes  # the weight of the members carrying the type's own sync terms
             if regime in borrowed:

@@ -98,7 +98,7 @@ def test_intervals_are_student_t_while_a_type_has_few_residual_degrees_of_freedo
 
 
 def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
-    from goodput.transfer import ClusterPrior
+    from goodput.transfer import GAMMA_GRID, ClusterPrior
 
     single = [(1, 1), (1, 2), (1, 3), (1, 4)]
     multi = [(2, 4), (2, 8), (3, 12), (4, 16), (8, 32)]
@@ -115,11 +115,17 @@ def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
     own = model.own_fit("t4")
     transfer = model._current().transfers["t4"]
     ratio_members = [m for m in transfer.members[3] if "inter/intra ratio" in m.source]
-    assert len(ratio_members) == 3 and transfer.inherited[3] > 0.5
-    for member in ratio_members:
-        src = prior.find(member.source.split(",")[0].removeprefix("job "), "t4").params
-        assert member.theta[4] == own.alpha_r and member.theta[6] == own.gamma  # its own intra-node terms and overlap
+    jobs = [m.source.split(",")[0].removeprefix("job ") for m in ratio_members]
+    assert set(jobs) == {"a", "b", "c"} and transfer.inherited[3] > 0.5
+    for name in "abc":  # one vote per other job, spread over the overlaps γ its members hold
+        assert sum(m.weight for m, j in zip(ratio_members, jobs) if j == name) == pytest.approx(transfer.inherited[3] / 3)
+    for member, name in zip(ratio_members, jobs):
+        src = prior.find(name, "t4").params
+        assert member.theta[6] in (*GAMMA_GRID, own.gamma) and member.theta[0] == own.alpha_c  # a single-node fit at a γ of the grid
         assert member.theta[2] / member.theta[4] == pytest.approx(src.alpha_n / src.alpha_r)  # the other job's ratio
+    # the posterior over γ sits where the single-node data put it (the truth: γ = 1)
+    weights = np.array([m.weight for m in ratio_members])
+    assert weights @ np.array([m.theta[6] for m in ratio_members]) / weights.sum() < 1.3
     test = synthetic(truth, multi, job="new", gpu="t4", seed=10, accums=(0,), noise=0.0)
     cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")}
     pred = model.predict("t4", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"])
@@ -140,7 +146,7 @@ def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
 def test_a_type_without_multi_gpu_data_carries_the_jobs_own_sync_from_another_type():
     # P2's layout: the new job ran multi-GPU on one node of type "w" only, and 1 GPU on "x". Other
     # jobs ran everything on both; on "x" compute is 2x faster and every sync cost 3x dearer.
-    from goodput.transfer import ClusterPrior
+    from goodput.transfer import GAMMA_GRID, ClusterPrior
 
     single = [(1, 1), (1, 2), (1, 3), (1, 4)]
     multi = [(2, 4), (2, 8), (3, 12), (4, 16), (8, 32)]
@@ -161,15 +167,17 @@ def test_a_type_without_multi_gpu_data_carries_the_jobs_own_sync_from_another_ty
     state = model._current()
     transfer = state.transfers["x"]
     carried = [m for m in transfer.members[3] if "own fit on w" in m.source]
-    assert len(carried) == 3 and transfer.borrowed[3]["w"] > 0.5
-    own_w = model.own_fit("w")
-    for member in carried:
-        name = member.source.split(",")[0].removeprefix("job ")
+    jobs = [m.source.split(",")[0].removeprefix("job ") for m in carried]
+    assert set(jobs) == {"a", "b", "c"} and transfer.borrowed[3]["w"] > 0.5
+    for name in "abc":  # one vote per other job, spread over the overlaps γ of the fits on w
+        assert sum(m.weight for m, j in zip(carried, jobs) if j == name) == pytest.approx(transfer.borrowed[3]["w"] / 3)
+    for member, name in zip(carried, jobs):
         here, there = prior.find(name, "x").params_g, prior.find(name, "w").params_g
         src = prior.find(name, "w").params
-        assert member.theta[6] == own_w.gamma and member.theta[0] == pytest.approx(model.own_fit("x").alpha_c)
-        # own intra-node constant on w × the other job's inter/intra ratio on w × its x/w inter-node ratio
-        assert member.theta[2] == pytest.approx(own_w.alpha_r * src.alpha_n / src.alpha_r * here.alpha_n / there.alpha_n)
+        assert member.theta[6] in (*GAMMA_GRID, model.own_fit("w").gamma)  # a fit on w at a γ of the grid, or the free one
+        assert member.theta[0] == pytest.approx(model.own_fit("x").alpha_c)
+        # own intra-node constant on w (at that γ) × the other job's inter/intra ratio on w × its x/w inter-node ratio
+        assert member.theta[2] / member.theta[4] == pytest.approx(src.alpha_n / src.alpha_r * here.alpha_n / there.alpha_n)
     test = synthetic(job(*shape, compute=0.5, sync=3.0), multi, job="new", gpu="x", seed=22, accums=(0,), noise=0.0)
     cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")}
     pred = model.predict("x", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"])

@@ -297,7 +297,7 @@ def test_warm_calibration_measures_how_well_single_node_data_carry_to_multi_node
 
 
 def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
-    from goodput.transfer import CARRY_MAX_GAMMA, Regimes, _carried_member
+    from goodput.transfer import CARRY_MAX_GAMMA, Regimes, _carried_members
 
     others = {name: _job(name, c, s, seed=i) for i, (name, c, s) in enumerate([("a", 0.5, 0.6), ("b", 2.0, 1.7)])}
     prior = ClusterPrior.from_observations(others)
@@ -306,11 +306,18 @@ def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
     assert single_node.has_single_node_multi and not single_node.has_inter
     own = np.array([0.05, 0.002, 0.0, 0.0, 0.0, 0.0, 1.0])  # this type: compute only
     visible = np.array([0.05, 0.002, 0.04, 0.004, 0.04, 0.004, 1.5])
-    member = _carried_member(own, visible, single_node, 0.06, on_ref, other)
-    assert member is not None and member.theta[0] == 0.05 and member.theta[6] == 1.5
-    assert member.theta[2] == pytest.approx(0.04 * on_ref.params.alpha_n / on_ref.params.alpha_r * other.params_g.alpha_n / on_ref.params_g.alpha_n)
+    (member,) = _carried_members(own, visible, None, single_node, 0.06, on_ref, other)
+    assert member.theta[0] == 0.05 and member.theta[6] == 1.5 and member.weight == 1.0
+    inter_ratio = on_ref.params.alpha_n / on_ref.params.alpha_r * other.params_g.alpha_n / on_ref.params_g.alpha_n
+    assert member.theta[2] == pytest.approx(0.04 * inter_ratio)
+    # with a posterior over γ on the reference type: one member per γ, each with its weight
+    steep = visible.copy()
+    steep[4], steep[6] = 0.08, 2.5
+    members = _carried_members(own, visible, [(visible, 0.25), (steep, 0.75)], single_node, 0.06, on_ref, other)
+    assert [m.weight for m in members] == [0.25, 0.75] and [m.theta[6] for m in members] == [1.5, 2.5]
+    assert members[1].theta[2] == pytest.approx(0.08 * inter_ratio) and members[1].theta[0] == 0.05
     hidden = visible.copy()
     hidden[6] = CARRY_MAX_GAMMA + 1.0  # the fit could hide its sync behind compute: not identified
-    assert _carried_member(own, hidden, single_node, 0.06, on_ref, other) is None
+    assert _carried_members(own, hidden, None, single_node, 0.06, on_ref, other) == []
     one_gpu = Regimes.of(synthetic(FAST, SINGLE, job="new", gpu="fast", seed=1, accums=(0,)))
-    assert _carried_member(own, visible, one_gpu, 0.06, on_ref, other) is None  # nothing of its own sync to carry
+    assert _carried_members(own, visible, None, one_gpu, 0.06, on_ref, other) == []  # nothing of its own sync to carry
