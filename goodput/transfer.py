@@ -875,6 +875,7 @@ def build_transfer(
                         continue
                     cache[key] = value
                 held[t] = cache[key]
+
     def gamma_grid(t: str) -> list[tuple[np.ndarray, float]]:
         """:func:`_gamma_posterior` of type ``t``'s observations (memoised in ``cache``)."""
         key = ("gamma grid", t, len(observations[t]))
