@@ -321,3 +321,22 @@ def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
     assert _carried_members(own, hidden, None, single_node, 0.06, on_ref, other) == []
     one_gpu = Regimes.of(synthetic(FAST, SINGLE, job="new", gpu="fast", seed=1, accums=(0,)))
     assert _carried_members(own, visible, None, one_gpu, 0.06, on_ref, other) == []  # nothing of its own sync to carry
+
+
+def test_gamma_posterior_weights_the_overlaps_single_node_data_allow():
+    from goodput.throughput import fit_throughput
+    from goodput.transfer import GAMMA_GRID, GAMMA_MIN_WEIGHT, _gamma_posterior
+
+    truth = ThroughputParams(0.02, 0.001, 0.3, 0.02, 0.06, 0.006, 2.0)
+    obs = synthetic(truth, SINGLE + INTRA, gpu="fast", seed=5, accums=(0,), noise=0.01)
+    own = fit_throughput(obs)
+    posterior = _gamma_posterior(obs, 0.02, own)
+    gammas = np.array([theta[6] for theta, _ in posterior])
+    weights = np.array([w for _, w in posterior])
+    assert weights.sum() == pytest.approx(1.0) and np.all(weights >= GAMMA_MIN_WEIGHT * 0.999)
+    assert set(gammas) <= {*GAMMA_GRID, own.gamma}
+    assert 1.5 <= weights @ gammas <= 2.6  # around the truth's overlap
+    # a looser structural error spreads the weight over more overlaps; a tighter one concentrates it
+    loose = _gamma_posterior(obs, 0.2, own)
+    tight = _gamma_posterior(obs, 0.002, own)
+    assert len(loose) > len(tight) and max(w for _, w in tight) > max(weights)
