@@ -45,7 +45,7 @@ def test_capacity_of_noise_free_pollux_data_is_near_zero():
 
 def test_capacity_grows_with_noise_and_skips_types_with_too_few_observations():
     noisy = capacity_errors(_obs(noise=0.05))
-    assert 1.0 < noisy["ape"].median() < 6.0  # ~0.67·5% less the fit's 7 parameters' share
+    assert noisy["ape"].median() > 1.0 and noisy["ape"].median() < 6.0  # ~0.67·5% less the fit's 7 parameters' share
     two = [Observation("j", "k80", 1, 1, 16, 0.1), Observation("j", "k80", 1, 2, 16, 0.2)]
     assert capacity_errors(two).empty and list(capacity_errors(two).columns) == ["gpu_type", "num_nodes", "num_replicas", "ape"]
 
@@ -115,5 +115,6 @@ def test_reference_on_pollux_t4_traces(pollux_traces):
     data = read_measurements(pollux_traces)
     table = reference_table({m: data.models[m] for m in ("bert", "ncf")}).set_index("reference")
     # measured on the six models: repeat 3.7%, capacity 6.2%; ncf is the noisiest (repeat 6.2%)
-    assert 1.0 < table.loc["repeat", "median_ape"] < table.loc["capacity multi-GPU", "median_ape"] < 12.0
+    repeat, capacity = table.loc["repeat", "median_ape"], table.loc["capacity multi-GPU", "median_ape"]
+    assert repeat > 1.0 and repeat < capacity and capacity < 12.0
     assert table.loc["repeat", "n"] > 1000
