@@ -809,9 +809,9 @@ def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tu
     if other.params_g is None or on_ref.params_g is None or not (other.regimes.has_inter and on_ref.regimes.has_inter):
         return []
     if ref_regimes.has_inter:
-        members = [Member(own_ref.copy(), 1.0, "")]
+        weighted = [(own_ref.copy(), 1.0)]
     elif ref_regimes.has_single_node_multi and own_ref[4] > RATIO_MIN_SYNC * ref_c and own_ref[6] <= CARRY_MAX_GAMMA:
-        members = _ratio_members(ref_grid or [(own_ref, 1.0)], own, on_ref)
+        weighted = [(m.theta, m.weight) for m in _ratio_members(ref_grid or [(own_ref, 1.0)], own, on_ref)]
     else:
         return []
     here, there = other.params_g.alpha_n, on_ref.params_g.alpha_n
@@ -819,11 +819,10 @@ def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tu
         return []
     source = f"job {other.job}, own fit on {on_ref.gpu_type} × its {other.gpu_type}/{on_ref.gpu_type} inter-node sync"
     out = []
-    for member in members:
-        theta = member.theta
-        theta[0], theta[1] = own[0], own[1]
+    for theta, weight in weighted:
+        theta[0], theta[1] = own[0], own[1]  # this type's compute terms
         theta[2:4] *= here / there
-        out.append(Member(theta, member.weight, source))
+        out.append(Member(theta, weight, source))
     return out
 
 
