@@ -31,14 +31,14 @@ Example::
 
     >>> params = ThroughputParams(0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5)
     >>> float(predict_step_time(params, num_nodes=1, num_replicas=4, local_bsz=64))  # doctest: +ELLIPSIS
-    0.09...
+    0.115...
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,24 +170,35 @@ def predict_compute_time(params: ThroughputParams, local_bsz: Any) -> np.ndarray
     return params.alpha_c + params.beta_c * bsz
 
 
-def _sync_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+SyncShapeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _sync_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, shape: SyncShapeFn | None = None) -> np.ndarray:
     _, _, alpha_n, beta_n, alpha_r, beta_r, _ = theta
     extra = np.maximum(replicas - 2.0, 0.0)
-    sync = np.where(nodes > 1, alpha_n + beta_n * extra, alpha_r + beta_r * extra)
+    inter = alpha_n + beta_n * extra
+    if shape is not None:
+        inter = inter * shape(nodes, replicas)
+    sync = np.where(nodes > 1, inter, alpha_r + beta_r * extra)
     return np.where(replicas > 1, sync, 0.0)
 
 
-def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: Any) -> np.ndarray:
-    """Seconds of gradient synchronisation ``T_sync`` (0 for a single replica)."""
+def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: Any, sync_shape: SyncShapeFn | None = None) -> np.ndarray:
+    """Seconds of gradient synchronisation ``T_sync`` (0 for a single replica).
+
+    ``sync_shape``: the cluster's factor on inter-node sync per configuration
+    (:class:`goodput.sync_shape.SyncShape`); ``None``: Pollux's form as it is.
+    """
     params = _check_params(params)
     nodes, replicas, _, _ = config_arrays(num_nodes, num_replicas, 1.0, 0.0)
-    return _sync_time(params.as_array(), nodes, replicas)
+    return _sync_time(params.as_array(), nodes, replicas, sync_shape)
 
 
-def _step_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+def _step_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
+               shape: SyncShapeFn | None = None) -> np.ndarray:
     """Unvalidated ``T_iter`` for the hot paths (goodput optimisation, fitting)."""
     compute = theta[0] + theta[1] * bsz
-    sync = _sync_time(theta, nodes, replicas)
+    sync = _sync_time(theta, nodes, replicas, shape)
     gamma = theta[6]
     top = np.maximum(compute, sync)
     overlap = top * ((compute / top) ** gamma + (sync / top) ** gamma) ** (1.0 / gamma)
@@ -200,14 +211,17 @@ def predict_step_time(
     num_replicas: Any,
     local_bsz: Any,
     accum_steps: Any = 0,
+    sync_shape: SyncShapeFn | None = None,
 ) -> np.ndarray:
     """Seconds of one optimizer step, ``T_iter`` (the quantity ``Observation.step_time`` measures).
 
     Broadcasts over numpy arrays; returns an array (0-d for scalar inputs).
+    ``sync_shape`` multiplies the inter-node sync per configuration (see
+    :func:`predict_sync_time`).
     """
     params = _check_params(params)
     nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)
-    return _step_time(params.as_array(), nodes, replicas, bsz, accum)
+    return _step_time(params.as_array(), nodes, replicas, bsz, accum, sync_shape)
 
 
 # ====================================================================== fitting
@@ -250,6 +264,7 @@ class _Problem:
     reg_r: bool
     reg_n: bool
     reg_gamma: bool
+    scale: np.ndarray  # per observation: the sync shape's factor on inter-node sync (1 elsewhere)
 
     def unpack(self, u: np.ndarray) -> np.ndarray:
         z = self.base.copy()
@@ -268,7 +283,7 @@ class _Problem:
         extra = np.maximum(self.replicas - 2.0, 0.0)
 
         compute = a_c + b_c * self.bsz
-        sync = np.where(multi, a_r + b_r * extra + np.where(inter, da_n + db_n * extra, 0.0), 0.0)
+        sync = np.where(multi, (a_r + b_r * extra + np.where(inter, da_n + db_n * extra, 0.0)) * self.scale, 0.0)
         top = np.maximum(compute, sync)
         x, y = compute / top, sync / top
         xg, yg = x**g, y**g
@@ -277,7 +292,7 @@ class _Problem:
         step = self.accum * compute + overlap
 
         d_over_dc = (compute / overlap) ** (g - 1.0)
-        d_over_ds = np.where(multi, (sync / overlap) ** (g - 1.0), 0.0)
+        d_over_ds = np.where(multi, (sync / overlap) ** (g - 1.0), 0.0) * self.scale
         with np.errstate(divide="ignore", invalid="ignore"):
             ylogy = np.where(yg > 0, yg * np.log(np.where(y > 0, y, 1.0)), 0.0)
         d_over_dg = overlap * (-np.log(q) / g**2 + (xg * np.log(x) + ylogy) / (g * q))
@@ -358,6 +373,7 @@ def fit_throughput(
     prior: ThroughputParams | Mapping[str, float] | None = None,
     gamma: float | None = None,
     initial: ThroughputParams | None = None,
+    sync_shape: SyncShapeFn | None = None,
 ) -> ThroughputParams:
     """Fit Pollux's throughput model to one job's observations on one GPU type.
 
@@ -373,6 +389,9 @@ def fit_throughput(
         initial: a previous fit of (most of) the same data: L-BFGS-B starts
             from it and from the data-driven guess instead of from three
             overlaps γ (an online refit after a few new observations).
+        sync_shape: the cluster's factor on inter-node sync per
+            configuration (:class:`goodput.sync_shape.SyncShape`, learned
+            from other jobs): α_n, β_n are then the sync before that factor.
 
     Returns:
         The fitted :class:`ThroughputParams`; ``fixed`` names the parameters
@@ -455,6 +474,7 @@ def fit_throughput(
         reg_r=_A_R not in fixed or _B_R not in fixed,
         reg_n=has_inter,
         reg_gamma=_G not in fixed,
+        scale=np.ones_like(step) if sync_shape is None else np.asarray(sync_shape(nodes, replicas), dtype=float),
     )
     if free.size:
         warm = None

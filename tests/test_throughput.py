@@ -10,6 +10,7 @@ import scipy.optimize
 
 from experiments.datasets import read_pollux_trace
 from goodput import Observation, ValidationError
+from goodput.sync_shape import SyncShape
 from goodput.throughput import (
     ThroughputParams,
     _Problem,
@@ -172,15 +173,19 @@ def test_analytic_gradient_matches_finite_differences():
     obs = synthetic(TRUE, SEEN)
     cols = throughput_arrays(obs)
     mask = np.isfinite(cols["compute_time"])
-    problem = _Problem(
-        cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], np.log(cols["step_time"]),
-        mask, np.log(cols["compute_time"][mask]), np.arange(7), np.zeros(7), True, True, True,
-    )
-    rng = np.random.default_rng(3)
-    for _ in range(5):
-        u = np.concatenate([np.log(rng.uniform(1e-3, 0.3, 6)), [rng.uniform(1.0, 6.0)]])
-        error = scipy.optimize.check_grad(lambda x: problem.objective(x)[0], lambda x: problem.objective(x)[1], u)
-        assert error < 1e-5 * max(1.0, np.linalg.norm(problem.objective(u)[1]))
+    plain = np.ones_like(cols["step_time"])
+    shaped = SyncShape({(2, 4): 0.7, (2, 8): 1.6, (4, 16): 1.2})(cols["num_nodes"], cols["num_replicas"])  # a cluster's sync shape
+    assert set(np.unique(shaped)) == {0.7, 1.0, 1.2, 1.6}
+    for scale in (plain, shaped):
+        problem = _Problem(
+            cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], np.log(cols["step_time"]),
+            mask, np.log(cols["compute_time"][mask]), np.arange(7), np.zeros(7), True, True, True, scale,
+        )
+        rng = np.random.default_rng(3)
+        for _ in range(5):
+            u = np.concatenate([np.log(rng.uniform(1e-3, 0.3, 6)), [rng.uniform(1.0, 6.0)]])
+            error = scipy.optimize.check_grad(lambda x: problem.objective(x)[0], lambda x: problem.objective(x)[1], u)
+            assert error < 1e-5 * max(1.0, np.linalg.norm(problem.objective(u)[1]))
 
 
 MODELS = ["bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"]
