@@ -123,7 +123,7 @@ class BayesState:
         s = np.zeros((nodes.size, self.num_sens))
         if not (variance or linear):
             return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
-        sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)
+        sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum, transfer.shape)
         s_id = sens * self._id[gpu] * self._carried(transfer, nodes, replicas, covered)
         if linear:
             # the unidentified direction moves α_c against β_c at the one batch size observed
@@ -204,7 +204,7 @@ class BayesState:
             if not rows.any():
                 continue
             if sens is None:
-                sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum)[:, _OWN_SYNC]
+                sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum, transfer.shape)[:, _OWN_SYNC]
             for ref, weight in weights.items():
                 if ref not in self.cov_id:
                     continue

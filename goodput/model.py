@@ -57,6 +57,7 @@ from .errors import UnknownGPUTypeError, ValidationError
 from .gp import GPHyperparameters, GPNumericalError
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
+from .sync_shape import SyncShape
 from .table import GoodputTable
 from .threads import single_threaded
 from .throughput import ThroughputParams, _prior_values, _step_time, config_arrays, fit_throughput
@@ -326,9 +327,13 @@ class JobModel:
         if name in self._dirty or name not in self._params:
             # a refit after new observations starts from the previous fit (online, see fit_throughput(initial=))
             self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name),
-                                                initial=self._params.get(name))
+                                                initial=self._params.get(name), sync_shape=self.sync_shape(name))
             self._dirty.discard(name)
         return self._params[name]
+
+    def sync_shape(self, gpu_type: str) -> SyncShape | None:
+        """The cluster prior's inter-node sync shape on ``gpu_type`` (:mod:`goodput.sync_shape`); ``None`` without one."""
+        return self.cluster_prior.sync_shape(gpu_type) if self.cluster_prior is not None else None
 
     def own_fit(self, gpu_type: str) -> ThroughputParams:
         """The type's Pollux fit to its own observations (with the caller's explicit prior, no transferred one), refitted if they changed."""
@@ -435,7 +440,7 @@ class JobModel:
         """Predicted step time (s, the median) and std of log step time; never raises on numerical trouble."""
         if not self.bayesian:
             theta = self.params(gpu_type).as_array()
-            mean = _step_time(theta, nodes, replicas, bsz, accum)
+            mean = _step_time(theta, nodes, replicas, bsz, accum, self.sync_shape(gpu_type))
             return mean, np.zeros_like(mean)
         state = self._current()
         shape = np.broadcast(nodes, replicas, bsz, accum).shape
@@ -445,7 +450,7 @@ class JobModel:
     def _step_time_mean(self, gpu_type: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
         """Predicted step time without its spread (the goodput optimiser's hot path)."""
         if not self.bayesian:
-            return _step_time(self.params(gpu_type).as_array(), nodes, replicas, bsz, accum)
+            return _step_time(self.params(gpu_type).as_array(), nodes, replicas, bsz, accum, self.sync_shape(gpu_type))
         shape = np.broadcast(nodes, replicas, bsz, accum).shape
         return np.exp(self._current().log_mean(gpu_type, nodes, replicas, bsz, accum)).reshape(shape)
 

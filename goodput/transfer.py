@@ -49,6 +49,12 @@ observed in that regime, scaled by a factor λ:
   bytes do);
 * **a weak default** when nothing else covers the regime (:data:`DEFAULTS`).
 
+Where the cluster's jobs share a shape of inter-node sync over placements (how
+the wait depends on the number of nodes, not only of replicas), the prior
+learns it per type (:mod:`goodput.sync_shape`); every fit of that type, the
+job's own and the other jobs' summaries, and every member's prediction use it,
+so α_n, β_n are the sync before the cluster's factor for the placement.
+
 How far other jobs can be trusted is a property of the cluster, measured on it:
 :meth:`ClusterPrior.cold_calibration` models each of its jobs from that job's
 1-GPU data and the others, and scales a cold job's predictive spread so that
@@ -87,6 +93,7 @@ import scipy.optimize
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text
 from .observations import Observation, by_gpu_type
+from .sync_shape import SyncShape, learn_sync_shape
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from .threads import single_threaded
 from .validation import check_float, normalize_gpu_type
@@ -315,12 +322,13 @@ def _one_gpu_size_proxy(items: list[Observation], params: ThroughputParams, regi
     return size_proxy(fit_throughput(one) if regimes.has_multi else params, min(o.local_bsz for o in one))
 
 
-def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any) -> float | None:
+def _rms_residual(params: ThroughputParams, obs: list[Observation], mask_fn: Any, shape: SyncShape | None = None) -> float | None:
     cols = throughput_arrays(obs)
     mask = mask_fn(cols["num_nodes"], cols["num_replicas"])
     if mask.sum() < 2:
         return None
-    pred = _step_time(params.as_array(), cols["num_nodes"][mask], cols["num_replicas"][mask], cols["local_bsz"][mask], cols["accum_steps"][mask])
+    pred = _step_time(params.as_array(), cols["num_nodes"][mask], cols["num_replicas"][mask], cols["local_bsz"][mask], cols["accum_steps"][mask],
+                      shape)
     return float(np.sqrt(np.mean(np.log(cols["step_time"][mask] / pred) ** 2)))
 
 
@@ -379,9 +387,13 @@ class ClusterPrior:
     # Per situation of WARM_SITUATIONS, the factor on the predictive log-std of a job that has run
     # multi-GPU, in the regimes a type has not been observed in (see warm_calibration); None: not computed yet.
     warm: dict[str, float] | None = None
+    # Per GPU type, the shape of inter-node sync its jobs share (goodput.sync_shape); the summaries'
+    # fits of that type were made with it.
+    shapes: dict[str, SyncShape] = field(default_factory=dict)
     # The jobs' raw observations, when built from them (not saved): what the calibrations need.
     observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
     sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    _excluded: dict[str, ClusterPrior] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -389,15 +401,19 @@ class ClusterPrior:
     def from_observations(
         cls, observations: Mapping[str, Iterable[Observation]], sizes: Mapping[str, float] | None = None
     ) -> ClusterPrior:
-        """Fit every (job, GPU type) of ``{job: observations}`` and summarise it (the observations are kept for :meth:`cold_calibration`)."""
+        """Fit every (job, GPU type) of ``{job: observations}`` and summarise it (the observations are kept for :meth:`cold_calibration`).
+
+        Each type's inter-node sync shape is learned first (:func:`~goodput.sync_shape.learn_sync_shape`),
+        and the fits of that type are made with it.
+        """
+        kept = {job: list(obs) for job, obs in observations.items()}
+        shapes = _learn_shapes(kept)
         out = []
-        kept: dict[str, list[Observation]] = {}
-        for job, obs in observations.items():
-            kept[job] = list(obs)
-            for gpu, items in sorted(by_gpu_type(kept[job]).items()):
-                params = fit_throughput(items)
-                out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job)))
-        return cls(out, observations=kept, sizes=dict(sizes or {}))
+        for job, obs in kept.items():
+            for gpu, items in sorted(by_gpu_type(obs).items()):
+                params = fit_throughput(items, sync_shape=shapes.get(gpu))
+                out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job), shapes.get(gpu)))
+        return cls(out, shapes=shapes, observations=kept, sizes=dict(sizes or {}))
 
     @classmethod
     @single_threaded
@@ -405,19 +421,24 @@ class ClusterPrior:
         """Summaries of other jobs' :class:`~goodput.model.JobModel` s (each type's fit to all its data).
 
         A model's own per-type fits are reused where it holds them up to date
-        (no refit); anything else is fitted here.
+        (no refit) and the models do not teach a sync shape for that type; anything
+        else is fitted here.
         """
+        models = list(models)
+        shapes = _learn_shapes({model.job: list(model.observations) for model in models})
         out = []
         for model in models:
             size = getattr(model, "model_size", None)
             own_fit = getattr(model, "own_fit", None)
             for gpu, items in sorted(by_gpu_type(model.observations).items()):
-                params = own_fit(gpu) if own_fit is not None else fit_throughput(items)
-                out.append(cls._summary(model.job, gpu, params, items, size))
-        return cls(out)
+                shape = shapes.get(gpu)
+                params = own_fit(gpu) if own_fit is not None and shape is None else fit_throughput(items, sync_shape=shape)
+                out.append(cls._summary(model.job, gpu, params, items, size, shape))
+        return cls(out, shapes=shapes)
 
     @staticmethod
-    def _summary(job: str, gpu: str, params: ThroughputParams, items: list[Observation], size: float | None) -> JobTypeSummary:
+    def _summary(job: str, gpu: str, params: ThroughputParams, items: list[Observation], size: float | None,
+                 shape: SyncShape | None = None) -> JobTypeSummary:
         regimes = Regimes.of(items)
         return JobTypeSummary(
             job=job,
@@ -427,14 +448,21 @@ class ClusterPrior:
             c_ref=compute_reference(params, regimes.min_bsz),
             size=size,
             size_proxy=_one_gpu_size_proxy(items, params, regimes),
-            params_g=fit_throughput(items, gamma=TRANSFER_GAMMA) if regimes.has_multi else None,
+            params_g=fit_throughput(items, gamma=TRANSFER_GAMMA, sync_shape=shape) if regimes.has_multi else None,
             struct_multi=_rms_residual(params, items, lambda n, r: (r > 1) & (n == 1)),
-            struct_inter=_rms_residual(params, items, lambda n, r: n > 1),
+            struct_inter=_rms_residual(params, items, lambda n, r: n > 1, shape),
         )
 
     def exclude(self, job: str) -> ClusterPrior:
-        kept = None if self.observations is None else {j: o for j, o in self.observations.items() if j != job}
-        return ClusterPrior([s for s in self.summaries if s.job != job], observations=kept, sizes=self.sizes)
+        """The prior without ``job`` (leave-one-out). Built from observations, it is rebuilt from the
+        others' (sync shapes relearned, fits redone; memoised); otherwise the job's summaries are
+        dropped and the shapes kept."""
+        if self.observations is None:
+            return ClusterPrior([s for s in self.summaries if s.job != job], shapes=dict(self.shapes))
+        if job not in self._excluded:
+            kept = {j: o for j, o in self.observations.items() if j != job}
+            self._excluded[job] = ClusterPrior.from_observations(kept, {j: v for j, v in self.sizes.items() if j != job})
+        return self._excluded[job]
 
     def cold_calibration(self) -> dict[str, float]:
         """Per GPU type, the factor that makes a cold job's 90% intervals cover 90% on this cluster.
@@ -525,7 +553,8 @@ class ClusterPrior:
         from .model import JobModel  # noqa: PLC0415 - model builds on this module
 
         others = self.exclude(job)
-        others.calibration, others.warm = {}, {}
+        others = ClusterPrior(others.summaries, calibration={}, warm={}, shapes=others.shapes, observations=others.observations,
+                              sizes=others.sizes)
         model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others, model_size=self.sizes.get(job))
         return model.observe(train)
 
@@ -563,7 +592,7 @@ class ClusterPrior:
     def to_dict(self) -> dict[str, Any]:
         """Summaries and the calibrations (computed now when the observations are at hand)."""
         return {"summaries": [s.to_dict() for s in self.summaries], "calibration": self.cold_calibration(),
-                "warm_calibration": self.warm_calibration()}
+                "warm_calibration": self.warm_calibration(), "sync_shapes": {t: shape.to_dict() for t, shape in sorted(self.shapes.items())}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
@@ -579,7 +608,11 @@ class ClusterPrior:
             if not isinstance(warm, Mapping) or set(warm) - set(WARM_SITUATIONS):
                 raise ValidationError("cluster_prior.warm_calibration", warm, f"expected {{situation: factor}}, situations {WARM_SITUATIONS}")
             warm = {str(k): check_float(f"warm_calibration[{k!r}]", v, positive=True) for k, v in warm.items()}
-        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm)
+        shapes = data.get("sync_shapes") or {}
+        if not isinstance(shapes, Mapping):
+            raise ValidationError("cluster_prior.sync_shapes", shapes, "expected {gpu_type: sync shape}")
+        shapes = {normalize_gpu_type(t): SyncShape.from_dict(v) for t, v in shapes.items()}
+        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm, shapes=shapes)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
@@ -597,6 +630,10 @@ class ClusterPrior:
         """Summaries of other jobs on ``gpu_type`` (observed in ``regime`` when given)."""
         return [s for s in self.summaries if s.gpu_type == gpu_type and (regime is None or regime in s.regimes.covered)]
 
+    def sync_shape(self, gpu_type: str) -> SyncShape | None:
+        """The inter-node sync shape the cluster's jobs share on ``gpu_type`` (``None``: not learned there)."""
+        return self.shapes.get(gpu_type)
+
     def find(self, job: str, gpu_type: str) -> JobTypeSummary | None:
         for s in self.summaries:
             if s.job == job and s.gpu_type == gpu_type:
@@ -610,6 +647,16 @@ class ClusterPrior:
         if not values:
             values = [getattr(s, key) for s in self.summaries if getattr(s, key) is not None]
         return float(np.sqrt(np.mean(np.square(values)))) if values else None
+
+
+def _learn_shapes(observations: Mapping[str, Sequence[Observation]]) -> dict[str, SyncShape]:
+    """Per GPU type, :func:`~goodput.sync_shape.learn_sync_shape` of the jobs' observations there (types without one left out)."""
+    per_type: dict[str, list[list[Observation]]] = {}
+    for obs in observations.values():
+        for gpu, items in by_gpu_type(obs).items():
+            per_type.setdefault(gpu, []).append(items)
+    shapes = {gpu: learn_sync_shape(jobs) for gpu, jobs in sorted(per_type.items())}
+    return {gpu: shape for gpu, shape in shapes.items() if shape}
 
 
 # ====================================================================== ensembles for unobserved regimes
@@ -657,6 +704,7 @@ class TypeTransfer:
     inflate: dict[int, float] = field(default_factory=dict)  # per regime: factor on the ensemble variance
     inherited: dict[int, float] = field(default_factory=dict)  # per regime: weight of members with the type's own sync terms
     borrowed: dict[int, dict[str, float]] = field(default_factory=dict)  # per regime: {other type: weight of members with its sync terms}
+    shape: SyncShape | None = None  # the cluster's inter-node sync shape on this type (every member's prediction uses it)
 
     def __post_init__(self) -> None:
         self.theta = self.params.as_array()
@@ -664,7 +712,7 @@ class TypeTransfer:
 
     def predict_log(self, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prior mean and variance of log step time, and whether each configuration's regime was observed."""
-        log_mean = np.log(_step_time(self.theta, nodes, replicas, bsz, accum))
+        log_mean = np.log(_step_time(self.theta, nodes, replicas, bsz, accum, self.shape))
         var = np.zeros_like(log_mean)
         regime = config_regime(nodes, replicas)
         covered = np.isin(regime, self.regimes.covered) | (regime == 0)
@@ -674,7 +722,7 @@ class TypeTransfer:
             rows = regime == r
             if r in self._stack:
                 thetas, weights = self._stack[r]
-                logs = np.log(np.stack([_step_time(th, nodes[rows], replicas[rows], bsz[rows], accum[rows]) for th in thetas]))
+                logs = np.log(np.stack([_step_time(th, nodes[rows], replicas[rows], bsz[rows], accum[rows], self.shape) for th in thetas]))
                 mean = weights @ logs
                 log_mean[rows] = mean
                 var[rows] = (weights @ (logs - mean) ** 2) * self.inflate.get(int(r), 1.0)
@@ -694,7 +742,8 @@ def _member_theta(own: np.ndarray, source: np.ndarray, scale: float) -> np.ndarr
 SCALE_RANGE = 100.0  # a fitted λ may differ from its compute-ratio guess by at most this factor
 
 
-def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarray], guess: float = 1.0) -> float | None:
+def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarray], guess: float = 1.0,
+               shape: SyncShape | None = None) -> float | None:
     """λ minimising the squared log error of ``_member_theta(own, source, λ)`` on multi-GPU observations.
 
     Searched within ``guess`` ×/÷ :data:`SCALE_RANGE`; ``None`` when the optimum sits on that
@@ -703,7 +752,8 @@ def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarra
     target = np.log(cols["step_time"])
 
     def loss(u: float) -> float:
-        pred = _step_time(_member_theta(own, source, math.exp(u)), cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+        pred = _step_time(_member_theta(own, source, math.exp(u)), cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"],
+                          shape)
         return float(np.sum((np.log(pred) - target) ** 2))
 
     low, high = math.log(guess / SCALE_RANGE), math.log(guess * SCALE_RANGE)
@@ -741,7 +791,8 @@ GAMMA_GRID = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 GAMMA_MIN_WEIGHT = 1e-3  # posterior weight below which an overlap of the grid is dropped
 
 
-def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own: ThroughputParams) -> list[tuple[np.ndarray, float]]:
+def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own: ThroughputParams,
+                     shape: SyncShape | None = None) -> list[tuple[np.ndarray, float]]:
     """Fits of one type's observations over the overlap γ (θ), and their posterior weights.
 
     On one node, the overlap γ and the intra-node sync cost α_r explain the same step times in
@@ -763,8 +814,8 @@ def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own:
     gammas = sorted(set(GAMMA_GRID) | {own.gamma})
     thetas, log_like = [], []
     for gamma in gammas:
-        theta = own.as_array() if gamma == own.gamma else fit_throughput(observations, gamma=gamma, initial=own).as_array()
-        resid = np.log(_step_time(theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])) - log_step
+        theta = own.as_array() if gamma == own.gamma else fit_throughput(observations, gamma=gamma, initial=own, sync_shape=shape).as_array()
+        resid = np.log(_step_time(theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], shape)) - log_step
         thetas.append(theta)
         log_like.append(-0.5 * float(np.sum(resid**2)) / noise_std**2)
     edges = np.concatenate([[gammas[0]], (np.array(gammas[1:]) + np.array(gammas[:-1])) / 2, [max(gammas[-1], GAMMA_GRID[-1])]])
@@ -855,6 +906,7 @@ def build_transfer(
     ``cache`` (a dict the caller keeps) memoises the γ-held fits by (type, number of observations).
     """
     keep_own = set(keep_own)
+    shapes = {t: cluster_prior.sync_shape(t) if cluster_prior is not None else None for t in observations}
     regimes = {t: Regimes.of(obs) for t, obs in observations.items()}
     c_ref = {t: max(compute_reference(own_fits[t], regimes[t].min_bsz), 1e-9) for t in own_fits}
     # size proxies of the types whose own fit saw only 1-GPU data at 2+ batch sizes (as the other jobs' are)
@@ -868,7 +920,7 @@ def build_transfer(
             if gpu_sources_needed(regimes, t):
                 key = ("held", t, len(obs))
                 if cache is None or key not in cache:
-                    value = fit_throughput(obs, gamma=TRANSFER_GAMMA).as_array()
+                    value = fit_throughput(obs, gamma=TRANSFER_GAMMA, sync_shape=shapes[t]).as_array()
                     if cache is None:
                         held[t] = value
                         continue
@@ -880,7 +932,7 @@ def build_transfer(
         key = ("gamma grid", t, len(observations[t]))
         if cache is None or key not in cache:
             noise = (cluster_prior.struct(t, 1) if cluster_prior is not None else None) or DEFAULTS["struct_std"].value
-            value = _gamma_posterior(observations[t], noise, own_fits[t])
+            value = _gamma_posterior(observations[t], noise, own_fits[t], shapes[t])
             if cache is None:
                 return value
             cache[key] = value
@@ -917,7 +969,7 @@ def build_transfer(
                     continue
                 source = held[src_type]
                 if gpu in multi_cols:
-                    lam = _fit_scale(own, source, multi_cols[gpu], c_ref[gpu] / c_ref[src_type])
+                    lam = _fit_scale(own, source, multi_cols[gpu], c_ref[gpu] / c_ref[src_type], shapes[gpu])
                     if lam is not None:
                         family_w.append(Member(_member_theta(own, source, lam), 1.0, f"{src_type}, scaled to own multi-GPU data"))
                 else:
@@ -943,7 +995,7 @@ def build_transfer(
                             inherited[regime] = inherited.get(regime, 0.0) + 1.0
                             continue
                     if gpu in multi_cols:
-                        lam, how = _fit_scale(own, source, multi_cols[gpu], guess), "scaled to own multi-GPU data"
+                        lam, how = _fit_scale(own, source, multi_cols[gpu], guess, shapes[gpu]), "scaled to own multi-GPU data"
                         if lam is None:
                             continue  # its sync profile cannot be matched to the job's: no vote
                     else:
@@ -959,7 +1011,7 @@ def build_transfer(
                                     break
                             if on_ref is not None and on_ref.params_g is not None:
                                 ref_guess = _size_ratio(size, proxy.get(ref), c_ref[ref], on_ref)
-                                lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess)
+                                lam = _fit_scale(own_fits[ref].as_array(), on_ref.params_g.as_array(), multi_cols[ref], ref_guess, shapes[ref])
                                 if lam is not None:
                                     how = f"scaled as on {ref}"
                                     break
@@ -972,7 +1024,7 @@ def build_transfer(
             family_d: list[Member] = []
             if defaults:
                 source = _default_source(c_ref[gpu])
-                lam = _fit_scale(own, source, multi_cols[gpu]) if gpu in multi_cols else None
+                lam = _fit_scale(own, source, multi_cols[gpu], shape=shapes[gpu]) if gpu in multi_cols else None
                 if lam is not None:
                     spread = DEFAULTS["inter_ratio"].log_std if regime == 3 else DEFAULTS["slope_ratio"].log_std
                     for z, w in zip(GH_NODES, GH_WEIGHTS):
@@ -1020,7 +1072,7 @@ def build_transfer(
                 if value:
                     struct[regime] = value
         out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate,
-                                inherited, borrowed)
+                                inherited, borrowed, shapes[gpu])
     return out
 
 
@@ -1057,11 +1109,13 @@ def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed:
 # ====================================================================== sensitivities
 
 
-def sensitivities(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+def sensitivities(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
+                  shape: SyncShape | None = None) -> np.ndarray:
     """∂ log T_iter / ∂ δ_g for each group of :data:`GROUPS`, shape (N, 6).
 
     Analytic derivatives of Pollux's T_iter = a·C + (C^γ + S^γ)^{1/γ}
-    (DESIGN.md) with C = α_c + β_c·b and S the sync time.
+    (DESIGN.md) with C = α_c + β_c·b and S the sync time (its inter-node
+    terms × the cluster's sync ``shape`` when given).
     """
     a_c, b_c, a_n, b_n, a_r, b_r, g = (float(v) for v in theta)
     nodes, replicas, bsz, accum = (np.asarray(v, dtype=float).ravel() for v in np.broadcast_arrays(nodes, replicas, bsz, accum))
@@ -1069,8 +1123,9 @@ def sensitivities(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bs
     inter = multi & (nodes > 1)
     extra = np.maximum(replicas - 2.0, 0.0)
     compute = a_c + b_c * bsz
-    alpha = np.where(inter, a_n, a_r)
-    beta = np.where(inter, b_n, b_r)
+    factor = shape(nodes, replicas) if shape is not None else 1.0
+    alpha = np.where(inter, a_n * factor, a_r)
+    beta = np.where(inter, b_n * factor, b_r)
     sync = np.where(multi, alpha + beta * extra, 0.0)
     top = np.maximum(compute, sync)
     x = compute / top

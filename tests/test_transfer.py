@@ -227,7 +227,7 @@ def test_cold_calibration_measures_how_well_other_jobs_transfer():
 def test_cold_calibration_scales_only_a_cold_jobs_unobserved_regimes():
     prior = ClusterPrior.from_observations(_cluster([0.2, 5.0, 0.4, 3.0]))
     factor = prior.cold_factor("slow")
-    neutral = ClusterPrior(prior.summaries, calibration={})
+    neutral = ClusterPrior(prior.summaries, calibration={}, shapes=prior.shapes)
     cold = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE, slow_configs=SINGLE)
     nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 4, 8, 16])
     scaled = JobModel("new", 8, cluster_prior=prior).observe(cold).predict("slow", nodes, replicas, 32).log_std
@@ -271,7 +271,7 @@ def test_warm_calibration_measures_how_well_single_node_data_carry_to_multi_node
     assert a[situation] < 0.75 and u[situation] > 1.5 * a[situation]
     # the factor reaches the predictions: a warm job's multi-node std on a type with its single-node data
     new = [dataclasses.replace(o, job="new") for o in _premium_cluster([1.0])["j0"] if o.num_nodes == 1]
-    neutral = ClusterPrior(unlike.summaries, calibration={}, warm={})
+    neutral = ClusterPrior(unlike.summaries, calibration={}, warm={}, shapes=unlike.shapes)
     nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 8, 8, 16])
     scaled = JobModel("new", 8, cluster_prior=unlike).observe(new).predict("fast", nodes, replicas, 32).log_std
     plain = JobModel("new", 8, cluster_prior=neutral).observe(new).predict("fast", nodes, replicas, 32).log_std
