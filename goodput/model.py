@@ -406,7 +406,9 @@ class JobModel:
                               "members": {REGIMES[r]: len(m) for r, m in tr.members.items()},
                               # factor on the predictive std of each unobserved regime (the cluster's calibrations)
                               "spread_scale": {REGIMES[r]: round(f, 3) for r, f in state.regime_scale.get(t, {}).items()
-                                               if r not in tr.regimes.covered}}
+                                               if r not in tr.regimes.covered},
+                              # the cluster's factor on inter-node sync per "nodes×replicas" (goodput.sync_shape)
+                              "sync_shape": {f"{n}x{r}": round(f, 3) for (n, r), f in sorted(tr.shape.factors.items())} if tr.shape else {}}
                           for t, tr in state.transfers.items()},
             "fallback": state.posterior is None,
             "reason": state.reason,
