@@ -86,15 +86,11 @@ class SyncShape:
 
     def __call__(self, num_nodes: Any, num_replicas: Any) -> np.ndarray:
         """φ of each configuration (broadcast arrays); 1 on one node and in cells without a factor."""
-        nodes = np.asarray(num_nodes, dtype=float)
-        replicas = np.asarray(num_replicas, dtype=float)
-        n = np.rint(nodes).astype(int)
-        r = np.rint(replicas).astype(int)
-        inside = (n >= 0) & (n < self._grid.shape[0]) & (r >= 0) & (r < self._grid.shape[1])
-        out = np.ones(np.broadcast(n, r).shape)
-        n, r, inside = np.broadcast_arrays(n, r, inside)
-        out[inside] = self._grid[n[inside], r[inside]]
-        return out
+        n, r = np.broadcast_arrays(np.rint(num_nodes).astype(int), np.rint(num_replicas).astype(int))
+        size_n, size_r = self._grid.shape
+        # indices outside the grid point at its corner [0, 0], which holds 1 (no cell has fewer than 2 nodes)
+        inside = (n >= 0) & (n < size_n) & (r >= 0) & (r < size_r)
+        return self._grid[np.where(inside, n, 0), np.where(inside, r, 0)]
 
     def __bool__(self) -> bool:
         return bool(self.factors)

@@ -173,12 +173,13 @@ def predict_compute_time(params: ThroughputParams, local_bsz: Any) -> np.ndarray
 SyncShapeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def _sync_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, shape: SyncShapeFn | None = None) -> np.ndarray:
+def _sync_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, shape: SyncShapeFn | np.ndarray | None = None) -> np.ndarray:
+    """``shape``: a sync shape, or its factors already evaluated at these configurations (an array)."""
     _, _, alpha_n, beta_n, alpha_r, beta_r, _ = theta
     extra = np.maximum(replicas - 2.0, 0.0)
     inter = alpha_n + beta_n * extra
     if shape is not None:
-        inter = inter * shape(nodes, replicas)
+        inter = inter * (shape if isinstance(shape, np.ndarray) else shape(nodes, replicas))
     sync = np.where(nodes > 1, inter, alpha_r + beta_r * extra)
     return np.where(replicas > 1, sync, 0.0)
 
@@ -195,7 +196,7 @@ def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: An
 
 
 def _step_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
-               shape: SyncShapeFn | None = None) -> np.ndarray:
+               shape: SyncShapeFn | np.ndarray | None = None) -> np.ndarray:
     """Unvalidated ``T_iter`` for the hot paths (goodput optimisation, fitting)."""
     compute = theta[0] + theta[1] * bsz
     sync = _sync_time(theta, nodes, replicas, shape)

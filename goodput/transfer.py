@@ -712,7 +712,8 @@ class TypeTransfer:
 
     def predict_log(self, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Prior mean and variance of log step time, and whether each configuration's regime was observed."""
-        log_mean = np.log(_step_time(self.theta, nodes, replicas, bsz, accum, self.shape))
+        factor = self.shape(nodes, replicas) if self.shape is not None else None  # once for every member
+        log_mean = np.log(_step_time(self.theta, nodes, replicas, bsz, accum, factor))
         var = np.zeros_like(log_mean)
         regime = config_regime(nodes, replicas)
         covered = np.isin(regime, self.regimes.covered) | (regime == 0)
@@ -722,7 +723,8 @@ class TypeTransfer:
             rows = regime == r
             if r in self._stack:
                 thetas, weights = self._stack[r]
-                logs = np.log(np.stack([_step_time(th, nodes[rows], replicas[rows], bsz[rows], accum[rows], self.shape) for th in thetas]))
+                part = None if factor is None else factor[rows]
+                logs = np.log(np.stack([_step_time(th, nodes[rows], replicas[rows], bsz[rows], accum[rows], part) for th in thetas]))
                 mean = weights @ logs
                 log_mean[rows] = mean
                 var[rows] = (weights @ (logs - mean) ** 2) * self.inflate.get(int(r), 1.0)
@@ -750,10 +752,11 @@ def _fit_scale(own: np.ndarray, source: np.ndarray, cols: Mapping[str, np.ndarra
     bound (the observations do not identify λ, e.g. the source shows no sync cost at all).
     """
     target = np.log(cols["step_time"])
+    factor = shape(cols["num_nodes"], cols["num_replicas"]) if shape is not None else None
 
     def loss(u: float) -> float:
         pred = _step_time(_member_theta(own, source, math.exp(u)), cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"],
-                          shape)
+                          factor)
         return float(np.sum((np.log(pred) - target) ** 2))
 
     low, high = math.log(guess / SCALE_RANGE), math.log(guess * SCALE_RANGE)
