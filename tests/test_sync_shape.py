@@ -100,6 +100,10 @@ def test_a_new_job_predicts_placements_it_has_not_run_from_the_clusters_shape():
     # saved and loaded with the prior; leaving a job out relearns it from the others
     loaded = ClusterPrior.from_dict(json.loads(json.dumps(prior.to_dict())))
     assert loaded.sync_shape("t4") == shape
+    with pytest.raises(ValidationError, match="sync_shape"):
+        ClusterPrior.from_dict({"summaries": [], "sync_shapes": {"t4": {"cells": []}}})
+    with pytest.raises(ValidationError, match="sync_shapes"):
+        ClusterPrior.from_dict({"summaries": [], "sync_shapes": [1, 2]})
     left_out = prior.exclude("j0")
     assert left_out.sync_shape("t4").jobs == 3 and left_out.jobs == ["j1", "j2", "j3"]
     assert prior.exclude("j0") is left_out  # memoised
