@@ -108,6 +108,10 @@ def test_a_new_job_predicts_placements_it_has_not_run_from_the_clusters_shape():
     assert left_out.sync_shape("t4").jobs == 3 and left_out.jobs == ["j1", "j2", "j3"]
     assert prior.exclude("j0") is left_out  # memoised
     assert ClusterPrior(prior.summaries).exclude("j0").sync_shape("t4") is None  # no observations: what it holds
+    # other jobs' models teach the same shape as their observations
+    models = [JobModel(job, 8, bayesian=False).observe(obs) for job, obs in _cluster().items()]
+    from_models = ClusterPrior.from_models(models).sync_shape("t4")
+    assert from_models.factors == pytest.approx(shape.factors)
 
 
 def test_docstring_examples_hold():
