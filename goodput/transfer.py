@@ -807,18 +807,23 @@ def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own:
     Statistical Science 14(4), 1999). The nodes are :data:`GAMMA_GRID` and the free fit's γ
     (``own``, the likelihood's mode), each a fit with γ held there; its weight is the
     likelihood ``exp(−½ Σ r² / σ²)`` times the width of its cell of a uniform prior on
-    [1, max(5, γ_own)], with ``r`` the log residuals of step time and σ = ``noise_std``: the
+    [1, max(5, γ_own)], with ``r`` the log residuals of step time, and of compute time where
+    the observations measured it (the fits match both), and σ = ``noise_std``: the
     error of Pollux's form itself (the cluster's other jobs' fits on single-node multi-GPU
     configurations), which dominates the residuals of a fit, not measurement noise. Nodes of
     weight below :data:`GAMMA_MIN_WEIGHT` are dropped.
     """
     cols = throughput_arrays(observations)
     log_step = np.log(cols["step_time"])
+    measured = np.isfinite(cols["compute_time"]) & (cols["compute_time"] > 0)
+    log_compute = np.log(cols["compute_time"][measured])
     gammas = sorted(set(GAMMA_GRID) | {own.gamma})
     thetas, log_like = [], []
     for gamma in gammas:
         theta = own.as_array() if gamma == own.gamma else fit_throughput(observations, gamma=gamma, initial=own, sync_shape=shape).as_array()
         resid = np.log(_step_time(theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], shape)) - log_step
+        # the compute times measured beside (step − sync wait), which the fits match too
+        resid = np.concatenate([resid, np.log(theta[0] + theta[1] * cols["local_bsz"][measured]) - log_compute])
         thetas.append(theta)
         log_like.append(-0.5 * float(np.sum(resid**2)) / noise_std**2)
     edges = np.concatenate([[gammas[0]], (np.array(gammas[1:]) + np.array(gammas[:-1])) / 2, [max(gammas[-1], GAMMA_GRID[-1])]])

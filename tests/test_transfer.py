@@ -341,3 +341,13 @@ def test_gamma_posterior_weights_the_overlaps_single_node_data_allow():
     loose = _gamma_posterior(obs, 0.2, own)
     tight = _gamma_posterior(obs, 0.002, own)
     assert len(loose) > len(tight) and max(w for _, w in tight) > max(weights)
+
+    def spread(posterior) -> float:
+        g = np.array([theta[6] for theta, _ in posterior])
+        w = np.array([w for _, w in posterior])
+        return float(np.sqrt(w @ (g - w @ g) ** 2))
+
+    # the compute times measured beside the steps (step − sync wait) tell overlap from sync too
+    noisy = synthetic(truth, SINGLE + INTRA, gpu="fast", seed=5, accums=(0,), noise=0.05)
+    blind = [dataclasses.replace(o, sync_time=None) for o in noisy]
+    assert spread(_gamma_posterior(noisy, 0.05, fit_throughput(noisy))) < 0.7 * spread(_gamma_posterior(blind, 0.05, fit_throughput(blind)))
