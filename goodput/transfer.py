@@ -774,12 +774,19 @@ def _ratio_member(own: np.ndarray, other: JobTypeSummary) -> Member | None:
     """Own θ with inter-node terms = own intra-node constant × the other job's inter/intra ratio.
 
     ``α_n = α_r · (α_n / α_r)_other`` and ``β_n = α_n · (β_n / α_n)_other`` from the other job's
-    fit to all its data on the type, with the job's own compute, intra-node terms and γ (all
-    identified by its single-node multi-GPU data). ``None`` when the other job's ratio is not
-    identified: no single-node multi-GPU data, or intra-node sync hidden behind compute (the
-    caller likewise skips the rule when the job's own intra-node sync is hidden).
+    fit to all its data on the type with γ held at :data:`TRANSFER_GAMMA` (``params_g``), with
+    the job's own compute, intra-node terms and γ (all identified by its single-node multi-GPU
+    data). At a shared overlap the other jobs' ratios measure the network's premium over the
+    node's interconnect, not each job's trade of γ against its sync costs (with each job's
+    own γ instead, the P3 median is 11.3 rather than 9.5 on Pollux's traces, 14.4 rather than
+    12.4 on the derived 5-type set, 17.7 rather than 16.2 on Gavel's: accuracy.md round 11).
+    ``None`` when the other job's ratio is not identified: no single-node multi-GPU data, or
+    intra-node sync hidden behind compute (the caller likewise skips the rule when the job's
+    own intra-node sync is hidden).
     """
-    src = other.params.as_array()
+    if other.params_g is None:
+        return None
+    src = other.params_g.as_array()
     if not (other.regimes.has_single_node_multi and other.regimes.has_inter) or src[4] <= RATIO_MIN_SYNC * other.c_ref:
         return None
     theta = own.copy()

@@ -120,7 +120,7 @@ def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
     for name in "abc":  # one vote per other job, spread over the overlaps γ its members hold
         assert sum(m.weight for m, j in zip(ratio_members, jobs) if j == name) == pytest.approx(transfer.inherited[3] / 3)
     for member, name in zip(ratio_members, jobs):
-        src = prior.find(name, "t4").params
+        src = prior.find(name, "t4").params_g  # its fit at the shared overlap γ = TRANSFER_GAMMA
         assert member.theta[6] in (*GAMMA_GRID, own.gamma) and member.theta[0] == own.alpha_c  # a single-node fit at a γ of the grid
         assert member.theta[2] / member.theta[4] == pytest.approx(src.alpha_n / src.alpha_r)  # the other job's ratio
     # the posterior over γ sits where the single-node data put it (the truth: γ = 1)
@@ -173,7 +173,7 @@ def test_a_type_without_multi_gpu_data_carries_the_jobs_own_sync_from_another_ty
         assert sum(m.weight for m, j in zip(carried, jobs) if j == name) == pytest.approx(transfer.borrowed[3]["w"] / 3)
     for member, name in zip(carried, jobs):
         here, there = prior.find(name, "x").params_g, prior.find(name, "w").params_g
-        src = prior.find(name, "w").params
+        src = prior.find(name, "w").params_g
         assert member.theta[6] in (*GAMMA_GRID, model.own_fit("w").gamma)  # a fit on w at a γ of the grid, or the free one
         assert member.theta[0] == pytest.approx(model.own_fit("x").alpha_c)
         # own intra-node constant on w (at that γ) × the other job's inter/intra ratio on w × its x/w inter-node ratio
@@ -182,7 +182,10 @@ def test_a_type_without_multi_gpu_data_carries_the_jobs_own_sync_from_another_ty
     cols = {k: np.array([getattr(o, k) for o in test], float) for k in ("num_nodes", "num_replicas", "local_bsz")}
     pred = model.predict("x", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"])
     actual = np.array([o.step_time for o in test])
-    assert np.median(np.abs(pred.step_time / actual - 1)) < 0.15
+    # 95% off without the other jobs. Within 15% when their ratios were read at each job's own γ,
+    # exact here, where Pollux's form holds and the jobs' γ differ (1.0-2.5); 18.6% when read at the
+    # shared γ of their held fits, which measured better on real data (accuracy.md round 11)
+    assert np.median(np.abs(pred.step_time / actual - 1)) < 0.2
     # the uncertainty of the own fit on w carries over to these predictions (and only to multi-node ones)
     var = state._borrowed_var("x", cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], np.zeros_like(actual))
     assert np.all(var > 0) and np.all(np.isfinite(var))

@@ -308,7 +308,7 @@ def test_a_sync_hidden_behind_compute_on_the_reference_type_is_not_carried():
     visible = np.array([0.05, 0.002, 0.04, 0.004, 0.04, 0.004, 1.5])
     (member,) = _carried_members(own, visible, None, single_node, 0.06, on_ref, other)
     assert member.theta[0] == 0.05 and member.theta[6] == 1.5 and member.weight == 1.0
-    inter_ratio = on_ref.params.alpha_n / on_ref.params.alpha_r * other.params_g.alpha_n / on_ref.params_g.alpha_n
+    inter_ratio = on_ref.params_g.alpha_n / on_ref.params_g.alpha_r * other.params_g.alpha_n / on_ref.params_g.alpha_n
     assert member.theta[2] == pytest.approx(0.04 * inter_ratio)
     # with a posterior over γ on the reference type: one member per γ, each with its weight
     steep = visible.copy()
