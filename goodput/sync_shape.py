@@ -37,7 +37,7 @@ import numpy as np
 
 from .errors import ValidationError
 from .observations import Observation
-from .throughput import ThroughputParams, fit_throughput, throughput_arrays
+from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from .validation import check_float
 
 __all__ = ["SyncShape", "learn_sync_shape", "SHAPE_MIN_JOBS", "SHAPE_LOG_STD"]
@@ -166,8 +166,6 @@ def learn_sync_shape(jobs: Iterable[Sequence[Observation]], *, rounds: int = SHA
 
 def _residual_and_slope(params: ThroughputParams, cols: Mapping[str, np.ndarray], shape: SyncShape) -> tuple[np.ndarray, np.ndarray]:
     """Log residuals of step time and ∂ log T / ∂ log φ (the share of the step that the sync drives)."""
-    from .throughput import _step_time  # noqa: PLC0415 - the unvalidated hot path
-
     theta = params.as_array()
     nodes, replicas, bsz, accum = cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"]
     step = _step_time(theta, nodes, replicas, bsz, accum, shape)
