@@ -28,12 +28,15 @@ observed in that regime, scaled by a factor λ:
   regime of a type with its own single-node multi-GPU observations, the job's
   own fit (compute, intra-node terms, γ) with inter-node terms = its own
   intra-node constant × the other job's inter/intra ratio (α_n/α_r, and its
-  β_n/α_n): what other jobs teach there is the premium of the network over the
-  node's interconnect, not their sync profile (:func:`_ratio_member`; on
-  Pollux's T4 traces this halves the single-node → multi-node error, 24% →
-  12%). Single-node data hardly separate γ from the intra-node sync, so the
-  rule is applied to fits over a grid of γ, weighted by their posterior
-  (:func:`_gamma_posterior`; Pollux's T4 traces 12% → 10.5%). For the
+  β_n/α_n, read from its fit at the shared overlap γ = 1.5, where the ratio
+  does not carry that job's own trade of γ against sync): what other jobs
+  teach there is the premium of the network over the node's interconnect, not
+  their sync profile (:func:`_ratio_member`; on Pollux's T4 traces this halves
+  the single-node → multi-node error, 24% → 12%). Single-node data hardly
+  separate γ from the intra-node sync, so the rule is applied to fits over a
+  grid of γ, weighted by their posterior (:func:`_gamma_posterior`; Pollux's
+  T4 traces 12% → 10.5%; with the ratio at the shared overlap and the
+  cluster's sync shape, 9.5%). For the
   multi-node regime of a type without multi-GPU data, the job's
   own fit on another type it ran multi-GPU on (its sync terms and γ, its
   inter-node terms by the ratio rule when it has no multi-node data there),
