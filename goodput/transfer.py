@@ -82,6 +82,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -555,9 +556,7 @@ class ClusterPrior:
         """A :class:`~goodput.model.JobModel` of ``job`` fitted to ``train`` with the other jobs as prior (not calibrated: no nesting)."""
         from .model import JobModel  # noqa: PLC0415 - model builds on this module
 
-        others = self.exclude(job)
-        others = ClusterPrior(others.summaries, calibration={}, warm={}, shapes=others.shapes, observations=others.observations,
-                              sizes=others.sizes)
+        others = dataclasses.replace(self.exclude(job), calibration={}, warm={})  # not calibrated: no nesting
         model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others, model_size=self.sizes.get(job))
         return model.observe(train)
 
