@@ -110,10 +110,6 @@ class SyncShape:
         return cls(factors, jobs=int(data.get("jobs", 0)))
 
 
-def _cell_keys(cols: Mapping[str, np.ndarray]) -> list[tuple[int, int]]:
-    return [(int(n), int(r)) for n, r in zip(cols["num_nodes"], cols["num_replicas"]) if n > 1]
-
-
 def learn_sync_shape(jobs: Iterable[Sequence[Observation]], *, rounds: int = SHAPE_ROUNDS) -> SyncShape | None:
     """The inter-node sync shape that one GPU type's jobs share, or ``None`` when they cannot teach one.
 
@@ -133,15 +129,17 @@ def learn_sync_shape(jobs: Iterable[Sequence[Observation]], *, rounds: int = SHA
     if len(groups) < SHAPE_MIN_JOBS:
         return None
     cols = [throughput_arrays(g) for g in groups]
+    # each observation's (nodes, replicas) cell, None on one node
+    cells_of = [[(int(n), int(r)) if n > 1 else None for n, r in zip(c["num_nodes"], c["num_replicas"])] for c in cols]
     seen: dict[tuple[int, int], int] = {}
-    for c in cols:
-        for key in set(_cell_keys(c)):
+    for cells in cells_of:
+        for key in set(cells) - {None}:
             seen[key] = seen.get(key, 0) + 1
     keys = sorted(k for k, count in seen.items() if count >= SHAPE_MIN_JOBS)
     if not keys:
         return None
     index = {k: i for i, k in enumerate(keys)}
-    cell_of = [np.array([index.get((int(n), int(r)), -1) if n > 1 else -1 for n, r in zip(c["num_nodes"], c["num_replicas"])]) for c in cols]
+    cell_of = [np.array([index.get(key, -1) if key else -1 for key in cells]) for cells in cells_of]
     counts = [max(int(np.sum(cells >= 0)), 1) for cells in cell_of]
     mean_count = float(np.mean(counts))
     log_phi = np.zeros(len(keys))
