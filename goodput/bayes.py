@@ -14,7 +14,8 @@ The log step time of a configuration on GPU type t is predicted as::
 and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
 its logarithm ``sqrt(f_t² (σ² + noise) + d + v_fit)``: ``d`` is the ensemble's
 variance (plus a structural term) in regimes the type has not been observed in,
-``v_fit`` the delta-method variance of the type's own fitted parameters, and
+``v_fit`` the delta-method variance of the type's own fitted parameters (its
+information takes each observation conditioned between refits), and
 ``f_t ≥ 1`` widens the interval to a Student-t's while the type has few residual
 degrees of freedom ν (observations minus identified parameter groups, plus
 :data:`RESIDUAL_PRIOR_DOF`): ``f_t = t_ν(0.95) / z(0.95)``, the predictive of a
@@ -90,6 +91,8 @@ class BayesState:
     n_fit: int = 0  # observations the refit used
     index: dict[str, int] = field(init=False)
     cov_id: dict[str, np.ndarray] = field(default_factory=dict)  # posterior covariance of identified groups (whitened)
+    info_id: dict[str, np.ndarray] = field(default_factory=dict)  # ... its inverse, the information, updated online
+    r2_id: dict[str, float] = field(default_factory=dict)  # ... the residual variance it was built with (log² units)
     dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
     # per type and regime index: factor on the log-std of configurations in that regime when the
     # type has not been observed in it, from the cluster's calibrations (ClusterPrior.cold_calibration
@@ -267,7 +270,25 @@ class BayesState:
         self.posterior.condition(design.x, design.t, design.s, y, design.d)
         for gpu in {o.gpu_type for o in observations}:
             self.dof[gpu] = self.dof.get(gpu, 0.0) + sum(o.gpu_type == gpu for o in observations)
+            self._inform(gpu, design.s_id[design.t == self.index[gpu]])
         return float(np.max(z)) if z.size else 0.0
+
+    def _inform(self, gpu: str, s_id: np.ndarray) -> None:
+        """Add observations' information to the Laplace covariance of the type's identified groups.
+
+        The own fit's parameter uncertainty narrows with every observation, as the GP's posterior
+        does, not only at the next refit: a rank-k update of ``S_idᵀ S_id / r²`` at the refit's
+        residual variance r² (the refit then re-estimates both).
+        """
+        info = self.info_id.get(gpu)
+        if info is None or not s_id.size:
+            return
+        info = info + s_id.T @ s_id / self.r2_id[gpu]
+        try:
+            cov = np.linalg.inv(info)
+        except np.linalg.LinAlgError:
+            return
+        self.info_id[gpu], self.cov_id[gpu] = info, cov
 
 
 def build_state(
@@ -339,6 +360,8 @@ def build_state(
             state.cov_id[gpu] = np.linalg.inv(info)
         except np.linalg.LinAlgError:
             state.cov_id[gpu] = np.eye(_G)
+            continue
+        state.info_id[gpu], state.r2_id[gpu] = info, r2
     try:
         state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y, extra_noise=design.d)
     except GPNumericalError as exc:

@@ -97,6 +97,28 @@ def test_intervals_are_student_t_while_a_type_has_few_residual_degrees_of_freedo
     assert model.refits == 1 and state.t_factor("few") < before  # online observations add degrees of freedom
 
 
+def test_online_observations_narrow_the_own_fits_parameter_uncertainty_as_a_batch_would():
+    # Between refits the Laplace covariance of the type's identified groups takes each new
+    # observation's information (a rank update), as the GP posterior does: equal to building it
+    # from all the observations at the refit's residual variance, and narrower than before.
+    from goodput.transfer import GROUPS
+
+    truth = ThroughputParams(0.040, 0.0020, 0.12, 0.006, 0.03, 0.003, 1.5)
+    first = synthetic(truth, [(1, 1), (1, 2)], bszs=(8, 32, 128), accums=(0,), noise=0.03, seed=1, gpu="t")
+    later = synthetic(truth, [(1, 1), (1, 2)], bszs=(16, 64, 256), accums=(0,), noise=0.03, seed=2, gpu="t")
+    model = JobModel("j", init_batch_size=8, refit_every=1000, surprise=1e6).observe(first)
+    state = model._current()
+    before = state.cov_id["t"].copy()
+    wide = model.predict("t", 1, 2, 512).log_std
+    model.observe(later)
+    narrow = model.predict("t", 1, 2, 512).log_std
+    assert model.refits == 1 and model._current() is state  # conditioned online, not refitted
+    design, _ = state.design_observations(first + later)
+    batch = np.linalg.inv(np.eye(len(GROUPS)) + design.s_id.T @ design.s_id / state.r2_id["t"])
+    np.testing.assert_allclose(state.cov_id["t"], batch, rtol=1e-8, atol=1e-12)
+    assert np.trace(state.cov_id["t"]) < np.trace(before) and narrow < wide
+
+
 def test_inter_node_terms_from_own_intra_node_sync_and_other_jobs_ratios():
     from goodput.transfer import GAMMA_GRID, ClusterPrior
 
