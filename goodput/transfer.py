@@ -1088,7 +1088,7 @@ def build_transfer(
                     value = DEFAULTS["struct_std"].value
                 if value:
                     struct[regime] = value
-        out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed), members, struct, alpha_c_std, sources, inflate,
+        out[gpu] = TypeTransfer(gpu, reg, _representative(own, members, params.fixed, reg.covered), members, struct, alpha_c_std, sources, inflate,
                                 inherited, borrowed, shapes[gpu])
     return out
 
@@ -1098,7 +1098,8 @@ def gpu_sources_needed(regimes: Mapping[str, Regimes], source: str) -> bool:
     return any(r != source and any(g not in regimes[r].covered for g in regimes[source].covered if g) for r in regimes)
 
 
-def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed: tuple[str, ...]) -> ThroughputParams:
+def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed: tuple[str, ...],
+                    covered: Sequence[int] = ()) -> ThroughputParams:
     """Own θ with the sync terms of unobserved regimes at the ensembles' weighted geometric means.
 
     When either single-node regime (2 GPUs, or more GPUs on a node) is unobserved, α_r, β_r and
@@ -1107,6 +1108,10 @@ def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed:
     agree with what was observed, and one θ stays consistent across regimes. The GP corrects
     what remains in observed regimes. Keeping the own fit as the mean of observed regimes was
     measured and not kept (no gain across datasets: ``experiments/results/accuracy.md``).
+
+    But γ stays the own fit's when the type was observed on several nodes (``covered`` holds
+    regime 3): its inter-node terms were fitted with that γ, and the ensemble's γ beside them
+    mispredicted the placements they were fitted to (accuracy.md, round 12).
     """
     theta = own.copy()
     sync_members = members.get(1) or members.get(2)
@@ -1114,7 +1119,8 @@ def _representative(own: np.ndarray, members: Mapping[int, list[Member]], fixed:
         w = np.array([m.weight for m in sync_members])
         stack = np.stack([m.theta for m in sync_members])
         theta[4:6] = np.exp(w @ np.log(np.maximum(stack[:, 4:6], 1e-12)))
-        theta[6] = float(w @ stack[:, 6])
+        if 3 not in covered:
+            theta[6] = float(w @ stack[:, 6])
     if members.get(3):
         w = np.array([m.weight for m in members[3]])
         stack = np.stack([m.theta for m in members[3]])
