@@ -12,7 +12,7 @@ The log step time of a configuration on GPU type t is predicted as::
     log T = m_t(x) + r(x, t),   r ~ GP posterior (mean μ, variance σ²)
 
 and returned as the median ``exp(m_t(x) + μ)`` with the standard deviation of
-its logarithm ``sqrt(f_t² (σ² + noise) + d + v_fit)``: ``d`` is the ensemble's
+its logarithm ``sqrt(f_t² u_t (σ² + noise) + d + v_fit)``: ``d`` is the ensemble's
 variance (plus a structural term) in regimes the type has not been observed in,
 ``v_fit`` the delta-method variance of the type's own fitted parameters (its
 information takes each observation conditioned between refits), and
@@ -20,7 +20,11 @@ information takes each observation conditioned between refits), and
 degrees of freedom ν (observations minus identified parameter groups, plus
 :data:`RESIDUAL_PRIOR_DOF`): ``f_t = t_ν(0.95) / z(0.95)``, the predictive of a
 residual scale estimated from ν degrees of freedom (Gelman et al., *Bayesian
-Data Analysis*, §3.2), matched at the 90% interval.
+Data Analysis*, §3.2), matched at the 90% interval. ``u_t = n / (n − p)`` corrects
+the GP's scale for the residuals it was fitted to: those of the type's own fit,
+which spent p identified parameter groups on its n observations, so their scatter
+is a new observation's × (n − p) / n (the unbiased residual variance, as in
+restricted maximum likelihood; Patterson & Thompson, *Biometrika* 58, 1971).
 
 If the GP cannot be factorised even with jitter, the state falls back to the
 parametric prediction with an inflated log-std (:data:`FALLBACK_LOG_STD` or 3×
@@ -94,6 +98,9 @@ class BayesState:
     info_id: dict[str, np.ndarray] = field(default_factory=dict)  # ... its inverse, the information, updated online
     r2_id: dict[str, float] = field(default_factory=dict)  # ... the residual variance it was built with (log² units)
     dof: dict[str, float] = field(default_factory=dict)  # per type: residual degrees of freedom (observations - identified groups)
+    # per type whose residuals the hyperparameters were fitted to: n / (n - p), the factor from their
+    # in-sample scatter (its own fit spent p identified groups on them) to a new observation's
+    unbias: dict[str, float] = field(default_factory=dict)
     # per type and regime index: factor on the log-std of configurations in that regime when the
     # type has not been observed in it, from the cluster's calibrations (ClusterPrior.cold_calibration
     # for cold jobs, ClusterPrior.warm_calibration for jobs that have run multi-GPU)
@@ -241,7 +248,7 @@ class BayesState:
             mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
             # the residual scale is estimated from the type's few residual degrees of freedom:
             # marginalising it gives a Student-t, matched here at the 90% quantile
-            var = var * self.t_factor(gpu) ** 2 + self._id_var(gpu, design) + self._borrowed_var(gpu, nodes, replicas, bsz, accum) + design.d
+            var = var * self.t_factor(gpu) ** 2 * self.unbias.get(gpu, 1.0) + self._id_var(gpu, design) + self._borrowed_var(gpu, nodes, replicas, bsz, accum) + design.d
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return design.log_mean, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
@@ -330,7 +337,8 @@ def build_state(
         rows = design.t == k
         if int(rows.sum()) <= int((np.linalg.norm(design.s_id[rows], axis=0) > 1e-9).sum()):
             informative[rows] = False
-    if fit_hyper and informative.sum() >= 4:
+    fitted = fit_hyper and informative.sum() >= 4
+    if fitted:
         idx = np.flatnonzero(informative)
         if len(idx) > MAX_FIT_POINTS:
             idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
@@ -354,6 +362,8 @@ def build_state(
         rss = float(np.sum(y[rows] ** 2))
         dof = max(n - p, 0)
         state.dof[gpu] = float(dof)
+        if fitted and dof > 0 and informative[rows].any():
+            state.unbias[gpu] = n / dof
         r2 = max((RESIDUAL_PRIOR_DOF * prior_var[k] + rss) / (RESIDUAL_PRIOR_DOF + dof), state.hyper.noise, 1e-6)
         info = s_id.T @ s_id / r2 + np.eye(_G)
         try:

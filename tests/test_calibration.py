@@ -244,6 +244,25 @@ def test_a_type_observed_only_on_several_nodes_keeps_its_own_fit_there():
     np.testing.assert_allclose(design.log_mean, np.log(predict_step_time(own, *args, sync_shape=model.sync_shape("t4"))), rtol=1e-10)
 
 
+def test_the_residual_scale_is_not_the_in_sample_one():
+    # The GP's hyperparameters are fitted to the residuals of each type's own fit, which spent p
+    # identified groups on n observations: their scatter underestimates a new observation's by
+    # (n - p) / n. The predictive variance of the GP takes the unbiased n / (n - p).
+    truth = ThroughputParams(0.040, 0.0020, 0.12, 0.006, 0.03, 0.003, 1.5)
+    obs = synthetic(truth, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(8, 32, 128), accums=(0,), noise=0.05, seed=4, gpu="t")
+    model = JobModel("j", init_batch_size=8, refit_every=1000).observe(obs)
+    state = model._current()
+    n, dof = len(obs), state.dof["t"]
+    assert 0 < dof < n and state.unbias["t"] == pytest.approx(n / dof)
+    design = state.design("t", 2, 8, 64, 0)
+    _, var = state.posterior.predict(design.x, design.t, design.s, noise=True)
+    expected = var * state.t_factor("t") ** 2 * n / dof + state._id_var("t", design) + design.d
+    assert model.predict("t", 2, 8, 64).log_std == pytest.approx(float(np.sqrt(expected[0])), rel=1e-9)
+    # a type whose own fit interpolates its observations gave the hyperparameters nothing: no factor
+    few = JobModel("j", init_batch_size=8).observe(obs + synthetic(truth, [(1, 1)], bszs=(8,), accums=(0,), seed=5, gpu="u"))
+    assert "u" not in few._current().unbias
+
+
 @pytest.mark.data
 def test_multi_node_from_single_node_on_pollux_traces(pollux_traces, tmp_path):
     from experiments import accuracy
