@@ -59,6 +59,10 @@ job's own and the other jobs' summaries, and every member's prediction use it,
 so α_n, β_n are the sync before the cluster's factor for the placement.
 
 How far other jobs can be trusted is a property of the cluster, measured on it:
+:meth:`ClusterPrior.cold_share` chooses, leave-one-job-out on the cluster's own
+jobs, how much of a cold job's members the weak default takes beside the other
+jobs' sync profiles (stacking: 0–0.2 on Pollux's T4 jobs, which resemble each
+other; 0.4–0.75 on Gavel's, which do not; 0 on the derived 5-type set);
 :meth:`ClusterPrior.cold_calibration` models each of its jobs from that job's
 1-GPU data and the others, and scales a cold job's predictive spread so that
 90% intervals cover 90% there; :meth:`ClusterPrior.warm_calibration` does the
@@ -96,7 +100,7 @@ import scipy.optimize
 
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text
-from .observations import Observation, by_gpu_type
+from .observations import Observation, by_gpu_type, indices_by_gpu_type
 from .sync_shape import SyncShape, learn_sync_shape
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
 from .threads import single_threaded
@@ -359,6 +363,16 @@ def _abs_z(model: Any, rows: list[Observation]) -> tuple[np.ndarray, np.ndarray]
     return z, cols["num_nodes"] > 1
 
 
+def _log_predictions(model: Any, rows: list[Observation]) -> np.ndarray:
+    """Predicted log step time of ``rows`` (any GPU types) under ``model``, in their order."""
+    out = np.empty(len(rows))
+    for gpu, index in indices_by_gpu_type(rows).items():
+        cols = throughput_arrays([rows[i] for i in index])
+        pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+        out[index] = np.log(np.asarray(pred.step_time))
+    return out
+
+
 def _scale_factor(items: Sequence[tuple[np.ndarray, float]]) -> float:
     """Weighted ``CALIBRATION_LEVEL`` quantile of |z| (each item: z-scores and the weight of each) over the normal's."""
     z = np.concatenate([v for v, _ in items])
@@ -394,6 +408,9 @@ class ClusterPrior:
     # Per GPU type, the shape of inter-node sync its jobs share (goodput.sync_shape); the summaries'
     # fits of that type were made with it.
     shapes: dict[str, SyncShape] = field(default_factory=dict)
+    # The weight of the weak default sync profile among a cold job's transfer members (see
+    # cold_share); None: not computed yet.
+    default_share: float | None = None
     # The jobs' raw observations, when built from them (not saved): what the calibrations need.
     observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
     sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
@@ -496,7 +513,7 @@ class ClusterPrior:
             multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
             if not single or not multi:
                 continue
-            model = self._left_out_model(job, single)
+            model = self._left_out_model(job, single, self.cold_share())
             for gpu in sorted({o.gpu_type for o in multi}):
                 z, _ = _abs_z(model, [o for o in multi if o.gpu_type == gpu])
                 scores.setdefault(gpu, []).append((z, 1.0 / len(z)))
@@ -508,6 +525,42 @@ class ClusterPrior:
             if len(items) >= CALIBRATION_MIN_JOBS:
                 self.calibration[gpu] = _scale_factor(items)
         return self.calibration
+
+    def cold_share(self) -> float:
+        """The weight of the weak default sync profile beside the other jobs' for a cold job, chosen on this cluster.
+
+        A cold job (1-GPU profiles only) predicts its multi-GPU configurations from the other
+        jobs' sync profiles scaled by size (:func:`_size_ratio`). Whether they beat Pollux's weak
+        default is a property of the cluster: Pollux's T4 jobs resemble each other, Gavel's do
+        not (``experiments/results/accuracy.md``, round 12). This stacks the two predictive
+        means (Breiman, "Stacked regressions", *Machine Learning* 24, 1996; Yao et al., "Using
+        stacking to average Bayesian predictive distributions", *Bayesian Analysis* 13, 2018):
+        leave-one-job-out, each job with multi-GPU observations is modelled from its 1-GPU
+        observations twice, with the other jobs' members only and with the default only, and
+        the share w ∈ {0, 0.05, …, 1} minimises the mean absolute log error of the mixture
+        ``(1 − w)·log T_others + w·log T_default`` on its multi-GPU observations, each job
+        weighing the same. 0 (the other jobs only) without the raw observations or with fewer
+        than :data:`CALIBRATION_MIN_JOBS` such jobs.
+        """
+        if self.default_share is not None:
+            return self.default_share
+        self.default_share = 0.0
+        if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
+            return self.default_share
+        errors: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for job, obs in sorted(self.observations.items()):
+            single = [o for o in obs if o.num_replicas == 1]
+            multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
+            if not single or not multi:
+                continue
+            logs = [_log_predictions(self._left_out_model(job, single, share), multi) for share in (0.0, 1.0)]
+            errors.append((np.log(throughput_arrays(multi)["step_time"]), *logs))
+        if len(errors) < CALIBRATION_MIN_JOBS:
+            return self.default_share
+        grid = np.linspace(0.0, 1.0, 21)
+        loss = [np.mean([np.mean(np.abs(y - (1.0 - w) * others - w * default)) for y, others, default in errors]) for w in grid]
+        self.default_share = float(grid[int(np.argmin(loss))])
+        return self.default_share
 
     def warm_calibration(self) -> dict[str, float]:
         """Per situation (:data:`WARM_SITUATIONS`), the factor that makes a warm job's 90% intervals cover 90%.
@@ -552,11 +605,12 @@ class ClusterPrior:
                 self.warm[situation] = _scale_factor([(z, w) for z, w, _ in items])
         return self.warm
 
-    def _left_out_model(self, job: str, train: list[Observation]) -> Any:
-        """A :class:`~goodput.model.JobModel` of ``job`` fitted to ``train`` with the other jobs as prior (not calibrated: no nesting)."""
+    def _left_out_model(self, job: str, train: list[Observation], share: float = 0.0) -> Any:
+        """A :class:`~goodput.model.JobModel` of ``job`` fitted to ``train`` with the other jobs as prior
+        (not calibrated: no nesting), a cold job's default share held at ``share``."""
         from .model import JobModel  # noqa: PLC0415 - model builds on this module
 
-        others = dataclasses.replace(self.exclude(job), calibration={}, warm={})  # not calibrated: no nesting
+        others = dataclasses.replace(self.exclude(job), calibration={}, warm={}, default_share=share)  # no nesting
         model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=others, model_size=self.sizes.get(job))
         return model.observe(train)
 
@@ -594,7 +648,8 @@ class ClusterPrior:
     def to_dict(self) -> dict[str, Any]:
         """Summaries and the calibrations (computed now when the observations are at hand)."""
         return {"summaries": [s.to_dict() for s in self.summaries], "calibration": self.cold_calibration(),
-                "warm_calibration": self.warm_calibration(), "sync_shapes": {t: shape.to_dict() for t, shape in sorted(self.shapes.items())}}
+                "warm_calibration": self.warm_calibration(), "sync_shapes": {t: shape.to_dict() for t, shape in sorted(self.shapes.items())},
+                "default_share": self.cold_share()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
@@ -614,7 +669,13 @@ class ClusterPrior:
         if not isinstance(shapes, Mapping):
             raise ValidationError("cluster_prior.sync_shapes", shapes, "expected {gpu_type: sync shape}")
         shapes = {normalize_gpu_type(t): SyncShape.from_dict(v) for t, v in shapes.items()}
-        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm, shapes=shapes)
+        share = data.get("default_share")
+        if share is not None:
+            share = check_float("cluster_prior.default_share", share, nonnegative=True)
+            if share > 1.0:
+                raise ValidationError("cluster_prior.default_share", share, "must be in [0, 1]")
+        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm, shapes=shapes,
+                   default_share=share)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
@@ -1078,7 +1139,14 @@ def build_transfer(
                 borrowed[regime] = {t: w / votes for t, w in borrowed[regime].items()}
             if use_default:
                 chosen += _normalised(family_d, 1.0 / votes)
-            if m >= 2:
+            share = 0.0
+            if not multi_cols and family_x and family_d and not family_w and cluster_prior is not None:
+                # a cold job: the other jobs' sync profiles beside the weak default, in the proportion
+                # that predicted the cluster's own jobs best (ClusterPrior.cold_share)
+                share = cluster_prior.cold_share()
+                chosen = [Member(mem.theta, mem.weight * (1.0 - share), mem.source) for mem in chosen if share < 1.0]
+                chosen += _normalised(family_d, share)
+            if m >= 2 and share < 1.0:
                 inflate[regime] = (votes + 1.0) / (votes - 1.0)
             if chosen:
                 members[regime] = _normalised(chosen)

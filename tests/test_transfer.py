@@ -224,10 +224,33 @@ def test_cold_calibration_measures_how_well_other_jobs_transfer():
         ClusterPrior.from_dict({"summaries": [], "calibration": {"fast": -1.0}})
 
 
+def test_cold_share_stacks_the_default_beside_other_jobs_where_they_transfer_badly():
+    # Leave-one-job-out on the cluster, the share of the weak default among a cold job's members
+    # is the one whose mixture predicted the cluster's own jobs best (stacking).
+    alike = ClusterPrior.from_observations(_cluster([1.0, 1.1, 0.9, 1.05]))
+    unlike = ClusterPrior.from_observations(_cluster([0.2, 5.0, 0.4, 3.0]))  # sync costs 25x apart, unrelated to size
+    assert 0.0 <= alike.cold_share() <= 0.3 and unlike.cold_share() >= 0.5
+    cold = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE, slow_configs=SINGLE)
+    for prior in (alike, unlike):
+        members = JobModel("new", 8, cluster_prior=prior).observe(cold)._current().transfers["slow"].members[3]
+        default = sum(m.weight for m in members if m.source.startswith("weak default"))
+        assert default == pytest.approx(prior.cold_share())
+        assert sum(m.weight for m in members) == pytest.approx(1.0)
+    # a job that has run multi-GPU is not cold: its members do not take the share
+    warm = cold + synthetic(SLOW, [(1, 2), (1, 4)], job="new", gpu="slow", seed=14, accums=(0,))
+    members = JobModel("new", 8, cluster_prior=unlike).observe(warm)._current().transfers["fast"].members[1]
+    assert not any(m.source.startswith("weak default") for m in members)
+    # fewer than two jobs with multi-GPU data: the other jobs only; saved and loaded; a bad share refused
+    assert ClusterPrior.from_observations(_cluster([1.0])).cold_share() == 0.0
+    assert ClusterPrior.from_dict(unlike.to_dict()).cold_share() == unlike.cold_share()
+    with pytest.raises(ValueError, match="default_share"):
+        ClusterPrior.from_dict({"summaries": [], "default_share": 1.5})
+
+
 def test_cold_calibration_scales_only_a_cold_jobs_unobserved_regimes():
     prior = ClusterPrior.from_observations(_cluster([0.2, 5.0, 0.4, 3.0]))
     factor = prior.cold_factor("slow")
-    neutral = ClusterPrior(prior.summaries, calibration={}, shapes=prior.shapes)
+    neutral = ClusterPrior(prior.summaries, calibration={}, shapes=prior.shapes, default_share=prior.cold_share())
     cold = _job("new", 1.0, 1.0, seed=11, fast_configs=SINGLE, slow_configs=SINGLE)
     nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 4, 8, 16])
     scaled = JobModel("new", 8, cluster_prior=prior).observe(cold).predict("slow", nodes, replicas, 32).log_std
