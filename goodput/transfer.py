@@ -363,6 +363,13 @@ def _abs_z(model: Any, rows: list[Observation]) -> tuple[np.ndarray, np.ndarray]
     return z, cols["num_nodes"] > 1
 
 
+def _cold_split(obs: Sequence[Observation]) -> tuple[list[Observation], list[Observation]]:
+    """A job's 1-GPU observations (what a cold job knows) and its multi-GPU ones on the types they cover."""
+    single = [o for o in obs if o.num_replicas == 1]
+    types = {o.gpu_type for o in single}
+    return single, [o for o in obs if o.num_replicas > 1 and o.gpu_type in types]
+
+
 def _log_predictions(model: Any, rows: list[Observation]) -> np.ndarray:
     """Predicted log step time of ``rows`` (any GPU types) under ``model``, in their order."""
     out = np.empty(len(rows))
@@ -509,8 +516,7 @@ class ClusterPrior:
             return self.calibration
         scores: dict[str, list[tuple[np.ndarray, float]]] = {}
         for job, obs in sorted(self.observations.items()):
-            single = [o for o in obs if o.num_replicas == 1]
-            multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
+            single, multi = _cold_split(obs)
             if not single or not multi:
                 continue
             model = self._left_out_model(job, single, self.cold_share())
@@ -549,8 +555,7 @@ class ClusterPrior:
             return self.default_share
         errors: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for job, obs in sorted(self.observations.items()):
-            single = [o for o in obs if o.num_replicas == 1]
-            multi = [o for o in obs if o.num_replicas > 1 and o.gpu_type in {s.gpu_type for s in single}]
+            single, multi = _cold_split(obs)
             if not single or not multi:
                 continue
             logs = [_log_predictions(self._left_out_model(job, single, share), multi) for share in (0.0, 1.0)]
@@ -1144,7 +1149,7 @@ def build_transfer(
                 # a cold job: the other jobs' sync profiles beside the weak default, in the proportion
                 # that predicted the cluster's own jobs best (ClusterPrior.cold_share)
                 share = cluster_prior.cold_share()
-                chosen = [Member(mem.theta, mem.weight * (1.0 - share), mem.source) for mem in chosen if share < 1.0]
+                chosen = [] if share >= 1.0 else [Member(mem.theta, mem.weight * (1.0 - share), mem.source) for mem in chosen]
                 chosen += _normalised(family_d, share)
             if m >= 2 and share < 1.0:
                 inflate[regime] = (votes + 1.0) / (votes - 1.0)
