@@ -1,10 +1,14 @@
-"""Crash-safe file writing: a reader sees the old file or the new one, never half of one."""
+"""Crash-safe file writing (a reader sees the old file or the new one, never half of one), and a clean stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,43 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+
+
+_REDIRECT_LOCK = threading.Lock()
+_redirect = {"depth": 0, "saved": None}  # one redirection for all threads inside; the last one out restores
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """Meanwhile, send what native code writes to file descriptor 1 to descriptor 2.
+
+    HiGHS (scipy's MILP solver) prints a debug line to stdout in some solves whatever its
+    output options (ERGO-Code/HiGHS#2783); around a solve this keeps the process's stdout
+    what the caller writes there, e.g. ``goodput allocate --json``. Python's own ``print``
+    is buffered and reaches stdout as before. Safe across threads and nesting (the first in
+    redirects, the last out restores); a process without a real descriptor 1 runs the block
+    unchanged.
+    """
+    with _REDIRECT_LOCK:
+        if _redirect["depth"] == 0:
+            try:
+                sys.stdout.flush()
+                saved = os.dup(1)
+                os.dup2(2, 1)
+            except (OSError, ValueError, AttributeError):
+                saved = None
+            _redirect["saved"] = saved
+        _redirect["depth"] += 1
+    try:
+        yield
+    finally:
+        with _REDIRECT_LOCK:
+            _redirect["depth"] -= 1
+            saved = _redirect["saved"]
+            if _redirect["depth"] == 0 and saved is not None:
+                os.dup2(saved, 1)
+                os.close(saved)
+                _redirect["saved"] = None
 
 
 def _umask() -> int:

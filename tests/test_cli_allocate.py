@@ -67,3 +67,48 @@ def test_allocate_errors_name_the_job(tmp_path, capsys):
 def test_console_script_has_allocate():
     result = subprocess.run([sys.executable, "-m", "goodput.cli", "allocate", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--policy" in result.stdout and "--current" in result.stdout
+
+
+def test_json_output_stays_clean_when_the_solver_prints_to_stdout(tmp_path, capfd, monkeypatch):
+    # HiGHS writes a debug line to file descriptor 1 in some solves, whatever its options
+    # (ERGO-Code/HiGHS#2783): `goodput allocate --json` must still print only JSON on stdout.
+    import os
+
+    from goodput.allocator import sia
+
+    real = sia.milp
+
+    def noisy(*args, **kwargs):
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sia, "milp", noisy)
+    assert main(["allocate", str(_tables(tmp_path)), "--cluster", CLUSTER, "--solver", "milp", "--json"]) == 0
+    captured = capfd.readouterr()
+    assert json.loads(captured.out)["info"]["solver"] == "milp"
+    assert "HighsMipSolverData" in captured.err
+
+
+def test_stdout_redirection_nests_and_restores_across_threads(capfd):
+    import os
+    import threading
+
+    from goodput.io import native_stdout_to_stderr
+
+    barrier = threading.Barrier(4)
+
+    def solve(i):
+        with native_stdout_to_stderr():
+            barrier.wait()
+            with native_stdout_to_stderr():
+                os.write(1, f"native {i}\n".encode())
+
+    threads = [threading.Thread(target=solve, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    os.write(1, b"after\n")
+    captured = capfd.readouterr()
+    assert captured.out == "after\n"
+    assert sorted(line for line in captured.err.splitlines() if line.startswith("native")) == [f"native {i}" for i in range(4)]

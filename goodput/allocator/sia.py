@@ -42,6 +42,7 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ..errors import ValidationError
+from ..io import native_stdout_to_stderr
 from ..validation import check_float, check_int
 from .lagrangian import Solution, solve_lagrangian
 from .placement import place
@@ -70,8 +71,9 @@ def solve_milp(problem: Problem, *, time_limit: float = 10.0, mip_rel_gap: float
     capacity = sparse.csr_array((problem.opt_gpus.astype(float), (problem.opt_type, columns)), shape=(n_types, m))
     constraints = LinearConstraint(sparse.vstack([one_each, capacity]).tocsr(), -np.inf,
                                    np.concatenate([np.ones(n_jobs), problem.capacity]))
-    result = milp(problem.opt_cost, constraints=constraints, integrality=np.ones(m), bounds=Bounds(0, 1),
-                  options={"presolve": presolve, "time_limit": time_limit, "mip_rel_gap": mip_rel_gap})
+    with native_stdout_to_stderr():  # HiGHS may print a debug line to stdout (see native_stdout_to_stderr)
+        result = milp(problem.opt_cost, constraints=constraints, integrality=np.ones(m), bounds=Bounds(0, 1),
+                      options={"presolve": presolve, "time_limit": time_limit, "mip_rel_gap": mip_rel_gap})
     seconds = time.perf_counter() - start
     if result.x is None:
         return None
