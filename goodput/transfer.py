@@ -355,12 +355,21 @@ def _warm_situations(same_type: bool, inter: np.ndarray) -> list[tuple[str, np.n
     return [(WARM_SITUATIONS[1], ~inter), (WARM_SITUATIONS[2], inter)]
 
 
+def _log_predictions(model: Any, rows: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted log step time and its log-std of ``rows`` (any GPU types) under ``model``, in their order."""
+    mean, std = np.empty(len(rows)), np.empty(len(rows))
+    for gpu, index in indices_by_gpu_type(rows).items():
+        cols = throughput_arrays([rows[i] for i in index])
+        pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
+        mean[index], std[index] = np.log(np.asarray(pred.step_time)), np.asarray(pred.log_std)
+    return mean, std
+
+
 def _abs_z(model: Any, rows: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
-    """``|log(measured / predicted)| / predicted log-std`` of ``rows`` (one GPU type) under ``model``, and which are multi-node."""
+    """``|log(measured / predicted)| / predicted log-std`` of ``rows`` under ``model``, and which are multi-node."""
     cols = throughput_arrays(rows)
-    pred = model.predict(rows[0].gpu_type, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-    z = np.abs(np.log(cols["step_time"] / np.asarray(pred.step_time))) / np.maximum(np.asarray(pred.log_std), 1e-9)
-    return z, cols["num_nodes"] > 1
+    mean, std = _log_predictions(model, rows)
+    return np.abs(np.log(cols["step_time"]) - mean) / np.maximum(std, 1e-9), cols["num_nodes"] > 1
 
 
 def _cold_split(obs: Sequence[Observation]) -> tuple[list[Observation], list[Observation]]:
@@ -368,16 +377,6 @@ def _cold_split(obs: Sequence[Observation]) -> tuple[list[Observation], list[Obs
     single = [o for o in obs if o.num_replicas == 1]
     types = {o.gpu_type for o in single}
     return single, [o for o in obs if o.num_replicas > 1 and o.gpu_type in types]
-
-
-def _log_predictions(model: Any, rows: list[Observation]) -> np.ndarray:
-    """Predicted log step time of ``rows`` (any GPU types) under ``model``, in their order."""
-    out = np.empty(len(rows))
-    for gpu, index in indices_by_gpu_type(rows).items():
-        cols = throughput_arrays([rows[i] for i in index])
-        pred = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-        out[index] = np.log(np.asarray(pred.step_time))
-    return out
 
 
 def _scale_factor(items: Sequence[tuple[np.ndarray, float]]) -> float:
@@ -558,7 +557,7 @@ class ClusterPrior:
             single, multi = _cold_split(obs)
             if not single or not multi:
                 continue
-            logs = [_log_predictions(self._left_out_model(job, single, share), multi) for share in (0.0, 1.0)]
+            logs = [_log_predictions(self._left_out_model(job, single, share), multi)[0] for share in (0.0, 1.0)]
             errors.append((np.log(throughput_arrays(multi)["step_time"]), *logs))
         if len(errors) < CALIBRATION_MIN_JOBS:
             return self.default_share
