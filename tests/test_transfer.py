@@ -374,3 +374,32 @@ def test_gamma_posterior_weights_the_overlaps_single_node_data_allow():
     noisy = synthetic(truth, SINGLE + INTRA, gpu="fast", seed=5, accums=(0,), noise=0.05)
     blind = [dataclasses.replace(o, sync_time=None) for o in noisy]
     assert spread(_gamma_posterior(noisy, 0.05, fit_throughput(noisy))) < 0.7 * spread(_gamma_posterior(blind, 0.05, fit_throughput(blind)))
+
+
+def _in_unit(observations, factor: float):
+    return [dataclasses.replace(o, step_time=o.step_time * factor, sync_time=None if o.sync_time is None else o.sync_time * factor)
+            for o in observations]
+
+
+@pytest.mark.parametrize("factor", [1e3, 1e-3])
+def test_predictions_do_not_depend_on_the_unit_of_time(factor):
+    # Every time in milliseconds (or kiloseconds) instead of seconds: the fits, the other jobs'
+    # sync profiles, the transfer rules, the GP and the calibrations must give the same
+    # predictions in that unit. A constant in seconds anywhere (a bound, a threshold, a prior)
+    # would break this for jobs whose steps take milliseconds or minutes.
+    others = {"a": _job("a", 1.0, 1.0, 1), "b": _job("b", 2.0, 3.0, 2)}
+    # the new job: single-node data on the fast type, 1-GPU profiles on the slow one (P2's situation)
+    target = [o for o in _job("c", 1.5, 0.7, 3) if (o.gpu_type == "fast" and o.num_nodes == 1) or o.num_replicas == 1]
+    nodes, replicas = np.array([c[0] for c in TESTS]), np.array([c[1] for c in TESTS])
+    for with_prior in (False, True):
+        models = [
+            JobModel("c", init_batch_size=32,
+                     cluster_prior=ClusterPrior.from_observations({j: _in_unit(o, f) for j, o in others.items()}) if with_prior else None)
+            .observe(_in_unit(target, f))
+            for f in (1.0, factor)
+        ]
+        for gpu in ("fast", "slow"):
+            seconds, other_unit = (m.predict(gpu, nodes, replicas, 64) for m in models)
+            np.testing.assert_allclose(other_unit.step_time, seconds.step_time * factor, rtol=1e-6, err_msg=f"{gpu}, prior={with_prior}")
+            np.testing.assert_allclose(other_unit.log_std, seconds.log_std, rtol=1e-6, err_msg=f"{gpu}, prior={with_prior}")
+            assert np.all(seconds.log_std > 0)
