@@ -19,8 +19,10 @@ error on that layout, not how large the error on real hardware would be
 (``experiments/results/accuracy.md``, rounds 4 and 5). It is written outside
 the repository: the shared data is never copied into it.
 
-Run: ``python -m experiments.derive_types OUT [--data DIR]``, then
-``goodput accuracy OUT``.
+Run: ``python -m experiments.derive_types OUT [--data DIR] [--type NAME=C,S ...]``,
+then ``goodput accuracy OUT``. ``--type`` replaces the default types, e.g.
+``--type t4=1,1 --type half=0.5,0.5`` for types that scale compute and sync
+alike (on which every prediction should scale too: accuracy.md, round 13).
 """
 
 from __future__ import annotations
@@ -99,22 +101,39 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     return written
 
 
+def _parse_type(text: str) -> tuple[str, tuple[float, float]]:
+    """``NAME=C,S`` (compute factor, sync factor) of ``--type``."""
+    name, sep, factors = text.partition("=")
+    parts = factors.split(",")
+    try:
+        if not (sep and name and len(parts) == 2):
+            raise ValueError
+        values = (float(parts[0]), float(parts[1]))
+    except ValueError:
+        raise ValidationError("--type", text, "expected NAME=COMPUTE,SYNC, e.g. v100=0.45,0.7") from None
+    return name, values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.derive_types", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="folder to write (outside the repository)")
     parser.add_argument("--data", default=None, help="shared data folder (default: ../shared/data or $GOODPUT_DATA_DIR)")
+    parser.add_argument("--type", action="append", default=None, metavar="NAME=C,S",
+                        help="a derived type and its compute and sync factors relative to T4, repeatable "
+                             f"(default: {' '.join(f'{n}={c},{s}' for n, (c, s) in DERIVED_TYPES.items())})")
     args = parser.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
     if data is None:
         print("no shared data folder found: pass --data DIR", file=sys.stderr)
         return 2
     try:
-        written = derive(data / "pollux" / "traces", args.out)
+        types = dict(_parse_type(t) for t in args.type) if args.type else DERIVED_TYPES
+        written = derive(data / "pollux" / "traces", args.out, types)
     except ValidationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     models = len({p.parent for p in written})
-    print(f"wrote {len(written)} files: {models} models × {len(DERIVED_TYPES)} types ({', '.join(DERIVED_TYPES)}) in {args.out}")
+    print(f"wrote {len(written)} files: {models} models × {len(types)} types ({', '.join(types)}) in {args.out}")
     return 0
 
 

@@ -63,3 +63,17 @@ def test_command_line(tmp_path, capsys):
     assert "2 models × 5 types" in capsys.readouterr().out
     assert main([str(INSIDE), "--data", str(tmp_path / "data")]) == 2
     assert not INSIDE.exists()
+
+
+def test_command_line_types(tmp_path, capsys):
+    _traces(tmp_path / "data" / "pollux" / "traces")
+    assert main([str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--type", "t4=1,1", "--type", "half=0.5,0.5"]) == 0
+    assert "2 models × 2 types (t4, half)" in capsys.readouterr().out
+    measured = read_measurements(tmp_path / "out")
+    steps = {t: sorted(o.step_time for o in measured.models["cifar10"] if o.gpu_type == t) for t in ("t4", "half")}
+    assert steps["half"] == pytest.approx([0.5 * s for s in steps["t4"]])
+    for bad in ("v100", "v100=0.5", "=0.5,0.7", "v100=a,b"):
+        assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", bad]) == 2
+        assert "NAME=COMPUTE,SYNC" in capsys.readouterr().err
+    assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "v100=0,0.7"]) == 2  # derive() refuses factors <= 0
+    assert not (tmp_path / "bad").exists()
