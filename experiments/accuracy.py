@@ -597,7 +597,7 @@ def run(
         ref_errors = reference_errors({n: data.models[n] for n in names})
     reference, ref_by_model = summarize_reference(ref_errors), reference_by_model(ref_errors)
     notes = list(data.notes) + [
-        f"bayes: cross-job prior from the other {len(names) - 1} model(s) of the directory (leave-one-model-out); "
+        f"bayes: cross-job prior from the other {len(data.models) - 1} model(s) of the directory (leave-one-model-out); "
         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
         f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint",
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",

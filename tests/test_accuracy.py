@@ -114,6 +114,8 @@ def test_harness_end_to_end_with_mlflow_and_resume(layout, tmp_path):
         assert (out / name).exists()
     text = (out / "accuracy.md").read_text()
     assert "| P2 | sia |" in text and "n/a" in text
+    # the prior of each evaluated model holds every other model of the directory, evaluated or not
+    assert "cross-job prior from the other 2 model(s)" in text
     # From known parameters with 3% noise, a job whose other jobs ran everywhere is predicted closely.
     assert bayes.loc["P1", "median_ape"] < summary.query("protocol == 'P1' and method == 'linear'")["median_ape"].iloc[0]
     assert bayes.loc["P2", "median_ape"] < summary.query("protocol == 'P2' and method == 'sia'")["median_ape"].iloc[0]
