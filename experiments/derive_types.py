@@ -105,13 +105,12 @@ def _parse_type(text: str) -> tuple[str, tuple[float, float]]:
     """``NAME=C,S`` (compute factor, sync factor) of ``--type``."""
     name, sep, factors = text.partition("=")
     parts = factors.split(",")
-    try:
-        if not (sep and name and len(parts) == 2):
-            raise ValueError
-        values = (float(parts[0]), float(parts[1]))
-    except ValueError:
-        raise ValidationError("--type", text, "expected NAME=COMPUTE,SYNC, e.g. v100=0.45,0.7") from None
-    return name, values
+    if sep and name and len(parts) == 2:
+        try:
+            return name, (float(parts[0]), float(parts[1]))
+        except ValueError:
+            pass
+    raise ValidationError("--type", text, "expected NAME=COMPUTE,SYNC, e.g. v100=0.45,0.7")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
