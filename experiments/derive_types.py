@@ -126,7 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no shared data folder found: pass --data DIR", file=sys.stderr)
         return 2
     try:
-        types = dict(_parse_type(t) for t in args.type) if args.type else DERIVED_TYPES
+        types = DERIVED_TYPES
+        if args.type:
+            parsed = [_parse_type(t) for t in args.type]
+            types = dict(parsed)
+            if len(types) < len(parsed):
+                raise ValidationError("--type", args.type, "a type is named more than once")
         written = derive(data / "pollux" / "traces", args.out, types)
     except ValidationError as exc:
         print(f"error: {exc}", file=sys.stderr)

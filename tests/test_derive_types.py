@@ -76,4 +76,6 @@ def test_command_line_types(tmp_path, capsys):
         assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", bad]) == 2
         assert "NAME=COMPUTE,SYNC" in capsys.readouterr().err
     assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "v100=0,0.7"]) == 2  # derive() refuses factors <= 0
+    assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "t4=1,1", "--type", "t4=2,2"]) == 2
+    assert "more than once" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
