@@ -11,6 +11,8 @@ Formats:
 * **placements CSV** (Pollux, OSDI'21 artifact): ``placement,local_bsz,step_time,sync_time``;
   ``placement`` is a digit string of GPUs per node (``"22"`` = 2 nodes × 2 GPUs).
 * **scalability CSV** (Pollux): ``num_nodes,num_replicas,local_bsz,step_time,sync_time``.
+  In both, ``sync_time`` may be absent or empty (not measured), and extra
+  columns are ignored.
 * **validation CSV** (Pollux): ``progress,iteration,metric,grad_sqr,grad_var`` per epoch.
 * **Gavel throughputs JSON** (Narayanan et al., OSDI'20 artifact): steps/s of
   ``'<model> (batch size B)'`` on 1/2/4/8 GPUs per GPU type.
@@ -69,15 +71,26 @@ def default_data_dir() -> Path | None:
 # ====================================================================== generic CSV
 
 
+def _integer(text: str) -> int:
+    """``"32"`` → 32; also ``"32.0"``, as spreadsheets and pandas write integers beside missing values."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)
+        if not value.is_integer():
+            raise ValueError("must be an integer") from None
+        return int(value)
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 1:
         raise ValueError("must be >= 1")
     return value
 
 
 def _nonnegative_int(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise ValueError("must be >= 0")
     return value
@@ -112,7 +125,7 @@ def _nonempty_str(text: str) -> str:
 
 def parse_placement(text: str) -> tuple[int, ...]:
     """``"1234"`` → ``(1, 2, 3, 4)``: GPUs per node; zeros (empty nodes) are dropped."""
-    text = text.strip()
+    text = text.strip().removesuffix(".0")  # "22.0": the digit string written as a number
     if not text or not text.isdigit():
         raise ValueError("expected a digit string of GPUs per node, e.g. '22'")
     placement = tuple(int(c) for c in text if c != "0")
@@ -133,7 +146,12 @@ PARSERS: dict[str, Callable[[str], Any]] = {
 
 
 def read_csv_rows(
-    path: str | os.PathLike[str], schema: Mapping[str, str], optional: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    schema: Mapping[str, str],
+    optional: Mapping[str, str] | None = None,
+    *,
+    skip: Callable[[Mapping[str, str]], str | None] | None = None,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_no, row)`` with each column parsed by its schema type.
 
@@ -141,10 +159,17 @@ def read_csv_rows(
     ``"float0"``, ``"placement"``, ``"str"`` …); ``optional`` columns may be
     absent from the header or empty in a row (then ``None``). A missing column,
     a short row or a bad value raises :class:`DataFormatError` with the line number.
+
+    ``skip`` sees a row's raw cells by column name before they are parsed and
+    returns why the row is not a measurement (e.g. an infeasible marker), or
+    ``None``; such rows are appended to ``skipped`` as ``("file:line", reason)``
+    instead of being parsed. A UTF-8 byte-order mark before the header is ignored.
     """
     path = Path(path)
     optional = dict(optional or {})
-    with open(path, newline="", encoding="utf-8") as f:
+    if skip is not None and skipped is None:
+        raise TypeError("skip needs a skipped list to report the rows it leaves out")
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
@@ -159,6 +184,11 @@ def read_csv_rows(
                 continue
             if len(raw) != len(header):
                 raise DataFormatError(path, line_no, "row", raw, f"has {len(raw)} fields, header has {len(header)}")
+            if skip is not None:
+                reason = skip({name: raw[col].strip() for name, col in index.items()})
+                if reason is not None:
+                    skipped.append((f"{path.name}:{line_no}", reason))
+                    continue
             row: dict[str, Any] = {}
             for name, col in index.items():
                 cell = raw[col].strip()
@@ -170,6 +200,8 @@ def read_csv_rows(
                     row[name] = PARSERS[kind](cell)
                 except (ValueError, TypeError) as exc:
                     raise DataFormatError(path, line_no, name, cell, str(exc) or f"expected {kind}") from None
+            for name in optional:
+                row.setdefault(name, None)  # absent from the header
             yield line_no, row
 
 
@@ -183,14 +215,58 @@ def _observation(path: Path, line_no: int | None, **values: Any) -> Observation:
 # ====================================================================== Pollux
 
 
+def _unmeasured_step(cells: Mapping[str, str]) -> str | None:
+    """Why a row's ``step_time`` marks a configuration that was not measured, or ``None``.
+
+    Empty cells, 0, NaN and infinity are how published tables mark infeasible
+    configurations (Gavel writes 0.0 for out of memory). Negative or non-numeric
+    values are not markers: they are left to the parser, which raises.
+    """
+    text = cells["step_time"]
+    if not text:
+        return "step_time empty: not measured"
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if value == 0 or value != value or value == float("inf"):
+        return f"step_time={text}: infeasible or not measured"
+    return None
+
+
+def _timed_rows(
+    path: Path, schema: dict[str, str], skipped: list[tuple[str, str]] | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a step-time table; ``sync_time`` is optional (absent or empty: not measured).
+
+    Strict when ``skipped`` is ``None`` (every value must be valid). Otherwise
+    rows whose step time marks an unmeasured configuration are left out, and a
+    ``sync_time`` above its ``step_time`` (sync is part of the step) is dropped
+    from its row, each reported in ``skipped``.
+    """
+    rows = read_csv_rows(path, schema, {"sync_time": "float0"},
+                         skip=_unmeasured_step if skipped is not None else None, skipped=skipped)
+    for line_no, row in rows:
+        sync, step = row["sync_time"], row["step_time"]
+        if skipped is not None and sync is not None and sync > step:
+            skipped.append((f"{path.name}:{line_no}", f"sync_time={sync} > step_time={step}: sync_time not used"))
+            row["sync_time"] = None
+        yield line_no, row
+
+
 def read_placements(
-    path: str | os.PathLike[str], job: str, gpu_type: str, source: str = "trace:placements"
+    path: str | os.PathLike[str], job: str, gpu_type: str, source: str = "trace:placements",
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[Observation]:
-    """Observations from a placements CSV (``placement,local_bsz,step_time,sync_time``)."""
+    """Observations from a placements CSV (``placement,local_bsz,step_time[,sync_time]``).
+
+    With a ``skipped`` list, unmeasured rows are left out and reported there
+    instead of raising (see :func:`_timed_rows`).
+    """
     path = Path(path)
-    schema = {"placement": "placement", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
+    schema = {"placement": "placement", "local_bsz": "int+", "step_time": "float+"}
     out = []
-    for line_no, row in read_csv_rows(path, schema):
+    for line_no, row in _timed_rows(path, schema, skipped):
         placement = row["placement"]
         out.append(
             _observation(
@@ -211,14 +287,19 @@ def read_placements(
 
 
 def read_scalability(
-    path: str | os.PathLike[str], job: str, gpu_type: str, source: str = "trace:scalability"
+    path: str | os.PathLike[str], job: str, gpu_type: str, source: str = "trace:scalability",
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[Observation]:
-    """Observations from a scalability CSV (``num_nodes,num_replicas,local_bsz,step_time,sync_time``)."""
+    """Observations from a scalability CSV (``num_nodes,num_replicas,local_bsz,step_time[,sync_time]``).
+
+    With a ``skipped`` list, unmeasured rows are left out and reported there
+    instead of raising (see :func:`_timed_rows`).
+    """
     path = Path(path)
-    schema = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
+    schema = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+"}
     return [
         _observation(path, line_no, job=job, gpu_type=gpu_type, source=source, **row)
-        for line_no, row in read_csv_rows(path, schema)
+        for line_no, row in _timed_rows(path, schema, skipped)
     ]
 
 
@@ -442,6 +523,10 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
       (several GPU types per model; a model may lack a type); files without a
       type suffix (Pollux's artifact) are read as ``default_gpu_type``;
       ``validation-*.csv`` files are not step times and are left out (noted).
+      Tables directly in ``path`` are one model named after the directory.
+      Rows that mark unmeasured configurations (empty, 0 or NaN step time) are
+      left out and a ``sync_time`` above its step time is not used; both are
+      counted in the notes, with their lines.
     * a folder holding ``simulation_throughputs.json`` (Gavel) or
       ``summary_power_<gpu>.csv`` (Zeus);
     * JSON Lines profiles (``*.jsonl``), grouped by job.
@@ -469,27 +554,44 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     profiles = sorted(root.glob("*.jsonl"))
     if profiles:
         return _read_profiles(profiles)
-    models = {}
-    notes = []
     default = _gpu_slug(default_gpu_type)
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        observations: list[Observation] = []
-        for csv_path in sorted(model_dir.glob("*.csv")):
-            match = _TYPED_FILE.match(csv_path.name)
-            if match is None:
-                if not csv_path.name.startswith("validation"):
-                    notes.append(f"{model_dir.name}/{csv_path.name}: not a placements/scalability file, left out")
-                continue
-            gpu = _gpu_slug(match.group("gpu")) if match.group("gpu") else default
-            if not match.group("gpu"):
-                notes.append(f"{model_dir.name}/{csv_path.name}: no GPU type in the name, read as {gpu!r}")
-            reader = read_placements if match.group("kind") == "placements" else read_scalability
-            observations.extend(reader(csv_path, model_dir.name, gpu, source=f"{match.group('kind')}:{csv_path.name}"))
+    models = {}
+    notes: list[str] = []
+    # <root>/<model>/placements-<type>.csv; tables directly in <root> are one model, named after it
+    holds_tables = any(_TYPED_FILE.match(p.name) for p in root.glob("*.csv"))
+    for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir()):
+        name = model_dir.resolve().name if model_dir == root else model_dir.name
+        observations = _read_model_tables(model_dir, name, default, notes)
         if observations:
-            models[model_dir.name] = observations
+            if name in models:
+                raise DataFormatError(model_dir, None, "model", name, "tables both in the directory and in a sub-folder of that name")
+            models[name] = observations
     if not models:
         raise FileNotFoundError(f"no <model>/placements-<gpu_type>.csv, Gavel, Zeus or *.jsonl data in {root}")
     return Measurements("placements", models, notes)
+
+
+def _read_model_tables(model_dir: Path, model: str, default_gpu: str, notes: list[str]) -> list[Observation]:
+    """One model's placements/scalability tables in ``model_dir``; what was assumed or left out goes to ``notes``."""
+    observations: list[Observation] = []
+    for csv_path in sorted(model_dir.glob("*.csv")):
+        where = f"{model}/{csv_path.name}"
+        match = _TYPED_FILE.match(csv_path.name)
+        if match is None:
+            if not csv_path.name.startswith("validation"):
+                notes.append(f"{where}: not a placements/scalability file, left out")
+            continue
+        gpu = _gpu_slug(match.group("gpu")) if match.group("gpu") else default_gpu
+        if not match.group("gpu"):
+            notes.append(f"{where}: no GPU type in the name, read as {gpu!r}")
+        reader = read_placements if match.group("kind") == "placements" else read_scalability
+        skipped: list[tuple[str, str]] = []
+        observations.extend(reader(csv_path, model, gpu, source=f"{match.group('kind')}:{csv_path.name}", skipped=skipped))
+        if skipped:
+            first = "; ".join(f"line {entry.rsplit(':', 1)[1]}: {reason}" for entry, reason in skipped[:3])
+            more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+            notes.append(f"{where}: {len(skipped)} row(s) not used as read: {first}{more}")
+    return observations
 
 
 def _read_profiles(paths: list[Path]) -> Measurements:

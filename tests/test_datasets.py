@@ -54,12 +54,70 @@ def test_malformed_rows_name_the_line(tmp_path, row, field):
 
 def test_missing_column_and_empty_file(tmp_path):
     path = tmp_path / "s.csv"
-    path.write_text("num_nodes,num_replicas,local_bsz,step_time\n1,1,8,0.1\n")
-    with pytest.raises(DataFormatError, match="sync_time"):
+    path.write_text("num_nodes,num_replicas,local_bsz,sync_time\n1,1,8,0.1\n")
+    with pytest.raises(DataFormatError, match="step_time"):
         read_scalability(path, "j", "t4")
     path.write_text("")
     with pytest.raises(DataFormatError, match="empty"):
         read_scalability(path, "j", "t4")
+
+
+def test_sync_time_is_optional_and_extra_columns_are_ignored(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("num_nodes,num_replicas,local_bsz,step_time,note\n1,1,8,0.1,a\n2,4,8,0.3,b\n")
+    obs = read_scalability(path, "j", "t4")
+    assert [(o.num_replicas, o.step_time, o.sync_time) for o in obs] == [(1, 0.1, None), (4, 0.3, None)]
+    path.write_text("num_nodes,num_replicas,local_bsz,step_time,sync_time\n2,4,8,0.3,\n")
+    assert read_scalability(path, "j", "t4")[0].sync_time is None
+
+
+def test_spreadsheet_spellings_are_read(tmp_path):
+    """A byte-order mark, integers written as "32.0" and a placement written as "22.0"."""
+    path = tmp_path / "placements.csv"
+    path.write_text("\ufeffplacement,local_bsz,step_time,sync_time\n22.0,32.0,0.2,0.05\n", encoding="utf-8")
+    (obs,) = read_placements(path, "j", "t4")
+    assert (obs.placement, obs.local_bsz) == ((2, 2), 32)
+    path.write_text("placement,local_bsz,step_time,sync_time\n22,32.5,0.2,0.05\n")
+    with pytest.raises(DataFormatError, match="local_bsz"):
+        read_placements(path, "j", "t4")
+
+
+def test_unmeasured_rows_are_reported_not_read(tmp_path):
+    path = tmp_path / "placements.csv"
+    path.write_text("placement,local_bsz,step_time,sync_time\n1,32,0.04,0\n2,64,,\n2,128,0.0,0\n4,64,nan,0.1\n"
+                    "22,64,0.2,0.3\n")
+    with pytest.raises(DataFormatError):  # strict without a list to report them in
+        read_placements(path, "j", "t4")
+    skipped: list[tuple[str, str]] = []
+    obs = read_placements(path, "j", "t4", skipped=skipped)
+    assert [(o.placement, o.sync_time) for o in obs] == [((1,), 0.0), ((2, 2), None)]
+    assert [entry for entry, _ in skipped] == ["placements.csv:3", "placements.csv:4", "placements.csv:5", "placements.csv:6"]
+    assert "sync_time not used" in skipped[-1][1]
+    path.write_text("placement,local_bsz,step_time,sync_time\n2,64,-0.2,0\n")  # negative is malformed, not a marker
+    with pytest.raises(DataFormatError, match="step_time"):
+        read_placements(path, "j", "t4", skipped=[])
+
+
+def test_measurement_directories(tmp_path):
+    """<root>/<model>/ tables, tables directly in <root> (one model), and what the notes say."""
+    from experiments.datasets import read_measurements
+
+    header = "placement,local_bsz,step_time,sync_time\n"
+    one_model = tmp_path / "bert"
+    one_model.mkdir()
+    (one_model / "placements-V100.csv").write_text(header + "1,8,0.1,0\n2,8,0.15,0.05\n2,16,0,0\n")
+    (one_model / "placements-t4.csv").write_text(header + "1,8,0.3,0\n")
+    (one_model / "validation-8.csv").write_text("progress,iteration,metric,grad_sqr,grad_var\n")
+    data = read_measurements(one_model)
+    assert list(data.models) == ["bert"]
+    assert sorted({o.gpu_type for o in data.models["bert"]}) == ["t4", "v100"] and len(data.models["bert"]) == 3
+    assert data.notes == ["bert/placements-V100.csv: 1 row(s) not used as read: line 4: step_time=0: infeasible or not measured"]
+    other = tmp_path / "ncf"
+    other.mkdir()
+    (other / "scalability-t4.csv").write_text("num_nodes,num_replicas,local_bsz,step_time\n1,1,64,0.02\n")
+    (tmp_path / "notes.csv").write_text("a\n")  # the parent holds no tables: not a model, not noted
+    data = read_measurements(tmp_path)
+    assert sorted(data.models) == ["bert", "ncf"] and not any("notes.csv" in n for n in data.notes)
 
 
 def test_gavel_reader(tmp_path):
