@@ -49,7 +49,7 @@ from .gp import (
     fit_hyperparameters,
 )
 from .observations import Observation, indices_by_gpu_type
-from .throughput import ThroughputParams, throughput_arrays
+from .throughput import ThroughputParams, _step_time, throughput_arrays
 from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, config_regime, sensitivities
 
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
@@ -63,11 +63,41 @@ RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance (
 _G = len(GROUPS)
 _COMPUTE = [GROUPS.index("alpha_c"), GROUPS.index("beta_c")]
 _OWN_SYNC = [GROUPS.index("sync"), GROUPS.index("gamma")]
+_SPLIT_MIN, _SPLIT_MAX = 1e-6, 1.0 - 1e-6  # bounds of the compute split α_c / c₀ (as goodput.transfer clamps it)
 
 
 @functools.lru_cache(maxsize=512)
 def _t_factor(dof: float) -> float:
     return float(scipy.stats.t.ppf(0.95, dof) / scipy.stats.norm.ppf(0.95))
+
+
+def split_feature(transfer: TypeTransfer, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray,
+                  accum: np.ndarray) -> np.ndarray:
+    """Change of log step time per prior std of the compute split, for a type seen at one batch size.
+
+    One local batch size b₀ fixes the compute time c₀ = α_c + β_c·b₀ but not its
+    split f = α_c / c₀ (its prior comes from the job's other types). The GP
+    carries the split as a linear part with weight ~ N(0, 1) on this feature:
+    the central difference of log T over f·e^{±σ} (σ the split's log-std, f
+    kept inside (0, 1)), a statistical linearisation (Särkkä, *Bayesian
+    Filtering and Smoothing*, 2013, §5.3). The tangent ∂ log T / ∂ log f · σ
+    that it replaces grows like b / b₀, without bound: at f near 1 (compute
+    that barely grows with the batch) it predicted e^80 s at 500 b₀ after a
+    few observations at 2–6 b₀. The difference stays within what a split can
+    do: between c₀ and c₀·b/b₀ for b > b₀.
+    """
+    theta = transfer.theta
+    b0, sigma = transfer.regimes.bsz0, transfer.alpha_c_log_std
+    c0 = theta[0] + theta[1] * b0
+    f = theta[0] / c0
+    factor = transfer.shape(nodes, replicas) if transfer.shape is not None else None
+    logs = []
+    for sign in (1.0, -1.0):
+        moved = theta.copy()
+        split = min(max(f * math.exp(sign * sigma), _SPLIT_MIN), _SPLIT_MAX)
+        moved[0], moved[1] = split * c0, (1.0 - split) * c0 / b0
+        logs.append(np.log(_step_time(moved, nodes, replicas, bsz, accum, factor)))
+    return (logs[0] - logs[1]) / 2.0
 
 
 @dataclass
@@ -131,13 +161,12 @@ class BayesState:
         log_mean, d, covered = transfer.predict_log(nodes, replicas, bsz, accum)
         linear = transfer.regimes.one_bsz and transfer.alpha_c_log_std
         s = np.zeros((nodes.size, self.num_sens))
-        if not (variance or linear):
+        if linear:
+            s[:, _G * k] = split_feature(transfer, nodes, replicas, bsz, accum)
+        if not variance:
             return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, np.zeros((nodes.size, _G)))
         sens = sensitivities(transfer.theta, nodes, replicas, bsz, accum, transfer.shape)
         s_id = sens * self._id[gpu] * self._carried(transfer, nodes, replicas, covered)
-        if linear:
-            # the unidentified direction moves α_c against β_c at the one batch size observed
-            s[:, _G * k] = sens[:, 0] * (1.0 - bsz / transfer.regimes.bsz0) * transfer.alpha_c_log_std
         return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), s, d, log_mean, s_id)
 
     def design_observations(self, observations: Sequence[Observation]) -> tuple[Design, np.ndarray]:

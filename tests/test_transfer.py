@@ -403,3 +403,27 @@ def test_predictions_do_not_depend_on_the_unit_of_time(factor):
             np.testing.assert_allclose(other_unit.step_time, seconds.step_time * factor, rtol=1e-6, err_msg=f"{gpu}, prior={with_prior}")
             np.testing.assert_allclose(other_unit.log_std, seconds.log_std, rtol=1e-6, err_msg=f"{gpu}, prior={with_prior}")
             assert np.all(seconds.log_std > 0)
+
+
+def test_a_type_seen_at_one_batch_size_extrapolates_within_what_a_compute_split_allows():
+    """A compute split near 1 (host-bound, like ncf) must not blow up far batch sizes.
+
+    The type is first seen at one batch size b₀, so its split of compute between α_c
+    and β_c·b₀ comes from the job's other type as a linear part of the GP. Observations
+    at 2 and 6 b₀ are conditioned online; at 512 b₀ any split gives between c₀ and
+    512 c₀. The tangent linearisation predicted e^80 s there on a case like this one.
+    """
+    host_bound = ThroughputParams(0.006, 1e-8, 0.02, 0.001, 0.004, 0.0005, 2.0)
+    ref = synthetic(host_bound, SINGLE + INTRA, bszs=(64, 128, 256, 512, 1024), accums=(0,), seed=3, job="hb", gpu="ref")
+    first = synthetic(host_bound, SINGLE * 3, bszs=(64,), accums=(0,), seed=4, job="hb", gpu="new")
+    later = synthetic(host_bound, SINGLE, bszs=(128, 384), accums=(0,), seed=5, job="hb", gpu="new")
+    model = JobModel("hb", init_batch_size=64).observe(ref + first).refit()
+    refits = model.diagnostics["refits"]
+    model.observe(later)
+    assert model.diagnostics["refits"] == refits  # conditioned online, the split still a linear part
+    c0 = float(predict_step_time(host_bound, 1, 1, 64))
+    far = model.predict("new", 1, 1, 64 * 512)
+    low, high = far.interval(0.9)
+    truth = float(predict_step_time(host_bound, 1, 1, 64 * 512))
+    assert low <= truth <= high
+    assert c0 / 2 < far.step_time < 512 * c0 and high < 2 * 512 * c0
