@@ -14,7 +14,7 @@ P4_SEEDS = 6
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The accuracy harness's arguments (shared by ``goodput accuracy`` and ``python -m experiments.accuracy``)."""
-    p.add_argument("data_dir", help="measurements: <model>/placements-<gpu_type>.csv, Pollux traces, Gavel/Zeus folder or *.jsonl profiles")
+    p.add_argument("data_dir", help="measurements: <model>/placements-<gpu_type>.csv (or one model's tables directly), Pollux traces, Gavel/Zeus folder or *.jsonl profiles")
     p.add_argument("--out", default="accuracy-results", help="output folder (default: accuracy-results/)")
     p.add_argument("--models", help="comma-separated models to evaluate (default: all)")
     p.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"comma-separated subset of {','.join(PROTOCOLS)}")
