@@ -1104,10 +1104,12 @@ def build_transfer(
                             lam, how = guess, ("scaled by model size" if size is not None and other.size else "scaled by size proxy")
                     family_x.append([Member(_member_theta(own, source, lam), 1.0, f"job {other.job}, {how}")])
             family_d: list[Member] = []
+            default_scaled = False
             if defaults:
                 source = _default_source(c_ref[gpu])
                 lam = _fit_scale(own, source, multi_cols[gpu], shape=shapes[gpu]) if gpu in multi_cols else None
-                if lam is not None:
+                default_scaled = lam is not None
+                if default_scaled:
                     spread = DEFAULTS["inter_ratio"].log_std if regime == 3 else DEFAULTS["slope_ratio"].log_std
                     for z, w in zip(GH_NODES, GH_WEIGHTS):
                         theta = _member_theta(own, source, lam)
@@ -1123,11 +1125,14 @@ def build_transfer(
             chosen: list[Member] = []
             m = len(family_x)
             # Every source has one vote: each other job, each other type of this job, and — when
-            # nothing else covers the regime, or when the members were scaled to the job's own
+            # nothing else covers the regime, or when the default too was scaled to the job's own
             # multi-GPU data (then they agree on what was observed and may share a shape the job
             # does not have) — the weak default. The spread of m votes is inflated by (m+1)/(m-1),
             # the predictive variance of a new draw.
-            calibrated = gpu in multi_cols
+            # An unscaled default beside members that were matched to the type's own data would pull
+            # them off what was observed (0.1 s of sync measured, the default's members at 1e-5 s):
+            # it votes then only when nothing else covers the regime.
+            calibrated = gpu in multi_cols and default_scaled
             use_default = bool(family_d) and (not (family_w or family_x) or calibrated)
             groups_w: dict[str, list[Member]] = {}
             for mem in family_w:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 
 import numpy as np
@@ -427,3 +428,21 @@ def test_a_type_seen_at_one_batch_size_extrapolates_within_what_a_compute_split_
     truth = float(predict_step_time(host_bound, 1, 1, 64 * 512))
     assert low <= truth <= high
     assert c0 / 2 < far.step_time < 512 * c0 and high < 2 * 512 * c0
+
+
+def test_the_weak_default_votes_only_when_it_can_match_a_warm_types_own_sync():
+    """Sync 1000× the compute: the default's profile (sync ~ half the compute) must not pull it down.
+
+    Observed on two GPUs of one node and on two nodes, the type's own sync is 0.1 s. Its
+    more-GPUs regime is voted on by the job's other type and the weak default; unscaled, the
+    default's members sat at 1e-5 s and the geometric mean of the votes predicted 2 GPUs
+    (observed!) 40 times too fast.
+    """
+    sync_bound = ThroughputParams(1e-4, 1e-8, 0.1, 0.001, 0.1, 0.001, 1.0)
+    ref = synthetic(sync_bound, SINGLE + INTRA + [(2, 8)], bszs=(8, 32, 128), accums=(0,), seed=1, job="sb", gpu="ref")
+    new = synthetic(sync_bound, [(1, 1), (1, 2), (2, 4)], bszs=(8, 16), accums=(0,), seed=2, job="sb", gpu="new")
+    model = JobModel("sb", init_batch_size=8).observe(ref + new)
+    configs = [(1, 2, 256), (1, 4, 8), (1, 8, 64)]
+    nodes, replicas, bsz = (np.array(v, dtype=float) for v in zip(*configs))
+    truth = predict_step_time(sync_bound, nodes, replicas, bsz)
+    assert np.all(np.abs(np.log(model.predict("new", nodes, replicas, bsz).step_time / truth)) < math.log(1.5))
