@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
 
 import numpy as np
 import pytest
