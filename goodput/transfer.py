@@ -1132,8 +1132,7 @@ def build_transfer(
             # An unscaled default beside members that were matched to the type's own data would pull
             # them off what was observed (0.1 s of sync measured, the default's members at 1e-5 s):
             # it votes then only when nothing else covers the regime.
-            calibrated = gpu in multi_cols and default_scaled
-            use_default = bool(family_d) and (not (family_w or family_x) or calibrated)
+            use_default = bool(family_d) and (not (family_w or family_x) or default_scaled)
             groups_w: dict[str, list[Member]] = {}
             for mem in family_w:
                 groups_w.setdefault(mem.source.split(",")[0], []).append(mem)
