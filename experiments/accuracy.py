@@ -20,7 +20,7 @@ for these methods:
 
 * ``bayes``: :class:`goodput.JobModel` (Pollux mean + GP residual), with a
   cross-job prior from the *other* models of the same directory
-  (:class:`goodput.transfer.ClusterPrior`, leave-one-model-out: the
+  (:class:`goodput.cluster_prior.ClusterPrior`, leave-one-model-out: the
   "brand-new job on a known cluster" case);
 * ``bayes-noprior``: the same without the cross-job prior (weak defaults only);
 * ``pollux``: Pollux's model fitted per type to that type's training data (its defaults elsewhere);
@@ -76,7 +76,7 @@ from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
-from goodput.transfer import ClusterPrior
+from goodput.cluster_prior import ClusterPrior
 
 __all__ = ["PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "summarize", "markdown", "main"]
 

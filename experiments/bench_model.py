@@ -26,7 +26,7 @@ from experiments.bench_core import TYPES, observations
 from experiments.benchutil import parser, report, time_call
 from goodput import Cluster, JobModel, Observation
 from goodput.throughput import ThroughputParams, predict_step_time
-from goodput.transfer import ClusterPrior
+from goodput.cluster_prior import ClusterPrior
 
 CLUSTER_20 = "t4:7x4,a100:2x8,rtx2080ti:3x8"  # Sia's configuration set: 20 configurations
 

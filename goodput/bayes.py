@@ -49,8 +49,9 @@ from .gp import (
     fit_hyperparameters,
 )
 from .observations import Observation, indices_by_gpu_type
+from .regimes import config_regime
 from .throughput import ThroughputParams, _step_time, throughput_arrays
-from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, config_regime, sensitivities
+from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
 
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
 

@@ -10,7 +10,7 @@ cluster's configurations.
 The model is Bayesian (``bayesian=True``, the default; see :mod:`goodput.bayes`):
 the mean is Pollux's prediction per GPU type, with the parameters a type's own
 data cannot identify taken from the job's other GPU types and, when given, from
-other jobs on the cluster (:mod:`goodput.transfer`); a Gaussian process on the
+other jobs on the cluster (:mod:`goodput.transfer`, :mod:`goodput.cluster_prior`); a Gaussian process on the
 residual of log step time, shared across GPU types (:mod:`goodput.gp`), corrects
 it and gives every prediction a calibrated standard deviation.
 
@@ -41,27 +41,28 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import math
 
 import numpy as np
 import pandas as pd
 
 from .bayes import BayesState, build_state
 from .cluster import Cluster
+from .cluster_prior import ClusterPrior
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import GPHyperparameters, GPNumericalError
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
+from .regimes import REGIMES, config_regime
 from .sync_shape import SyncShape
 from .table import GoodputTable
 from .threads import single_threaded
 from .throughput import ThroughputParams, _prior_values, _step_time, config_arrays, fit_throughput
-from .transfer import REGIMES, ClusterPrior, TypeTransfer, build_transfer, config_regime
+from .transfer import TypeTransfer, build_transfer
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
@@ -148,7 +149,7 @@ class JobModel:
         bayesian: the GP residual layer with online updates (``False``: the
             plain Pollux fit, ``std`` 0).
         cluster_prior: other jobs' fitted models on the same cluster
-            (:class:`~goodput.transfer.ClusterPrior`): priors for what this
+            (:class:`~goodput.cluster_prior.ClusterPrior`): priors for what this
             job has not been observed in (e.g. multi-GPU sync on a type).
         model_size: the job's parameter count, when known: scales sync priors
             from other jobs that report theirs.

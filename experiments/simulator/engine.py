@@ -190,7 +190,7 @@ class SimResult:
 class ClusterKnowledge:
     """What the scheduler learns across jobs, and hands to each new job's model.
 
-    * ``prior``: a :class:`~goodput.transfer.ClusterPrior` summarising the
+    * ``prior``: a :class:`~goodput.cluster_prior.ClusterPrior` summarising the
       finished jobs that ran on several GPUs (a rolling window of the
       ``window`` most recent), so a new job's multi-GPU predictions are not
       blind (its bootstrap profile holds 1-GPU runs only);
@@ -203,7 +203,7 @@ class ClusterKnowledge:
     gp_hyperparameters: Any = None
 
     def prior(self) -> Any:
-        from goodput.transfer import ClusterPrior
+        from goodput.cluster_prior import ClusterPrior
 
         return ClusterPrior(list(self.summaries)) if self.summaries else None
 
@@ -211,7 +211,7 @@ class ClusterKnowledge:
         """Fold a finished job's model in (only jobs observed on several GPUs teach anything new)."""
         if model is None or not any(o.num_replicas > 1 for o in model.observations):
             return
-        from goodput.transfer import ClusterPrior
+        from goodput.cluster_prior import ClusterPrior
 
         self.summaries = [s for s in self.summaries if s.job != model.job]
         self.summaries += ClusterPrior.from_models([model]).summaries
