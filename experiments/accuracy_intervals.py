@@ -21,10 +21,12 @@ cannot tell.
 Example::
 
     >>> import numpy as np
-    >>> ape = np.array([1.0, 2.0, 3.0, 4.0]); covered = np.array([1, 1, 0, 1], bool)
-    >>> units = np.array([0, 0, 1, 1])
+    >>> ape = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]); covered = np.array([1, 1, 0, 1, 1, 1], bool)
+    >>> units = np.array([0, 0, 1, 1, 2, 2])
     >>> ci = cluster_bootstrap(ape, covered, units, resamples=200)
-    >>> ci.median_ape_low <= 2.5 <= ci.median_ape_high
+    >>> ci.units, bool(ci.median_ape_low <= 3.5 <= ci.median_ape_high), bool(ci.coverage_low < 83.4 < ci.coverage_high)
+    (3, True, True)
+    >>> math.isnan(cluster_bootstrap(ape[:4], covered[:4], units[:4]).median_ape_low)  # 2 units: no interval
     True
 """
 

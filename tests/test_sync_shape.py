@@ -112,14 +112,3 @@ def test_a_new_job_predicts_placements_it_has_not_run_from_the_clusters_shape():
     models = [JobModel(job, 8, bayesian=False).observe(obs) for job, obs in _cluster().items()]
     from_models = ClusterPrior.from_models(models).sync_shape("t4")
     assert from_models.factors == pytest.approx(shape.factors)
-
-
-def test_docstring_examples_hold():
-    import doctest
-
-    import goodput.sync_shape
-    import goodput.throughput
-
-    for module in (goodput.sync_shape, goodput.throughput):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0 and result.attempted > 0, module.__name__
