@@ -21,8 +21,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import pandas as pd
-
     from experiments.simulator.compare import DEFAULT_METRICS, SETTINGS, compare_runs, save_comparison_plots
     from goodput.io import atomic_write_text
 
