@@ -101,20 +101,21 @@ from .validation import check_float
 
 __all__ = [
     "GROUPS",
-    "REGIMES",
     "DEFAULTS",
-    "TRANSFER_GAMMA",
     "LogNormal",
-    "Regimes",
     "Member",
     "TypeTransfer",
-    "ClusterPrior",  # re-exported: defined in goodput.cluster_prior
-    "JobTypeSummary",
-    "config_regime",
-    "compute_reference",
-    "size_proxy",
     "build_transfer",
     "sensitivities",
+    # defined in goodput.regimes and goodput.cluster_prior, importable from here as before
+    "REGIMES",
+    "Regimes",
+    "config_regime",
+    "TRANSFER_GAMMA",
+    "ClusterPrior",
+    "JobTypeSummary",
+    "compute_reference",
+    "size_proxy",
 ]
 
 # Parameter groups of the delta-method uncertainty of a type's own fit (see sensitivities()):
