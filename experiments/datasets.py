@@ -52,6 +52,7 @@ __all__ = [
     "ZeusData",
     "ZEUS_DATASET_SIZES",
     "read_measurements",
+    "read_model_tables",
     "Measurements",
 ]
 
@@ -561,7 +562,7 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     holds_tables = any(_TYPED_FILE.match(p.name) for p in root.glob("*.csv"))
     for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir()):
         name = model_dir.resolve().name if model_dir == root else model_dir.name
-        observations = _read_model_tables(model_dir, name, default, notes)
+        observations = read_model_tables(model_dir, name, default, notes)
         if observations:
             if name in models:
                 raise DataFormatError(model_dir, None, "model", name, "tables both in the directory and in a sub-folder of that name")
@@ -571,8 +572,19 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     return Measurements("placements", models, notes)
 
 
-def _read_model_tables(model_dir: Path, model: str, default_gpu: str, notes: list[str]) -> list[Observation]:
-    """One model's placements/scalability tables in ``model_dir``; what was assumed or left out goes to ``notes``."""
+def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu_type: str = "t4",
+                      notes: list[str] | None = None, *, strict: bool = False) -> list[Observation]:
+    """One model's ``placements[-<gpu_type>].csv`` and ``scalability[-<gpu_type>].csv`` tables in ``model_dir``.
+
+    A file's GPU type is the slug of its name's suffix (``placements-RTX 6000.csv`` → ``rtx-6000``), or
+    ``default_gpu_type`` without one. What was assumed or left out goes to ``notes``: other CSV files
+    (``validation-*.csv`` silently), a file without a type, and, unless ``strict``, the rows whose step
+    time is empty, 0 or NaN (:func:`read_placements`' ``skipped``). ``strict`` raises
+    :class:`~goodput.errors.DataFormatError` on the first such row instead.
+    """
+    model_dir = Path(model_dir)
+    notes = [] if notes is None else notes
+    default_gpu = _gpu_slug(default_gpu_type)
     observations: list[Observation] = []
     for csv_path in sorted(model_dir.glob("*.csv")):
         where = f"{model}/{csv_path.name}"
@@ -585,7 +597,7 @@ def _read_model_tables(model_dir: Path, model: str, default_gpu: str, notes: lis
         if not match.group("gpu"):
             notes.append(f"{where}: no GPU type in the name, read as {gpu!r}")
         reader = read_placements if match.group("kind") == "placements" else read_scalability
-        skipped: list[tuple[str, str]] = []
+        skipped: list[tuple[str, str]] | None = None if strict else []
         observations.extend(reader(csv_path, model, gpu, source=f"{match.group('kind')}:{csv_path.name}", skipped=skipped))
         if skipped:
             first = "; ".join(f"line {entry.rsplit(':', 1)[1]}: {reason}" for entry, reason in skipped[:3])

@@ -136,3 +136,35 @@ def test_catalog_holds_every_batch_size_run():
     late = family.work * 0.9
     # Pollux's traces: later in training, larger-batch runs show a larger noise scale
     assert family.noise_scale(late, 4096) > 2 * family.noise_scale(late, 128)
+
+
+def _one_model_tables(root, bad_row: bool = False):
+    """One model whose GPU type is written as in a spreadsheet (``RTX 6000``), with a validation trace."""
+    model = root / "tiny"
+    model.mkdir(parents=True)
+    rows = ["placement,local_bsz,step_time,sync_time", "1,16,0.10,0", "1,32,0.18,0", "2,16,0.13,0.03", "22,32,0.30,0.09"]
+    if bad_row:
+        rows.append("4,16,,")  # an infeasible configuration, written empty
+    (model / "placements-RTX 6000.csv").write_text("\n".join(rows) + "\n")
+    (model / "validation-16.csv").write_text("progress,iteration,metric,grad_sqr,grad_var\n100,10,0.5,1.0,2.0\n")
+    return root
+
+
+def test_the_simulator_reads_tables_under_the_type_names_the_accuracy_harness_gives(tmp_path):
+    from experiments.datasets import read_measurements
+
+    root = _one_model_tables(tmp_path / "measured")
+    family = load_measured(root)["tiny"]
+    harness = read_measurements(root)
+    assert set(family.gpu_types) == {o.gpu_type for o in harness.models["tiny"]} == {"rtx-6000"}
+    assert family.step_sync("rtx-6000", 1, 1, 16)[0] == pytest.approx(0.10)
+    assert family.step_sync("rtx-6000", 2, 4, 32)[0] == pytest.approx(0.30)
+
+
+def test_the_simulator_refuses_a_row_the_harness_leaves_out(tmp_path):
+    from experiments.datasets import read_measurements
+
+    root = _one_model_tables(tmp_path / "measured", bad_row=True)
+    assert len(read_measurements(root).models["tiny"]) == 4  # the harness leaves it out, with a note
+    with pytest.raises(DataFormatError, match="step_time"):
+        load_measured(root)  # a simulation's ground truth is read strictly: nothing dropped silently

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.datasets import read_placements, read_scalability, read_validation
+from experiments.datasets import read_model_tables, read_validation
 from goodput.errors import ValidationError
-from goodput.observations import Observation
+from goodput.observations import Observation, by_gpu_type
 from goodput.optimize import BatchLimits, optimize_goodput
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
 
@@ -300,18 +300,19 @@ def _type_tables(observations: list[Observation]) -> _TypeTables:
 
 
 def load_measured(directory: str | Path, default_gpu_type: str = "t4", restart_cost_s: float = 30.0) -> dict[str, MeasuredFamily]:
-    """Families from ``<dir>/<model>/placements-<gpu_type>.csv`` (+ scalability, validation) tables."""
+    """Families from ``<dir>/<model>/placements-<gpu_type>.csv`` (+ scalability, validation) tables.
+
+    The tables are read as the accuracy harness reads them
+    (:func:`experiments.datasets.read_model_tables`: the same GPU type names), but strictly: a row
+    whose step time is empty, 0 or NaN raises :class:`~goodput.errors.DataFormatError` rather than
+    being left out, since a simulation's ground truth should not lose configurations silently.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"measured tables directory not found: {directory}")
     families = {}
     for model_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
-        per_type: dict[str, list[Observation]] = {}
-        for path in sorted(model_dir.glob("placements*.csv")) + sorted(model_dir.glob("scalability*.csv")):
-            stem = path.stem
-            gpu = stem.split("-", 1)[1] if "-" in stem else default_gpu_type
-            reader = read_placements if stem.startswith("placements") else read_scalability
-            per_type.setdefault(gpu.lower(), []).extend(reader(path, model_dir.name, gpu))
+        per_type = by_gpu_type(read_model_tables(model_dir, model_dir.name, default_gpu_type, strict=True))
         validations = sorted(model_dir.glob("validation-*.csv"), key=lambda p: int(p.stem.split("-")[1]))
         if not per_type or not validations:
             continue
