@@ -555,14 +555,13 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     profiles = sorted(root.glob("*.jsonl"))
     if profiles:
         return _read_profiles(profiles)
-    default = _gpu_slug(default_gpu_type)
     models = {}
     notes: list[str] = []
     # <root>/<model>/placements-<type>.csv; tables directly in <root> are one model, named after it
     holds_tables = any(_TYPED_FILE.match(p.name) for p in root.glob("*.csv"))
     for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir()):
         name = model_dir.resolve().name if model_dir == root else model_dir.name
-        observations = read_model_tables(model_dir, name, default, notes)
+        observations = read_model_tables(model_dir, name, default_gpu_type, notes)
         if observations:
             if name in models:
                 raise DataFormatError(model_dir, None, "model", name, "tables both in the directory and in a sub-folder of that name")

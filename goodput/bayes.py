@@ -51,7 +51,7 @@ from .gp import (
 from .observations import Observation, indices_by_gpu_type
 from .regimes import config_regime
 from .throughput import ThroughputParams, _step_time, throughput_arrays
-from .transfer import GROUPS, IDENTIFIED_LOG_STD, TypeTransfer, sensitivities
+from .transfer import GROUPS, IDENTIFIED_LOG_STD, SPLIT_BOUNDS, TypeTransfer, sensitivities
 
 __all__ = ["BayesState", "build_state", "FALLBACK_LOG_STD"]
 
@@ -64,7 +64,6 @@ RESIDUAL_PRIOR_DOF = 2.0  # pseudo-observations of the prior residual variance (
 _G = len(GROUPS)
 _COMPUTE = [GROUPS.index("alpha_c"), GROUPS.index("beta_c")]
 _OWN_SYNC = [GROUPS.index("sync"), GROUPS.index("gamma")]
-_SPLIT_MIN, _SPLIT_MAX = 1e-6, 1.0 - 1e-6  # bounds of the compute split α_c / c₀ (as goodput.transfer clamps it)
 
 
 @functools.lru_cache(maxsize=512)
@@ -95,7 +94,7 @@ def split_feature(transfer: TypeTransfer, nodes: np.ndarray, replicas: np.ndarra
     logs = []
     for sign in (1.0, -1.0):
         moved = theta.copy()
-        split = min(max(f * math.exp(sign * sigma), _SPLIT_MIN), _SPLIT_MAX)
+        split = min(max(f * math.exp(sign * sigma), SPLIT_BOUNDS[0]), SPLIT_BOUNDS[1])
         moved[0], moved[1] = split * c0, (1.0 - split) * c0 / b0
         logs.append(np.log(_step_time(moved, nodes, replicas, bsz, accum, factor)))
     return (logs[0] - logs[1]) / 2.0

@@ -130,6 +130,7 @@ INTERCONNECT_LOG_STD = 0.5  # GPU types may sit on different interconnects
 GH_NODES = (-math.sqrt(3.0), 0.0, math.sqrt(3.0))  # 3-point Gauss-Hermite quadrature of N(0, 1)
 GH_WEIGHTS = (1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0)
 ALPHA_C_LOG_STD = 0.3  # the constant/per-sample split of compute copied from another type
+SPLIT_BOUNDS = (1e-6, 1.0 - 1e-6)  # the compute split α_c / c₀ is kept inside (0, 1)
 
 
 @dataclass(frozen=True)
@@ -466,7 +467,7 @@ def build_transfer(
             fractions = [p.alpha_c / compute_reference(p, reg.bsz0) for t, p in own_fits.items() if t != gpu and not regimes[t].one_bsz]
             if fractions:
                 c0 = compute_reference(params, reg.bsz0)
-                f = min(max(float(np.median(fractions)), 1e-6), 1 - 1e-6)
+                f = min(max(float(np.median(fractions)), SPLIT_BOUNDS[0]), SPLIT_BOUNDS[1])
                 own[0], own[1] = f * c0, (1 - f) * c0 / reg.bsz0
                 alpha_c_std = ALPHA_C_LOG_STD if len(fractions) == 1 else max(float(np.std(np.log(fractions))), ALPHA_C_LOG_STD)
                 sources["compute split"] = "other GPU types of this job"
