@@ -47,6 +47,11 @@ data allow (:mod:`experiments.accuracy_reference`): Pollux's model fitted to
 all of a type's data (its capacity, in-sample) and the spread of repeated
 measurements of one configuration.
 
+The splits are built in :mod:`experiments.accuracy_protocols`, the baselines
+(``pollux``, ``linear``, ``sia``) in :mod:`experiments.accuracy_baselines`, and the
+figures and markdown in :mod:`experiments.accuracy_report`; this module runs them
+(P4 here) and writes the results.
+
 Run: ``goodput accuracy DATA_DIR`` or ``python -m experiments.accuracy DATA_DIR``.
 """
 
@@ -59,7 +64,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,113 +71,44 @@ import numpy as np
 import pandas as pd
 
 import goodput
-from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap
+from experiments.accuracy_baselines import Predictions, nan_predictions, predict_linear, predict_pollux, predict_sia
+from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
+from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements
+from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS
+from goodput.cluster_prior import ClusterPrior
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
-from goodput.throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
-from goodput.cluster_prior import ClusterPrior
+from goodput.throughput import throughput_arrays
 
-__all__ = ["PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "summarize", "markdown", "main"]
+__all__ = [
+    "PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "predict_model", "predict_bayes", "main",
+    # defined in the harness's other modules, kept importable from here
+    "Split", "splits_p1", "splits_p2", "splits_p3", "splits_p5",  # experiments.accuracy_protocols
+    "predict_pollux", "predict_linear", "predict_sia",  # experiments.accuracy_baselines
+    "summarize", "per_model", "markdown",  # experiments.accuracy_report
+]
 
-from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS  # noqa: E402 - one definition for the CLI and the harness
-P4_STEPS = (5, 10, 20, 40)
-LEVEL = 0.9
+LEVEL = 0.9  # of the intervals the harness scores
 
-_ROW_COLUMNS = ["model", "protocol", "split", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
+ROW_COLUMNS = ["model", "protocol", "split", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
                 "accum_steps", "actual", "predicted", "low", "high"]
 
 
-@dataclass
-class Split:
-    """One train/test split of a protocol."""
-
-    protocol: str
-    stage: str
-    train: list[Observation]
-    test: list[Observation]
-    reference: str | None = None  # Sia's reference type
-
-
-# ====================================================================== splits
-
-
-def splits_p1(obs: Sequence[Observation]) -> list[Split]:
-    train = [o for o in obs if o.num_replicas == 1]
-    types = {o.gpu_type for o in train}
-    test = [o for o in obs if o.num_replicas > 1 and o.gpu_type in types]
-    return [Split("P1", "all", train, test)] if train and test else []
-
-
-def splits_p2(obs: Sequence[Observation]) -> list[Split]:
-    single = [o for o in obs if o.num_replicas == 1]
-    types = {o.gpu_type for o in single}
-    out = []
-    for warm, items in sorted(by_gpu_type(obs).items()):
-        multi = [o for o in items if o.num_replicas > 1 and o.num_nodes == 1]
-        if not multi or warm not in types:
-            continue
-        test = [o for o in obs if o.num_replicas > 1 and o.gpu_type != warm and o.gpu_type in types]
-        if test:
-            out.append(Split("P2", f"warm={warm}", single + multi, test, reference=warm))
-    return out
-
-
-def splits_p3(obs: Sequence[Observation]) -> list[Split]:
-    out = []
-    for gpu, items in sorted(by_gpu_type(obs).items()):
-        train = [o for o in items if o.num_nodes == 1]
-        test = [o for o in items if o.num_nodes > 1]
-        if train and test and any(o.num_replicas > 1 for o in train):
-            out.append(Split("P3", gpu, train, test))
-    return out
-
-
-def splits_p5(obs: Sequence[Observation]) -> list[Split]:
-    single = [o for o in obs if o.num_replicas == 1 and o.accum_steps == 0]
-    by_type = by_gpu_type(single)
-    out = []
-    for gpu, items in sorted(by_type.items()):
-        sizes = sorted({o.local_bsz for o in items})
-        others = [o for t, rows in by_type.items() if t != gpu for o in rows]
-        if len(sizes) < 3 or not others:
-            continue
-        b0 = sizes[len(sizes) // 2]
-        train = others + [o for o in items if o.local_bsz == b0]
-        test = [o for o in items if o.local_bsz != b0]
-        reference = max((t for t in by_type if t != gpu), key=lambda t: (len(by_type[t]), t))
-        out.append(Split("P5", gpu, train, test, reference=reference))
-    return out
-
-
-# ====================================================================== predictors
-
-Predictions = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def _cols(obs: Sequence[Observation]) -> dict[str, np.ndarray]:
-    return throughput_arrays(obs)
-
-
-def _nan(n: int) -> Predictions:
-    return np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-
-
-def _quiet_fit(obs: Sequence[Observation]) -> ThroughputParams:
-    return fit_throughput(list(obs))
+# ====================================================================== our model
 
 
 def predict_model(model: JobModel, test: Sequence[Observation]) -> Predictions:
     """Median and 90% interval of every test observation from a JobModel (NaN for types it has not seen)."""
-    pred, low, high = _nan(len(test))
+    pred, low, high = nan_predictions(len(test))
     for gpu, rows in indices_by_gpu_type(test).items():
         if gpu not in model.gpu_types:
             continue
-        cols = _cols([test[i] for i in rows])
+        cols = throughput_arrays([test[i] for i in rows])
         p = model.predict(gpu, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
         lo, hi = p.interval(LEVEL)
         pred[rows], low[rows], high[rows] = p.step_time, lo, hi
@@ -181,95 +116,17 @@ def predict_model(model: JobModel, test: Sequence[Observation]) -> Predictions:
 
 
 def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observation], prior: ClusterPrior | None) -> Predictions:
+    """A fresh :class:`goodput.JobModel` (with the cross-job ``prior``, if any) given ``train``, predicting ``test``."""
     model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=prior)
     model.observe(train)
     return predict_model(model, test)
-
-
-def predict_pollux(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
-    pred = np.full(len(test), np.nan)
-    by_type = by_gpu_type(train)
-    for gpu, rows in indices_by_gpu_type(test).items():
-        if gpu not in by_type:
-            continue
-        theta = _quiet_fit(by_type[gpu]).as_array()
-        cols = _cols([test[i] for i in rows])
-        pred[rows] = _step_time(theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-    return pred, np.full(len(test), np.nan), np.full(len(test), np.nan)
-
-
-class _OneGPU:
-    """1-GPU step times of a type: measured at a local batch where available, else its Pollux compute fit."""
-
-    def __init__(self, obs: Sequence[Observation]) -> None:
-        single = [o for o in obs if o.num_replicas == 1]
-        self.ok = bool(single)
-        if not self.ok:
-            return
-        self.theta = _quiet_fit(single).as_array()
-        table: dict[int, list[float]] = {}
-        for o in single:
-            table.setdefault(o.local_bsz, []).append(o.step_time / (o.accum_steps + 1))
-        self.measured = {b: float(np.exp(np.mean(np.log(v)))) for b, v in table.items()}
-
-    def __call__(self, bsz: np.ndarray) -> np.ndarray:
-        fit = self.theta[0] + self.theta[1] * bsz
-        return np.array([self.measured.get(int(b), f) for b, f in zip(bsz, fit)])
-
-    def nearest(self, bsz: np.ndarray) -> np.ndarray:
-        """The measured batch size closest (in log) to each of ``bsz``."""
-        sizes = np.array(sorted(self.measured), dtype=float)
-        idx = np.abs(np.log(sizes)[None, :] - np.log(np.asarray(bsz, float))[:, None]).argmin(axis=1)
-        return sizes[idx]
-
-
-def predict_linear(train: Sequence[Observation], test: Sequence[Observation]) -> Predictions:
-    pred = np.full(len(test), np.nan)
-    by_type = by_gpu_type(train)
-    for gpu, rows in indices_by_gpu_type(test).items():
-        one = _OneGPU(by_type.get(gpu, []))
-        if not one.ok:
-            continue
-        cols = _cols([test[i] for i in rows])
-        pred[rows] = one(cols["local_bsz"]) * (cols["accum_steps"] + 1)
-    return pred, np.full(len(test), np.nan), np.full(len(test), np.nan)
-
-
-def predict_sia(train: Sequence[Observation], test: Sequence[Observation], reference: str | None) -> Predictions:
-    """Sia's ratio estimator with ``reference`` as the profiled type A."""
-    pred = np.full(len(test), np.nan)
-    by_type = by_gpu_type(train)
-    if reference is None or reference not in by_type:
-        return pred, pred.copy(), pred.copy()
-    ref_obs = by_type[reference]
-    ref_one = _OneGPU(ref_obs)
-    if not ref_one.ok:
-        return pred, pred.copy(), pred.copy()
-    ref_theta = _quiet_fit(ref_obs).as_array()
-    measured: dict[tuple[int, int, int, int], list[float]] = {}
-    for o in ref_obs:
-        measured.setdefault((o.num_nodes, o.num_replicas, o.local_bsz, o.accum_steps), []).append(o.step_time)
-    for gpu, rows in indices_by_gpu_type(test).items():
-        one = _OneGPU(by_type.get(gpu, []))
-        if not one.ok or gpu == reference:
-            continue
-        cols = _cols([test[i] for i in rows])
-        fit_a = _step_time(ref_theta, cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"])
-        t_a = np.array([
-            float(np.exp(np.mean(np.log(measured[key])))) if (key := (int(n), int(r), int(b), int(a))) in measured else f
-            for n, r, b, a, f in zip(cols["num_nodes"], cols["num_replicas"], cols["local_bsz"], cols["accum_steps"], fit_a)
-        ])
-        # the 1-GPU ratio at the same local batch, or at the nearest one measured on the target type (P5)
-        at = one.nearest(cols["local_bsz"])
-        pred[rows] = t_a * one(at) / ref_one(at)
-    return pred, np.full(len(test), np.nan), np.full(len(test), np.nan)
 
 
 # ====================================================================== one model
 
 
 def _rows(model: str, split: Split, method: str, test: Sequence[Observation], pred: Predictions, stage: str | None = None) -> pd.DataFrame:
-    cols = _cols(test)
+    cols = throughput_arrays(test)
     return pd.DataFrame({
         "model": model, "protocol": split.protocol, "split": split.stage, "stage": stage or split.stage, "method": method,
         "gpu_type": [o.gpu_type for o in test], "num_nodes": cols["num_nodes"].astype(int),
@@ -360,7 +217,6 @@ def evaluate_model(
 ) -> pd.DataFrame:
     """Every protocol on one model's observations; one row per (split, method, test observation)."""
     frames: list[pd.DataFrame] = []
-    makers = {"P1": splits_p1, "P2": splits_p2, "P3": splits_p3, "P5": splits_p5}
     for protocol in protocols:
         if on_step:
             on_step(protocol)
@@ -371,121 +227,11 @@ def evaluate_model(
                 for seed in range(seeds):
                     frames += _online(model, gpu, items, prior, methods, seed, p4_max_test)
             continue
-        for split in makers[protocol](obs):
+        for split in SPLITTERS[protocol](obs):
             frames += _static_split(model, split, prior, methods)
     if not frames:
-        return pd.DataFrame(columns=_ROW_COLUMNS)
-    return pd.concat(frames, ignore_index=True)[_ROW_COLUMNS]
-
-
-# ====================================================================== summaries
-
-
-def _group(protocol: str, stage: str) -> str:
-    if protocol == "P4":
-        return f"P4 {stage}" if stage == "next" else f"P4@{stage.removeprefix('k=')}"
-    return protocol
-
-
-_SUMMARY_COLUMNS = ["protocol", "method", "n", "median_ape", "mape", "p90_ape", "coverage90", "models", "units",
-                    "median_ape_low", "median_ape_high", "coverage90_low", "coverage90_high"]
-
-
-def _units(frame: pd.DataFrame) -> np.ndarray:
-    """Independent unit of each row: the (model, GPU type) cell it measures; see :mod:`experiments.accuracy_intervals`."""
-    return (frame["model"].astype(str) + "|" + frame["gpu_type"].astype(str)).to_numpy()
-
-
-def summarize(rows: pd.DataFrame, *, resamples: int = RESAMPLES) -> pd.DataFrame:
-    """Median APE, MAPE, p90 APE (percent) and 90%-interval coverage per protocol and method.
-
-    With 95% cluster-bootstrap intervals of the median APE and the coverage (``*_low``/``*_high``,
-    resampling the ``units`` independent (model, GPU type) cells; ``resamples=0`` skips them).
-    """
-    if rows.empty:
-        return pd.DataFrame(columns=_SUMMARY_COLUMNS)
-    frame = rows.dropna(subset=["predicted"]).copy()
-    frame["group"] = [_group(p, s) for p, s in zip(frame["protocol"], frame["stage"])]
-    frame["ape"] = np.abs(frame["predicted"] / frame["actual"] - 1.0) * 100.0
-    frame["covered"] = (frame["low"] <= frame["actual"]) & (frame["actual"] <= frame["high"])
-    frame["unit"] = _units(frame)
-    out = []
-    order = {g: i for i, g in enumerate(["P1", "P2", "P3", *[f"P4@{k}" for k in P4_STEPS], "P4 next", "P5"])}
-    for (group, method), g in frame.groupby(["group", "method"], sort=False):
-        has_interval = g["low"].notna().all()
-        row = {
-            "protocol": group, "method": method, "n": len(g),
-            "median_ape": float(np.median(g["ape"])), "mape": float(np.mean(g["ape"])),
-            "p90_ape": float(np.percentile(g["ape"], 90)),
-            "coverage90": float(100.0 * g["covered"].mean()) if has_interval else math.nan,
-            "models": g["model"].nunique(), "units": g["unit"].nunique(),
-            "median_ape_low": math.nan, "median_ape_high": math.nan, "coverage90_low": math.nan, "coverage90_high": math.nan,
-        }
-        if resamples:
-            ci = cluster_bootstrap(g["ape"].to_numpy(), g["covered"].to_numpy() if has_interval else None,
-                                   g["unit"].to_numpy(), resamples=resamples)
-            row.update(median_ape_low=ci.median_ape_low, median_ape_high=ci.median_ape_high,
-                       coverage90_low=ci.coverage_low, coverage90_high=ci.coverage_high)
-        out.append(row)
-    summary = pd.DataFrame(out, columns=_SUMMARY_COLUMNS)
-    summary["_p"] = summary["protocol"].map(lambda p: order.get(p, 99))
-    summary["_m"] = summary["method"].map(lambda m: METHODS.index(m) if m in METHODS else 99)
-    return summary.sort_values(["_p", "_m"]).drop(columns=["_p", "_m"]).reset_index(drop=True)
-
-
-def per_model(rows: pd.DataFrame) -> pd.DataFrame:
-    """Median APE (percent) per model × protocol for each method (a pivot)."""
-    frame = rows.dropna(subset=["predicted"]).copy()
-    if frame.empty:
-        return frame
-    frame["group"] = [_group(p, s) for p, s in zip(frame["protocol"], frame["stage"])]
-    frame["ape"] = np.abs(frame["predicted"] / frame["actual"] - 1.0) * 100.0
-    return frame.pivot_table(index=["model", "method"], columns="group", values="ape", aggfunc="median").round(1)
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def _fmt_interval(low: float, high: float) -> str:
-    return "n/a" if not (math.isfinite(low) and math.isfinite(high)) else f"{low:.1f}–{high:.1f}"
-
-
-def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
-             reference: pd.DataFrame | None = None, reference_by_model: pd.DataFrame | None = None) -> str:
-    lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval). "
-             "The 95% intervals resample the independent units (model × GPU type; `experiments/accuracy_intervals.py`): "
-             "a target is met with confidence only when the whole interval lies on its side.", ""]
-    lines += ["| protocol | method | n | units | median APE | 95% CI | MAPE | p90 APE | coverage 90% | 95% CI |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in summary.itertuples(index=False):
-        lines.append(f"| {row.protocol} | {row.method} | {row.n} | {row.units} | {_fmt(row.median_ape)} | "
-                     f"{_fmt_interval(row.median_ape_low, row.median_ape_high)} | {_fmt(row.mape)} | {_fmt(row.p90_ape)} | "
-                     f"{_fmt(row.coverage90)} | {_fmt_interval(row.coverage90_low, row.coverage90_high)} |")
-    if by_model is not None and not by_model.empty:
-        cols = list(by_model.columns)
-        lines += ["", "Median APE (%) per model:", "", "| model | method | " + " | ".join(cols) + " |",
-                  "|---|---|" + "---:|" * len(cols)]
-        for (model, method), values in by_model.iterrows():
-            lines.append(f"| {model} | {method} | " + " | ".join(_fmt(v) for v in values) + " |")
-    if reference is not None and not reference.empty:
-        lines += ["", "What the data allow (not predictions; `experiments/accuracy_reference.py`): *capacity* is Pollux's "
-                  "model fitted to all of a type's observations, in-sample; *repeat* is each repeated measurement against "
-                  "the mean of its configuration's other measurements (a predictor's median APE cannot fall far below "
-                  "repeat / √2).", "", "| reference | n | median APE | MAPE | p90 APE |", "|---|---:|---:|---:|---:|"]
-        for row in reference.itertuples(index=False):
-            lines.append(f"| {row.reference} | {row.n} | {_fmt(row.median_ape)} | {_fmt(row.mape)} | {_fmt(row.p90_ape)} |")
-    if reference_by_model is not None and not reference_by_model.empty:
-        cols = list(reference_by_model.columns)
-        lines += ["", "Median APE (%) of each reference per model:", "", "| model | " + " | ".join(cols) + " |",
-                  "|---|" + "---:|" * len(cols)]
-        for model, values in reference_by_model.iterrows():
-            lines.append(f"| {model} | " + " | ".join(_fmt(v) for v in values) + " |")
-    if notes:
-        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+        return pd.DataFrame(columns=ROW_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[ROW_COLUMNS]
 
 
 # ====================================================================== driver
@@ -589,7 +335,7 @@ def run(
             _record_settings(out, settings, done)
             frames.append(rows)
             bar.advance(task)
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_ROW_COLUMNS)
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROW_COLUMNS)
     summary = summarize(rows)
     by_model = per_model(rows)
     with warnings.catch_warnings():

@@ -31,7 +31,8 @@ MODULES = _modules_with_examples()
 def test_the_examples_are_found():
     # modules whose docstrings are known to carry examples: a broken discovery would skip them all
     assert {"goodput.cluster", "goodput.regimes", "goodput.throughput", "goodput.sync_shape", "profilers.zoo",
-            "experiments.accuracy_intervals"} <= set(MODULES)
+            "experiments.accuracy_intervals", "experiments.accuracy_protocols", "experiments.accuracy_baselines",
+            "experiments.accuracy_report"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.accuracy import predict_linear, predict_sia
+from experiments.accuracy_baselines import predict_linear, predict_sia
 from goodput import JobModel
 from goodput.errors import DataFormatError
 from goodput.throughput import ThroughputParams, _step_time, predict_step_time
