@@ -41,33 +41,20 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import math
 import os
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from goodput.errors import ValidationError
-from goodput.observations import Observation, Profile, ProfileWriter
+from goodput.observations import Profile, ProfileWriter
 from goodput.validation import check_float, check_int, check_str
 
 from .devices import DeviceType, resolve_devices
-from .errors import ModelFailureError
-from .memory import CpuStepMemory, cuda_peak, is_out_of_memory, release_cuda_memory, reset_cuda_peak
-from .noise import GradientStats, gradient_noise
-from .timing import time_steps
+from .type_run import ProgressBars, Sink, TypeReport, TypeRun
 
 __all__ = ["profile_job", "default_grid", "TypeReport"]
-
-NOISE_SHARE = 0.15  # of the budget, at most, for gradient statistics
-SWEEP_SHARE_WITH_SYNC = 0.6  # the sweep's deadline when replicas are profiled
-SYNC_MIN_SECONDS = 1.5  # spawning replicas costs about this on a small host; less left: skip
-SYNC_EXIT_SECONDS = 0.5  # kept back from the replicas' deadline for their exit
 
 
 def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_local_bsz: int | None = None, points: int = 12) -> list[int]:
@@ -88,30 +75,6 @@ def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_lo
         max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         grid = {b for b in grid if b <= max_batch_size} or {min(low, max_batch_size)}
     return sorted(grid)
-
-
-@dataclass
-class TypeReport:
-    """What profiling one device type did (stored in the profile's metadata as ``profiler.<type>``)."""
-
-    gpu_type: str
-    devices: list[str]
-    names: list[str]
-    grid: list[int]
-    measured: list[int] = field(default_factory=list)
-    max_local_bsz: int | None = None
-    sweep_stopped: str = "grid_end"
-    sync: dict[str, Any] = field(default_factory=dict)
-    grad: dict[str, Any] | None = None
-    threads: int | None = None
-    seconds: float = 0.0
-    resumed: int = 0
-    complete: bool = False
-    signature: dict[str, Any] = field(default_factory=dict)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -148,123 +111,6 @@ def _default_replicas(dtype: DeviceType) -> list[int]:
             r *= 2
         return counts
     return [2] if (os.cpu_count() or 1) >= 2 else []
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    import torch
-
-    if threads is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-def _check_loss(loss: Any, gpu_type: str, bsz: int, replicas: int = 1) -> None:
-    import torch
-
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ModelFailureError(gpu_type, bsz, f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
-                                + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""), replicas)
-    if not loss.requires_grad:
-        raise ModelFailureError(gpu_type, bsz, "the loss does not require grad (is the model's output detached?)", replicas)
-
-
-def _check_finite(losses: list[Any], gpu_type: str, bsz: int) -> None:
-    import torch
-
-    values = torch.stack([loss.detach().float().reshape(()) for loss in losses])
-    if not bool(torch.isfinite(values).all()):
-        bad = float(values[~torch.isfinite(values)][0])
-        raise ModelFailureError(gpu_type, bsz, f"non-finite loss ({bad})")
-
-
-def _failure(exc: BaseException, gpu_type: str, bsz: int) -> ModelFailureError:
-    if isinstance(exc, ModelFailureError):
-        return exc
-    return ModelFailureError(gpu_type, bsz, f"{type(exc).__name__}: {exc}")
-
-
-def _sync_sizes(measured: list[int], init_batch_size: int, replicas: int, count: int) -> list[int]:
-    """Up to ``count`` measured sizes: the smallest, the one nearest M0/replicas, the largest, then others spread."""
-    if not measured or count <= 0:
-        return []
-    target = max(1.0, init_batch_size / replicas)
-    nearest = min(measured, key=lambda b: (abs(math.log(b / target)), b))
-    chosen = [measured[0], nearest, measured[-1]]
-    chosen = list(dict.fromkeys(chosen))[:count]
-    rest = [b for b in measured if b not in chosen]
-    while len(chosen) < count and rest:
-        chosen.append(rest.pop(len(rest) // 2))
-    return sorted(chosen)
-
-
-class _Sink:
-    """Where observations go as they are measured: the profile being built and, if given, the JSON Lines file."""
-
-    def __init__(self, writer: ProfileWriter | None) -> None:
-        self.writer = writer
-        self.new: list[Observation] = []
-
-    def write(self, obs: Observation) -> None:
-        if self.writer is not None:
-            self.writer.write(obs)
-        self.new.append(obs)
-
-    def meta(self, **meta: Any) -> None:
-        if self.writer is not None:
-            self.writer.write_meta(**meta)
-
-
-class _Progress:
-    """A rich progress bar per device type (or nothing)."""
-
-    def __init__(self, enabled: bool, console: Any) -> None:
-        self.enabled = enabled
-        self._progress = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(
-                TextColumn("[bold]{task.fields[gpu]}[/]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-                console=console,
-            )
-
-    def __enter__(self) -> _Progress:
-        if self._progress is not None:
-            self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-
-    def task(self, gpu_type: str, total: int) -> Any:
-        if self._progress is None:
-            return None
-        return self._progress.add_task("starting", total=total, gpu=gpu_type)
-
-    def update(self, task: Any, description: str | None = None, advance: float = 0, total: int | None = None) -> None:
-        if self._progress is None or task is None:
-            return
-        kwargs: dict[str, Any] = {"advance": advance}
-        if description is not None:
-            kwargs["description"] = description
-        if total is not None:
-            kwargs["total"] = total
-        self._progress.update(task, **kwargs)
 
 
 # ---------------------------------------------------------------------------- the public function
@@ -387,7 +233,7 @@ def profile_job(
                     "memory_cap_bytes": memory_cap_bytes, **settings}
     previous = _load_previous(out, job, init_batch_size)
     writer = ProfileWriter(out) if out is not None else None
-    sink = _Sink(writer)
+    sink = Sink(writer)
     try:
         sink.meta(
             job=job,
@@ -397,7 +243,7 @@ def profile_job(
         )
         existing = [o for o in (writer.existing if writer else []) if o.job == job]
         reports: dict[str, TypeReport] = {}
-        with _Progress(progress, console) as bar:
+        with ProgressBars(progress, console) as bar:
             for dtype in types:
                 counts = replica_counts if replica_counts is not None else _default_replicas(dtype)
                 signature = {"grid": grid, "replicas": counts, "memory_cap_bytes": memory_cap_bytes,
@@ -408,7 +254,7 @@ def profile_job(
                     known = {k: v for k, v in done.items() if k in TypeReport.__dataclass_fields__}
                     reports[dtype.gpu_type] = TypeReport(**{**known, "resumed": sum(o.gpu_type == dtype.gpu_type for o in existing)})
                     continue
-                run = _TypeRun(
+                run = TypeRun(
                     dtype, model, optimizer_factory, loss_fn, make_batch, job=job, init_batch_size=init_batch_size,
                     grid=grid, budget=time_budget_s, replicas=counts, memory_cap=memory_cap_bytes,
                     cpu_threads=cpu_threads, settings=settings, sink=sink, bar=bar,
@@ -490,273 +336,3 @@ def _load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
         raise ValidationError("init_batch_size", init_batch_size,
                               f"{out} was profiled with init_batch_size={previous.init_batch_size}; use another out")
     return previous
-
-
-# ---------------------------------------------------------------------------- one device type
-
-
-class _TypeRun:
-    """Profiles one device type: gradient noise, the batch-size sweep, synchronisation."""
-
-    def __init__(
-        self,
-        dtype: DeviceType,
-        model: Any,
-        optimizer_factory: Callable[[Any], Any],
-        loss_fn: Callable[[Any, Any], Any],
-        make_batch: Callable[[int, Any], Any],
-        *,
-        job: str,
-        init_batch_size: int,
-        grid: list[int],
-        budget: float,
-        replicas: list[int],
-        memory_cap: int | None,
-        cpu_threads: int | None,
-        settings: dict[str, int],
-        sink: _Sink,
-        bar: _Progress,
-        existing: list[Observation],
-    ) -> None:
-        self.dtype = dtype
-        self.gpu = dtype.gpu_type
-        self.device = dtype.device
-        self.model, self.optimizer_factory, self.loss_fn, self.make_batch = model, optimizer_factory, loss_fn, make_batch
-        self.job, self.m0, self.grid, self.budget = job, init_batch_size, grid, budget
-        self.replicas, self.memory_cap, self.settings, self.sink, self.bar = replicas, memory_cap, settings, sink, bar
-        self.existing = {(o.num_replicas, o.local_bsz): o for o in existing if o.num_nodes == 1 and o.accum_steps == 0}
-        self.has_grad = any(o.grad_sqr is not None for o in existing)
-        if dtype.is_cuda:
-            self.threads = None
-        else:
-            self.threads = cpu_threads or max(1, (os.cpu_count() or 1) // max([1, *replicas]))
-        self.report = TypeReport(self.gpu, list(dtype.devices), list(dtype.names), list(grid), threads=self.threads,
-                                 resumed=len(existing))
-        self.stats: GradientStats | None = None
-        self.measured_points: list[tuple[int, float, int | None]] = []
-        self._advanced = 0
-
-    # -------------------------------------------------------------- orchestration
-    def run(self) -> TypeReport:
-        self.start = time.perf_counter()
-        self.wall_start = time.time()
-        sync_planned = bool(self.replicas) and self.settings["sync_sizes"] > 0
-        self.noise_deadline = self.start + NOISE_SHARE * self.budget
-        self.sweep_deadline = self.start + (SWEEP_SHARE_WITH_SYNC if sync_planned else 1.0) * self.budget
-        total = len(self.grid) + 1 + (self.settings["sync_sizes"] * len(self.replicas) if sync_planned else 0)
-        self.task = self.bar.task(self.gpu, total)
-        with _torch_threads(self.threads):
-            self._noise()
-            self.report.phase_seconds["noise"] = round(time.perf_counter() - self.start, 3)
-            self._sweep()
-            self.report.phase_seconds["sweep"] = round(time.perf_counter() - self.start - self.report.phase_seconds["noise"], 3)
-            if sync_planned:
-                before = time.perf_counter()
-                self._sync()
-                self.report.phase_seconds["sync"] = round(time.perf_counter() - before, 3)
-        self.report.seconds = round(time.perf_counter() - self.start, 3)
-        self.report.complete = True
-        # Sizes skipped (memory, budget) never advance the bar: close it at what was done.
-        self.bar.update(self.task, description=f"done in {self.report.seconds:.1f} s", total=self._advanced)
-        return self.report
-
-    def _advance(self, description: str) -> None:
-        self._advanced += 1
-        self.bar.update(self.task, description=description, advance=1)
-
-    def _fresh(self) -> tuple[Any, Any]:
-        model = copy.deepcopy(self.model).to(self.device)
-        model.train()
-        return model, self.optimizer_factory(model.parameters())
-
-    def _observation(self, replicas: int, bsz: int, **values: Any) -> Observation:
-        return Observation(job=self.job, gpu_type=self.gpu, num_nodes=1, num_replicas=replicas, local_bsz=bsz,
-                           placement=(replicas,), source="profile", timestamp=time.time(), **values)
-
-    # -------------------------------------------------------------- 1. gradient noise
-    def _noise(self) -> None:
-        if self.has_grad:
-            self._advance("gradient statistics: resumed")
-            return
-        self.bar.update(self.task, description=f"gradient noise at M0={self.m0}")
-        micro_batches = 4
-        while True:
-            model, _ = self._fresh()
-            oom = False
-            try:
-                self.stats = gradient_noise(
-                    model, self.loss_fn, self.make_batch, self.device, self.m0,
-                    micro_batches=micro_batches, rounds=self.settings["noise_rounds"], deadline=self.noise_deadline,
-                    check_loss=lambda loss, b: _check_loss(loss, self.gpu, b),
-                )
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if not is_out_of_memory(exc):
-                    raise _failure(exc, self.gpu, max(1, self.m0 // micro_batches)) from exc
-                oom = True
-            del model
-            if not oom:
-                break
-            release_cuda_memory(self.device)
-            if self.m0 // micro_batches <= 1:
-                self.report.grad = {"skipped": "out of memory at micro-batch size 1"}
-                break
-            micro_batches *= 2
-        if self.stats is not None:
-            self.report.grad = {"grad_sqr": self.stats.grad_sqr, "grad_var": self.stats.grad_var,
-                                "noise_scale": self.stats.noise_scale, "micro_bsz": self.stats.micro_bsz,
-                                "micro_batches": self.stats.micro_batches, "rounds": self.stats.rounds}
-        self._advance("gradient statistics")
-
-    # -------------------------------------------------------------- 2. batch-size sweep
-    def _sweep(self) -> None:
-        model, optimizer = self._fresh()
-        reference = min(self.grid, key=lambda b: (abs(math.log(b / self.m0)), b))
-        points: list[tuple[int, float, int | None]] = []  # (bsz, step_time, memory) of sizes that ran
-        grad_attached = self.has_grad
-        stopped = "grid_end"
-        for bsz in self.grid:
-            done = self.existing.get((1, bsz))
-            if done is not None:
-                points.append((bsz, done.step_time, done.memory_bytes))
-                self.report.measured.append(bsz)
-                self._advance(f"b={bsz}: resumed")
-                continue
-            if points and self._too_slow(points[-1], bsz):
-                stopped = "time_budget"
-                break
-            if points and self._over_cap(points, bsz):
-                stopped = "memory_cap"
-                break
-            self.bar.update(self.task, description=f"sweep b={bsz}")
-            attach = self.stats if (bsz == reference and not grad_attached) else None
-            result = self._measure(model, optimizer, bsz, attach)
-            if isinstance(result, str):
-                stopped = result
-                break
-            points.append((bsz, result.step_time, result.memory_bytes))
-            self.report.measured.append(bsz)
-            grad_attached = grad_attached or attach is not None
-            self._advance(f"b={bsz}: {result.step_time * 1e3:.3g} ms")
-        del model, optimizer
-        if self.dtype.is_cuda:
-            release_cuda_memory(self.device)  # after an OOM, and before the replicas start on the same device
-        self.report.sweep_stopped = stopped
-        if points:
-            self.report.max_local_bsz = max(b for b, _, _ in points)
-        if not grad_attached and self.stats is not None and points:
-            # M0 was not reached: time the largest size that ran once more and carry the statistics there.
-            model, optimizer = self._fresh()
-            result = self._measure(model, optimizer, points[-1][0], self.stats, check_cap=False)
-            if not isinstance(result, str):
-                self.report.grad = {**(self.report.grad or {}), "attached_to_local_bsz": points[-1][0]}
-        elif self.report.grad is not None and grad_attached and not self.has_grad:
-            self.report.grad["attached_to_local_bsz"] = reference
-        self.measured_points = points
-
-    def _too_slow(self, last: tuple[int, float, int | None], bsz: int) -> bool:
-        """Whether the next size's warm-up and minimum timed steps would end past the sweep's deadline."""
-        last_bsz, last_time, _ = last
-        predicted = last_time * max(1.0, bsz / last_bsz)  # linear in the batch: pessimistic
-        cost = predicted * (self.settings["warmup"] + self.settings["min_steps"])
-        return time.perf_counter() + cost > self.sweep_deadline
-
-    def _over_cap(self, points: list[tuple[int, float, int | None]], bsz: int) -> bool:
-        """Linear extrapolation of memory from the last two sizes exceeds the cap."""
-        if self.memory_cap is None:
-            return False
-        known = [(b, m) for b, _, m in points if m is not None]
-        if len(known) < 2:
-            return False
-        (b1, m1), (b2, m2) = known[-2], known[-1]
-        predicted = m2 + (m2 - m1) / (b2 - b1) * (bsz - b2)
-        return predicted > self.memory_cap
-
-    def _measure(self, model: Any, optimizer: Any, bsz: int, stats: GradientStats | None, check_cap: bool = True) -> Observation | str:
-        """Time one local batch size; write and return its observation, or the reason the sweep ends."""
-        cuda = self.dtype.is_cuda
-        remaining = max(0.0, self.sweep_deadline - time.perf_counter())
-        left = max(1, len(self.grid) - len(self.report.measured))
-        target = min(2.0, max(0.05, 0.5 * remaining / left))
-        oom = False
-        try:
-            batches = [self.make_batch(bsz, self.device) for _ in range(2)]
-            meter = None if cuda else CpuStepMemory()
-            counter = [0]
-            loss_fn = self.loss_fn
-
-            def step() -> Any:
-                i = counter[0]
-                counter[0] += 1
-                optimizer.zero_grad(set_to_none=True)
-                if i == 0 and meter is not None:
-                    with meter.forward(model, batches[0]):
-                        loss = loss_fn(model, batches[0])
-                else:
-                    loss = loss_fn(model, batches[i % 2])
-                if i == 0:
-                    _check_loss(loss, self.gpu, bsz)
-                loss.backward()
-                optimizer.step()
-                return loss.detach()
-
-            if cuda:
-                reset_cuda_peak(self.device)
-            timing, losses = time_steps(step, self.device, warmup=self.settings["warmup"], min_steps=self.settings["min_steps"],
-                                        max_steps=self.settings["max_steps"], target_seconds=target, deadline=self.sweep_deadline)
-            _check_finite(losses, self.gpu, bsz)
-            memory = cuda_peak(self.device) if cuda else meter.total(model, optimizer, batches[0])
-            batches.clear()  # free the inputs before the next size allocates its own
-            losses.clear()
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_out_of_memory(exc):
-                raise _failure(exc, self.gpu, bsz) from exc
-            oom = True
-        if oom:
-            return "oom"
-        if check_cap and self.memory_cap is not None and memory > self.memory_cap:
-            return "memory_cap"
-        grad = {"grad_sqr": stats.grad_sqr, "grad_var": stats.grad_var} if stats is not None else {}
-        obs = self._observation(1, bsz, step_time=timing.median, step_time_std=timing.std, memory_bytes=int(memory), **grad)
-        self.sink.write(obs)
-        return obs
-
-    # -------------------------------------------------------------- 3. synchronisation
-    def _sync(self) -> None:
-        from .sync import profile_sync
-
-        measured = sorted(b for b, _, _ in self.measured_points)
-        for r in self.replicas:
-            sizes = _sync_sizes(measured, self.m0, r, self.settings["sync_sizes"])
-            todo = [b for b in sizes if (r, b) not in self.existing]
-            entry: dict[str, Any] = {"sizes": sizes, "resumed": [b for b in sizes if b not in todo]}
-            self.report.sync[str(r)] = entry
-            for b in sizes:
-                if b not in todo:
-                    self._advance(f"{r} replicas b={b}: resumed")
-            if not todo:
-                entry["stopped"] = "done"
-                continue
-            deadline = self.wall_start + self.budget - SYNC_EXIT_SECONDS
-            if deadline - time.time() < SYNC_MIN_SECONDS:
-                entry["stopped"] = "time_budget"
-                continue
-            self.bar.update(self.task, description=f"{r} replicas: starting processes")
-
-            def on_result(result: Any, r: int = r) -> None:
-                self.sink.write(self._observation(r, result.local_bsz, step_time=result.step_time,
-                                                  step_time_std=result.step_time_std, sync_time=result.sync_time,
-                                                  memory_bytes=result.memory_bytes))
-                self._advance(f"{r} replicas b={result.local_bsz}: sync {result.sync_time * 1e3:.3g} ms")
-
-            pieces = (copy.deepcopy(self.model).cpu(), self.optimizer_factory, self.loss_fn, self.make_batch)
-            remaining = max(0.0, deadline - time.time())
-            target = min(2.0, max(0.05, 0.4 * remaining / max(1, len(todo))))
-            outcome = profile_sync(
-                pieces, self.dtype.devices, r, todo, gpu_type=self.gpu, deadline=deadline, threads=self.threads or 1,
-                warmup=self.settings["warmup"], min_steps=self.settings["min_steps"], max_steps=self.settings["max_steps"],
-                target_seconds=target, on_result=on_result,
-                estimates={b: t for b, t, _ in self.measured_points},
-            )
-            entry.update(stopped=outcome.stopped, measured=[x.local_bsz for x in outcome.results],
-                         seconds=round(outcome.seconds, 3),
-                         compute_time={str(x.local_bsz): x.compute_time for x in outcome.results})
