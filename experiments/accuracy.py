@@ -95,8 +95,9 @@ __all__ = [
 
 LEVEL = 0.9  # of the intervals the harness scores
 
+# the rows the harness writes: one per (split, method, test observation); step times in seconds
 ROW_COLUMNS = ["model", "protocol", "split", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
-                "accum_steps", "actual", "predicted", "low", "high"]
+               "accum_steps", "actual", "predicted", "low", "high"]
 
 
 # ====================================================================== our model
