@@ -43,7 +43,9 @@ import numpy as np
 from .errors import ValidationError
 from .validation import check_float, check_int
 
-__all__ = ["efficiency", "noise_scale", "two_batch_estimates", "GradientNoiseTracker"]
+__all__ = ["efficiency", "noise_scale", "describe_noise_scale", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR"]
+
+GRAD_SQR_FLOOR = 1e-30  # |g|² estimates at or below 0 are stored as this: the gradient's mean is not resolved
 
 
 def noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> float:
@@ -52,6 +54,24 @@ def noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> flo
     grad_var = check_float("grad_var", grad_var, nonnegative=True)
     init_batch_size = check_float("init_batch_size", init_batch_size, positive=True)
     return init_batch_size * grad_var / grad_sqr
+
+
+def describe_noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> str:
+    """φ for people: its value in samples, or ``"unresolved (|g|² ≤ 0)"`` where |g|² sits at :data:`GRAD_SQR_FLOOR`.
+
+    A smoothed |g|² estimate at or below 0 means the samples so far could not
+    tell the gradient's mean from its noise: φ is then larger than any figure
+    the floor would print (``1e+31``...), and :func:`efficiency` is 1 at every
+    batch size until later estimates resolve it.
+
+    >>> describe_noise_scale(0.5, 2.0, 64)
+    '256'
+    >>> describe_noise_scale(GRAD_SQR_FLOOR, 2.0, 64)
+    'unresolved (|g|² ≤ 0)'
+    """
+    if grad_sqr <= GRAD_SQR_FLOOR:
+        return "unresolved (|g|² ≤ 0)"
+    return f"{noise_scale(grad_sqr, grad_var, init_batch_size):.3g}"
 
 
 def efficiency(grad_sqr: float, grad_var: float, init_batch_size: float, batch_size: Any) -> Any:
@@ -168,7 +188,7 @@ class GradientNoiseTracker:
     @property
     def grad_sqr(self) -> float:
         """Smoothed |g|², floored at a tiny positive value (the raw estimate can dip below 0)."""
-        return max(self._estimate(self._sqr_biased), 1e-30)
+        return max(self._estimate(self._sqr_biased), GRAD_SQR_FLOOR)
 
     @property
     def grad_var(self) -> float:

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput import ValidationError
-from goodput.efficiency import GradientNoiseTracker, efficiency, noise_scale, two_batch_estimates
+from goodput.efficiency import (
+    GRAD_SQR_FLOOR,
+    GradientNoiseTracker,
+    describe_noise_scale,
+    efficiency,
+    noise_scale,
+    two_batch_estimates,
+)
 
 
 def test_efficiency_by_hand():
@@ -116,3 +123,15 @@ def test_tracker_state_round_trip():
     clone = GradientNoiseTracker(init_batch_size=10)
     clone.load_state_dict(tracker.state_dict())
     assert (clone.grad_sqr, clone.grad_var, clone.updates) == (tracker.grad_sqr, tracker.grad_var, 1)
+
+
+def test_an_unresolved_gradient_says_so_instead_of_printing_the_floor():
+    # two micro-batch gradients whose average is smaller than pure noise allows: the |g|² estimate is below 0
+    tracker = GradientNoiseTracker(init_batch_size=64)
+    tracker.update_micro_batches([1.0, 1.0], total_sqr_norm=0.4, micro_bsz=32)
+    assert tracker.grad_sqr == GRAD_SQR_FLOOR and tracker.noise_scale > 1e30
+    assert describe_noise_scale(tracker.grad_sqr, tracker.grad_var, 64) == "unresolved (|g|² ≤ 0)"
+    assert tracker.efficiency(4096) == pytest.approx(1.0)  # what the floor means for goodput
+    tracker.update_micro_batches([1.0, 1.0], total_sqr_norm=0.9, micro_bsz=32)  # signal arrives
+    assert tracker.grad_sqr > GRAD_SQR_FLOOR
+    assert describe_noise_scale(tracker.grad_sqr, tracker.grad_var, 64) == f"{tracker.noise_scale:.3g}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput import JobModel, Profile
+from goodput import JobModel, Observation, Profile
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job, zoo
 from profilers.profile import default_grid
@@ -214,3 +214,16 @@ def test_zoo_workloads_profile(tmp_path):
     profile = profile_job(**work.profile_args(), batch_sizes=[2, 4], time_budget_s=5, **QUICK)
     assert sorted(o.local_bsz for o in profile.observations) == [2, 4]
     assert profile.observations[1].grad_sqr is not None
+
+
+def test_summary_says_when_the_noise_scale_is_unresolved():
+    from goodput.efficiency import GRAD_SQR_FLOOR
+    from profilers.summary import summary_rows
+
+    obs = [Observation("j", "cpu", 1, 1, 16, step_time=0.01)]
+    for grad, shown in (({"grad_sqr": 0.5, "grad_var": 2.0, "noise_scale": 256.0}, "256"),
+                        ({"grad_sqr": GRAD_SQR_FLOOR, "grad_var": 2.0, "noise_scale": 64 * 2.0 / GRAD_SQR_FLOOR},
+                         "unresolved (|g|² ≤ 0)"),
+                        ({"skipped": "out of memory at micro-batch size 1"}, "-")):
+        profile = Profile(obs, job="j", init_batch_size=64, metadata={"profiler.cpu": {"grad": grad}})
+        assert summary_rows(profile)[0]["noise scale"] == shown

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from goodput import Cluster, JobModel, allocate
+    from goodput.efficiency import GRAD_SQR_FLOOR, describe_noise_scale
     from profilers import profile_job, zoo
 
     out = console()
@@ -93,8 +94,13 @@ def run(args: argparse.Namespace) -> int:
             if table.missing_gpu_types:
                 out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
             if model.has_gradient_stats:
-                phi = model.init_batch_size * model.grad_var / model.grad_sqr
-                out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi:.3g} samples (measured at initialisation)")
+                phi = describe_noise_scale(model.grad_sqr, model.grad_var, model.init_batch_size)
+                if model.grad_sqr > GRAD_SQR_FLOOR:
+                    out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi} samples (measured at initialisation)")
+                else:
+                    out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi}: in the profiling budget the "
+                              "gradient's noise hid its mean, so statistical efficiency is taken as 1 at every batch "
+                              "size until a running job's own estimates resolve it")
         allocation = allocate(tables, cluster)
         rows = []
         for job, alloc in allocation.items():
