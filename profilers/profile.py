@@ -52,7 +52,7 @@ from goodput.observations import Profile, ProfileWriter
 from goodput.validation import check_float, check_int, check_str
 
 from .devices import DeviceType, resolve_devices
-from .type_run import ProgressBars, Sink, TypeReport, TypeRun
+from .type_run import JobPieces, ProgressBars, Sink, TypeReport, TypeRun
 
 __all__ = ["profile_job", "default_grid", "TypeReport"]
 
@@ -255,7 +255,7 @@ def profile_job(
                     reports[dtype.gpu_type] = TypeReport(**{**known, "resumed": sum(o.gpu_type == dtype.gpu_type for o in existing)})
                     continue
                 run = TypeRun(
-                    dtype, model, optimizer_factory, loss_fn, make_batch, job=job, init_batch_size=init_batch_size,
+                    dtype, JobPieces(model, optimizer_factory, loss_fn, make_batch), job=job, init_batch_size=init_batch_size,
                     grid=grid, budget=time_budget_s, replicas=counts, memory_cap=memory_cap_bytes,
                     cpu_threads=cpu_threads, settings=settings, sink=sink, bar=bar,
                     existing=[o for o in existing if o.gpu_type == dtype.gpu_type],

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from goodput.observations import Observation, ProfileWriter
 
@@ -32,12 +32,21 @@ from .memory import CpuStepMemory, cuda_peak, is_out_of_memory, release_cuda_mem
 from .noise import GradientStats, gradient_noise
 from .timing import time_steps
 
-__all__ = ["TypeReport", "TypeRun", "Sink", "ProgressBars", "NOISE_SHARE", "SWEEP_SHARE_WITH_SYNC"]
+__all__ = ["JobPieces", "TypeReport", "TypeRun", "Sink", "ProgressBars", "NOISE_SHARE", "SWEEP_SHARE_WITH_SYNC"]
 
 NOISE_SHARE = 0.15  # of the budget, at most, for gradient statistics
 SWEEP_SHARE_WITH_SYNC = 0.6  # the sweep's deadline when replicas are profiled
 SYNC_MIN_SECONDS = 1.5  # spawning replicas costs about this on a small host; less left: skip
 SYNC_EXIT_SECONDS = 0.5  # kept back from the replicas' deadline for their exit
+
+
+class JobPieces(NamedTuple):
+    """What :func:`profilers.profile_job` is given to run the job: the model and three callables."""
+
+    model: Any  # a torch.nn.Module, on the CPU
+    optimizer_factory: Callable[[Any], Any]  # optimizer_factory(params) -> optimizer
+    loss_fn: Callable[[Any, Any], Any]  # loss_fn(model, batch) -> scalar mean loss
+    make_batch: Callable[[int, Any], Any]  # make_batch(batch_size, device) -> batch
 
 
 @dataclass
@@ -184,10 +193,7 @@ class TypeRun:
     def __init__(
         self,
         dtype: DeviceType,
-        model: Any,
-        optimizer_factory: Callable[[Any], Any],
-        loss_fn: Callable[[Any, Any], Any],
-        make_batch: Callable[[int, Any], Any],
+        pieces: JobPieces,
         *,
         job: str,
         init_batch_size: int,
@@ -204,7 +210,7 @@ class TypeRun:
         self.dtype = dtype
         self.gpu = dtype.gpu_type
         self.device = dtype.device
-        self.model, self.optimizer_factory, self.loss_fn, self.make_batch = model, optimizer_factory, loss_fn, make_batch
+        self.model, self.optimizer_factory, self.loss_fn, self.make_batch = pieces
         self.job, self.m0, self.grid, self.budget = job, init_batch_size, grid, budget
         self.replicas, self.memory_cap, self.settings, self.sink, self.bar = replicas, memory_cap, settings, sink, bar
         self.existing = {(o.num_replicas, o.local_bsz): o for o in existing if o.num_nodes == 1 and o.accum_steps == 0}
@@ -431,7 +437,7 @@ class TypeRun:
                                                   memory_bytes=result.memory_bytes))
                 self._advance(f"{r} replicas b={result.local_bsz}: sync {result.sync_time * 1e3:.3g} ms")
 
-            pieces = (copy.deepcopy(self.model).cpu(), self.optimizer_factory, self.loss_fn, self.make_batch)
+            pieces = JobPieces(copy.deepcopy(self.model).cpu(), self.optimizer_factory, self.loss_fn, self.make_batch)
             remaining = max(0.0, deadline - time.time())
             target = min(2.0, max(0.05, 0.4 * remaining / max(1, len(todo))))
             outcome = profile_sync(
