@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from goodput.efficiency import GRAD_SQR_FLOOR
+from goodput.efficiency import describe_noise_scale
 from goodput.observations import Profile
 
 __all__ = ["summary_rows", "summary_table"]
@@ -18,13 +18,11 @@ def _range(values: list[float], scale: float = 1.0, fmt: str = "{:.3g}") -> str:
     return fmt.format(low) if low == high else f"{fmt.format(low)}–{fmt.format(high)}"
 
 
-def _noise_scale(grad: Mapping[str, Any]) -> str:
+def _noise_scale(grad: Mapping[str, Any], init_batch_size: int | None) -> str:
     """The report's φ (samples), or why there is none."""
-    if "noise_scale" not in grad:
+    if "grad_sqr" not in grad or init_batch_size is None:
         return "-"
-    if grad.get("grad_sqr", 1.0) <= GRAD_SQR_FLOOR:
-        return "unresolved (|g|² ≤ 0)"
-    return f"{grad['noise_scale']:.3g}"
+    return describe_noise_scale(grad["grad_sqr"], grad["grad_var"], init_batch_size)
 
 
 def summary_rows(profile: Profile, reports: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
@@ -53,7 +51,7 @@ def summary_rows(profile: Profile, reports: Mapping[str, Any] | None = None) -> 
             "step time (ms)": _range([o.step_time for o in single], 1e3),
             "largest batch": f"{largest} ({stopped})" if largest and stopped else str(largest or "-"),
             "replicas": sync or "-",
-            "noise scale": _noise_scale(grad),
+            "noise scale": _noise_scale(grad, profile.init_batch_size),
             "seconds": f"{info['seconds']:.1f}" if info.get("seconds") is not None else "-",
         })
     return rows
