@@ -43,7 +43,7 @@ import numpy as np
 from .errors import ValidationError
 from .validation import check_float, check_int
 
-__all__ = ["efficiency", "noise_scale", "describe_noise_scale", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR"]
+__all__ = ["efficiency", "noise_scale", "describe_noise_scale", "noise_scale_resolved", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR"]
 
 GRAD_SQR_FLOOR = 1e-30  # |g|² estimates at or below 0 are stored as this: the gradient's mean is not resolved
 
@@ -54,6 +54,11 @@ def noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> flo
     grad_var = check_float("grad_var", grad_var, nonnegative=True)
     init_batch_size = check_float("init_batch_size", init_batch_size, positive=True)
     return init_batch_size * grad_var / grad_sqr
+
+
+def noise_scale_resolved(grad_sqr: float) -> bool:
+    """Whether a (smoothed, floored) |g|² estimate tells the gradient's mean from its noise: above :data:`GRAD_SQR_FLOOR`."""
+    return grad_sqr > GRAD_SQR_FLOOR
 
 
 def describe_noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> str:
@@ -69,7 +74,7 @@ def describe_noise_scale(grad_sqr: float, grad_var: float, init_batch_size: floa
     >>> describe_noise_scale(GRAD_SQR_FLOOR, 2.0, 64)
     'unresolved (|g|² ≤ 0)'
     """
-    if grad_sqr <= GRAD_SQR_FLOOR:
+    if not noise_scale_resolved(grad_sqr):
         return "unresolved (|g|² ≤ 0)"
     return f"{noise_scale(grad_sqr, grad_var, init_batch_size):.3g}"
 

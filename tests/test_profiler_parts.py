@@ -16,10 +16,10 @@ from profilers.devices import cpu_device_type, normalize_device_name, resolve_de
 from profilers.memory import CpuStepMemory, tensor_bytes
 from profilers.noise import gradient_noise
 from profilers.profile import default_grid
-from profilers.type_run import _sync_sizes
 from profilers.sync import sync_time_of
 from profilers import timing
 from profilers.timing import StepClock, summarize, time_steps
+from profilers.type_run import _sync_sizes
 from tests.profiler_jobs import tiny_mlp, wide_mlp
 
 

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from goodput import Cluster, JobModel, allocate
-    from goodput.efficiency import GRAD_SQR_FLOOR, describe_noise_scale
+    from goodput.efficiency import describe_noise_scale, noise_scale_resolved
     from profilers import profile_job, zoo
 
     out = console()
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 out.print(f"no observations for {', '.join(table.missing_gpu_types)}: left out of the table")
             if model.has_gradient_stats:
                 phi = describe_noise_scale(model.grad_sqr, model.grad_var, model.init_batch_size)
-                if model.grad_sqr > GRAD_SQR_FLOOR:
+                if noise_scale_resolved(model.grad_sqr):
                     out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi} samples (measured at initialisation)")
                 else:
                     out.print(f"gradient noise scale at M0={model.init_batch_size}: {phi}: in the profiling budget the "
