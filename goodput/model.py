@@ -55,6 +55,7 @@ from .cluster_prior import ClusterPrior
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import GPHyperparameters, GPNumericalError
+from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .regimes import REGIMES, config_regime
@@ -468,7 +469,7 @@ class JobModel:
         name = self._known(gpu_type)
         nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)
         mean, log_std = self._mean_and_log_std(name, nodes, replicas, bsz, accum)
-        std = mean * np.exp(log_std**2 / 2) * np.sqrt(np.expm1(log_std**2))  # std of a log-normal with this median
+        std = lognormal_std(mean, log_std)
         throughput = replicas * bsz * (accum + 1.0) / mean
         if mean.ndim == 0:
             return Prediction(float(mean), float(std), float(throughput), float(log_std))
@@ -518,7 +519,7 @@ class JobModel:
             choices.accum_steps.astype(float),
         )
         # goodput ∝ 1/step_time: log-normal with the same log-std
-        std = np.where(ok, choices.goodput * np.exp(log_std**2 / 2) * np.sqrt(np.expm1(log_std**2)), 0.0)
+        std = np.where(ok, lognormal_std(choices.goodput, log_std), 0.0)
         return choices, std
 
     @single_threaded

@@ -11,8 +11,10 @@ columns are::
 
 ``goodput`` is samples/s × statistical efficiency; 0 marks a configuration on
 which no batch within the job's limits fits. ``std`` is the standard deviation
-of goodput (same unit). ``normalized_goodput`` divides the row by the job's
-smallest positive goodput, so its minimum over feasible rows is 1 (Sia,
+of goodput (same unit); goodput is log-normal and ``goodput`` its median, so
+:meth:`GoodputTable.at_quantile` gives a cautious or an optimistic table.
+``normalized_goodput`` divides the row by the job's smallest positive
+goodput, so its minimum over feasible rows is 1 (Sia,
 SOSP'23 §3.3: the normalized goodput matrix). Tables are written atomically as
 CSV or JSON; :func:`save_tables` / :func:`load_tables` keep several jobs' tables
 in one JSON file (the input of ``goodput allocate``).
@@ -31,7 +33,8 @@ import pandas as pd
 
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text, read_json
-from .validation import check_str, normalize_gpu_type
+from .lognormal import lognormal_log_std, lognormal_quantile
+from .validation import check_float, check_str, normalize_gpu_type
 
 __all__ = ["GoodputTable", "save_tables", "load_tables"]
 
@@ -150,6 +153,46 @@ class GoodputTable:
         if f.empty or not (f["goodput"] > 0).any():
             return None
         return {k: _plain(v) for k, v in f.loc[f["goodput"].idxmax()].items()}
+
+    def at_quantile(self, q: float) -> GoodputTable:
+        """The table with each row's goodput at its q-quantile: cautious below 0.5, optimistic above.
+
+        ``goodput`` is the median of a log-normal whose standard deviation is
+        ``std`` (:meth:`goodput.JobModel.table`; :mod:`goodput.lognormal`), so
+        its q-quantile is ``goodput · e^{Φ⁻¹(q)·s}``. ``throughput`` moves by
+        the same factor and ``step_time`` by its inverse; ``std``,
+        ``efficiency`` and the batch columns stay. Rows without a ``std`` (or
+        with ``std`` 0, e.g. measured tables) keep their goodput, and so does
+        every row at q = 0.5. An allocator that reads the result prefers
+        configurations it is sure of (q < 0.5) or those that may be better
+        than their median (q > 0.5, exploration).
+
+        Args:
+            q: the quantile, in (0, 1).
+
+        Example::
+
+            >>> t = GoodputTable("a", [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": 100.0, "std": 10.075}])
+            >>> round(t.at_quantile(0.05).lookup("t4", 1, 1)["goodput"], 1)
+            84.8
+        """
+        q = check_float("q", q)
+        if not 0.0 < q < 1.0:
+            raise ValidationError("q", q, "must be in (0, 1)")
+        frame = self._frame.copy()
+        if "std" in frame.columns and q != 0.5:
+            median = frame["goodput"].to_numpy(dtype=float)
+            factor = lognormal_quantile(1.0, lognormal_log_std(median, frame["std"].to_numpy(dtype=float)), q)
+            frame["goodput"] = median * factor
+            if "throughput" in frame.columns:
+                frame["throughput"] = frame["throughput"].to_numpy(dtype=float) * factor
+            if "step_time" in frame.columns:
+                frame["step_time"] = frame["step_time"].to_numpy(dtype=float) / factor
+            frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
+        # a positive finite factor keeps every validated value valid: no second validation (allocators call this each round)
+        moved = object.__new__(GoodputTable)
+        moved.job, moved._frame, moved.missing_gpu_types = self.job, frame, self.missing_gpu_types
+        return moved
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:

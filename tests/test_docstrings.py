@@ -32,7 +32,7 @@ def test_the_examples_are_found():
     # modules whose docstrings are known to carry examples: a broken discovery would skip them all
     assert {"goodput.cluster", "goodput.regimes", "goodput.throughput", "goodput.sync_shape", "profilers.zoo",
             "experiments.accuracy_intervals", "experiments.accuracy_protocols", "experiments.accuracy_baselines",
-            "experiments.accuracy_report"} <= set(MODULES)
+            "experiments.accuracy_report", "goodput.lognormal", "goodput.table"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,6 +9,7 @@ from typing import Any
 from ..cluster import Cluster
 from ..errors import ValidationError
 from ..table import GoodputTable
+from ..validation import check_float
 from .policies import allocate_fifo, allocate_gavel, allocate_unaware
 from .problem import prepare
 from .result import Allocation
@@ -60,7 +61,12 @@ def allocate(
             back to the MILP when the fast path's certified gap exceeds
             ``mip_rel_gap``; 20,000), ``placement_retries`` (2);
             ``backfill`` (FIFO: let later jobs start when the head of the
-            queue does not fit; False).
+            queue does not fit; False);
+            ``goodput_quantile``: every policy reads each table at this
+            quantile of its goodput (:meth:`GoodputTable.at_quantile`; 0.5,
+            the median, by default): below 0.5 it is cautious about
+            configurations the job's model is unsure of, above 0.5 it
+            explores them.
 
     Returns:
         an :class:`Allocation`: ``allocation[job]`` is ``None`` or a
@@ -89,6 +95,12 @@ def allocate(
     if policy not in POLICIES:
         raise ValidationError("policy", policy, f"expected one of {POLICIES}")
     jobs = options.pop("jobs", None)
+    quantile = options.pop("goodput_quantile", 0.5)
+    quantile = check_float("goodput_quantile", quantile)
+    if not 0.0 < quantile < 1.0:
+        raise ValidationError("goodput_quantile", quantile, "must be in (0, 1)")
+    if quantile != 0.5 and isinstance(tables, Mapping):
+        tables = {job: t.at_quantile(quantile) if isinstance(t, GoodputTable) else t for job, t in tables.items()}
     unknown = sorted(set(options) - _OPTIONS[policy])
     if unknown:
         raise ValidationError(unknown[0], options[unknown[0]],

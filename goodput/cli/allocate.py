@@ -26,6 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lam", type=float, help="λ, penalty per unallocated job (sia, unaware; default 1.1)")
     parser.add_argument("--solver", choices=["auto", "milp", "lagrangian"], help="sia, unaware (default auto)")
     parser.add_argument("--time-limit", type=float, help="MILP time limit in seconds (default 10)")
+    parser.add_argument("--goodput-quantile", type=float,
+                        help="read every table at this quantile of goodput: < 0.5 cautious, > 0.5 optimistic (default 0.5)")
     parser.add_argument("--backfill", action="store_true", help="fifo: let later jobs start past a blocked one")
     parser.add_argument("--current", help="last round's allocation (JSON written by --out)")
     parser.add_argument("--jobs", help="JSON {job: {JobSpec fields}}: age, restarts, rigid_gpus, gpu_types, ...")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     tables = load_tables(args.tables)
     options = {"policy": args.policy}
-    for name in ("lam", "solver", "time_limit"):
+    for name in ("lam", "solver", "time_limit", "goodput_quantile"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.backfill:
