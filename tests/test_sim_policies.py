@@ -120,3 +120,27 @@ def test_unaware_jobs_model_every_gpu_type_as_one():
     t4 = table[(table.gpu_type == "t4") & (table.num_gpus == 4)].goodput.iloc[0]
     a100 = table[(table.gpu_type == "a100") & (table.num_gpus == 4)].goodput.iloc[0]
     assert t4 == pytest.approx(a100)
+
+
+def test_a_goodput_quantile_names_the_policy_and_is_recorded(tmp_path, capsys):
+    policy = make_policy("sia", goodput_quantile=0.25)
+    assert policy.name == "sia-q0.25" and policy.options == {"goodput_quantile": 0.25}
+    assert make_policy("sia", goodput_quantile=0.5).name == "sia"
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValidationError, match="goodput_quantile"):
+            make_policy("sia", goodput_quantile=bad)
+    folder = tmp_path / "workloads"
+    write_workload(small_workload(4, gap=200.0), folder / "workload-1.csv")
+    code = main(["simulate", "--workload", str(folder), "--policy", "sia", "--goodput-quantile", "0.25,0.5",
+                 "--cluster", "t4:2x4,a100:1x4", "--processes", "1", "--out", str(tmp_path / "out"), "--no-mlflow"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "sia-q0.25" in printed
+    for label in ("sia-q0.25", "sia"):
+        summary = json.loads((tmp_path / "out" / "workload-1" / label / "summary.json").read_text())
+        assert summary["metrics"]["finished"] == 4
+        assert summary["settings"]["policy"] == label
+    quantiled = json.loads((tmp_path / "out" / "workload-1" / "sia-q0.25" / "summary.json").read_text())
+    assert quantiled["settings"]["goodput_quantile"] == 0.25
+    assert main(["simulate", "--synthetic", "2", "--goodput-quantile", "1", "--no-mlflow"]) == 2
+    assert "goodput_quantile" in capsys.readouterr().err

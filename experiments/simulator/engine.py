@@ -539,10 +539,16 @@ class Simulator:
         settings = {"policy": self.policy.name, "round_s": round_s, "cluster": str(self.cluster),
                     "seed": self.config.seed, "step_noise": self.config.step_noise,
                     "grad_noise": self.config.grad_noise, "report_every": self.config.report_every,
-                    "jobs": len(self.jobs)}
+                    "jobs": len(self.jobs), **_policy_settings(self.policy)}
         summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
         summary["wall_seconds"] = _time.perf_counter() - start_wall
         return SimResult(jobs, rounds, summary, settings)
+
+
+def _policy_settings(policy: Policy) -> dict[str, Any]:
+    """The policy's allocator options worth recording with a run (a non-default goodput quantile)."""
+    quantile = getattr(policy, "options", {}).get("goodput_quantile")
+    return {} if quantile is None else {"goodput_quantile": quantile}
 
 
 class _torch_threads:

@@ -73,7 +73,14 @@ POLICY_NAMES = ("sia", "sia-oracle", "unaware", "gavel", "fifo")
 
 
 def make_policy(name: str, round_s: float | None = None, **options: Any) -> AllocatorPolicy:
-    """A fresh policy object by name (see the module table); ``round_s`` overrides its round length."""
+    """A fresh policy object by name (see the module table); ``round_s`` overrides its round length.
+
+    ``options`` go to :func:`goodput.allocate` each round. A ``goodput_quantile``
+    other than 0.5 reads every table at that quantile (cautious below 0.5,
+    optimistic above; it moves only rows with a ``std``, i.e. the online
+    models' tables) and names the policy ``<name>-q<quantile>``, e.g.
+    ``sia-q0.25``, so that runs at several quantiles stay apart.
+    """
     presets = {
         "sia": ("sia", False, True, 60.0),
         "sia-oracle": ("sia", True, True, 60.0),
@@ -86,5 +93,12 @@ def make_policy(name: str, round_s: float | None = None, **options: Any) -> Allo
     allocator_policy, oracle, adaptive, default_round = presets[name]
     if round_s is not None:
         round_s = check_float("round_s", round_s, positive=True)
-    return AllocatorPolicy(name, allocator_policy, oracle, adaptive, float(round_s or default_round),
+    label = name
+    if "goodput_quantile" in options:
+        quantile = check_float("goodput_quantile", options["goodput_quantile"])
+        if not 0.0 < quantile < 1.0:
+            raise ValidationError("goodput_quantile", quantile, "must be in (0, 1)")
+        options["goodput_quantile"] = quantile
+        label = name if quantile == 0.5 else f"{name}-q{quantile:g}"
+    return AllocatorPolicy(label, allocator_policy, oracle, adaptive, float(round_s or default_round),
                            pooled_model=name == "unaware", options=options)

@@ -39,6 +39,7 @@ class Task:
     seed: int = 0
     round_s: float | None = None
     config: dict[str, Any] = field(default_factory=dict)  # extra SimConfig fields
+    policy_options: dict[str, Any] = field(default_factory=dict)  # make_policy options, e.g. goodput_quantile
 
 
 def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4") -> dict[str, Family]:
@@ -73,7 +74,7 @@ def run_task(task: Task) -> tuple[Task, SimResult]:
 
     cluster = Cluster.parse(task.cluster)
     families = load_truth(task.truth, cluster, task.default_gpu_type)
-    policy = make_policy(task.policy, round_s=task.round_s)
+    policy = make_policy(task.policy, round_s=task.round_s, **task.policy_options)
     config = SimConfig(cluster=cluster, seed=task.seed, **task.config)
     return task, Simulator(task.jobs, families, config, policy).run()
 

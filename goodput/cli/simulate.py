@@ -22,6 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--synthetic", type=int, metavar="N", help="generate N Philly-like jobs (default: 160)")
     parser.add_argument("--hours", type=float, default=8.0, help="arrival window of a synthetic workload (hours)")
     parser.add_argument("--policy", default="sia", help=f"policy or comma-separated policies, or 'all' ({', '.join(POLICIES)})")
+    parser.add_argument("--goodput-quantile", default="0.5", metavar="Q[,Q...]",
+                        help="the allocator reads the online models' tables at this quantile of goodput (< 0.5 "
+                        "cautious, > 0.5 optimistic); several, comma-separated, each run as policy-qQ (default 0.5)")
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"type:NODESxGPUS,... (default: {DEFAULT_CLUSTER})")
     parser.add_argument("--truth", default="catalog",
                         help="ground truth: 'catalog' (built in), a catalog JSON, or a directory of measured tables")
@@ -53,19 +56,21 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValidationError("policy", unknown[0], f"unknown policy (known: {', '.join(POLICIES)}, all)")
+    quantiles = _quantiles(args.goodput_quantile)
     families = load_truth(args.truth, cluster, args.gpu_type)
     workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed, hours=args.hours)
     tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
-                  seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours})
-             for name, jobs in workloads for policy in policies]
+                  seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours},
+                  policy_options={} if q == 0.5 else {"goodput_quantile": q})
+             for name, jobs in workloads for policy in policies for q in quantiles]
     out = console()
-    out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) on {cluster} "
+    out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) x {len(quantiles)} quantile(s) on {cluster} "
               f"({cluster.total_gpus} GPUs), truth: {args.truth}")
     parent_id = None
     if not args.no_mlflow and len(tasks) > 1:
         with tracking.start_run(args.experiment, run_name=f"sweep:{','.join(policies)}") as parent:
             tracking.log_params({"policies": policies, "workloads": [w for w, _ in workloads], "cluster": str(cluster),
-                                 "truth": args.truth, "seed": args.seed})
+                                 "truth": args.truth, "seed": args.seed, "goodput_quantiles": quantiles})
             parent_id = parent.info.run_id
     rows = []
 
@@ -74,12 +79,13 @@ def run(args: argparse.Namespace) -> int:
         progress_task = bar.add_task("sim", total=len(tasks))
 
         def done(task: Task, result) -> None:
-            folder = Path(args.out) / task.workload_name / task.policy
+            label = result.settings["policy"]  # the policy's name, with its goodput quantile when not 0.5
+            folder = Path(args.out) / task.workload_name / label
             write_outputs(result, folder, task.workload_name)
             if not args.no_mlflow:
                 log_result(result, task.workload_name, folder, experiment=args.experiment,
                            params={"truth": args.truth}, parent_run_id=parent_id)
-            rows.append({"workload": task.workload_name, "policy": task.policy, **{
+            rows.append({"workload": task.workload_name, "policy": label, **{
                 k: result.summary.get(k) for k in ("finished", "avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s",
                                                    "restarts_per_job", "unfair_fraction", "wall_seconds")}})
             bar.advance(progress_task)
@@ -94,3 +100,19 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"outputs in {args.out}/<workload>/<policy>/" + ("" if args.no_mlflow else
               f"; MLflow experiment {args.experiment!r} at {tracking.tracking_uri()}"))
     return 0
+
+
+def _quantiles(text: str) -> list[float]:
+    """``"0.25,0.5"`` → ``[0.25, 0.5]``, each in (0, 1)."""
+    from goodput.errors import ValidationError
+
+    values = []
+    for part in (p.strip() for p in str(text).split(",")):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValidationError("goodput_quantile", part, "expected a number in (0, 1)") from None
+        if not 0.0 < value < 1.0:
+            raise ValidationError("goodput_quantile", value, "must be in (0, 1)")
+        values.append(value)
+    return list(dict.fromkeys(values))
