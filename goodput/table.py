@@ -53,6 +53,10 @@ class GoodputTable:
             ``gpu_type, num_nodes, num_gpus, goodput``.
         missing_gpu_types: GPU types the table could not cover (no
             observations yet); kept so that nothing is dropped silently.
+        quantile: which quantile of each row's goodput distribution the
+            ``goodput`` column holds: 0.5 (the median, as
+            :meth:`goodput.JobModel.table` writes it) unless the table came
+            from :meth:`at_quantile`. Saved with the table.
 
     Example::
 
@@ -64,8 +68,9 @@ class GoodputTable:
         table.to_csv("cifar10.csv")
     """
 
-    def __init__(self, job: str, frame: Any, missing_gpu_types: Iterable[str] = ()) -> None:
+    def __init__(self, job: str, frame: Any, missing_gpu_types: Iterable[str] = (), quantile: float = 0.5) -> None:
         self.job = check_str("job", job)
+        self.quantile = _check_quantile("quantile", quantile)
         if not isinstance(frame, pd.DataFrame):
             try:
                 frame = pd.DataFrame(list(frame))
@@ -125,7 +130,8 @@ class GoodputTable:
         return len(self._frame)
 
     def __repr__(self) -> str:
-        return f"GoodputTable(job={self.job!r}, rows={len(self)}, gpu_types={self.gpu_types})"
+        at = "" if self.quantile == 0.5 else f", quantile={self.quantile:g}"
+        return f"GoodputTable(job={self.job!r}, rows={len(self)}, gpu_types={self.gpu_types}{at})"
 
     @property
     def gpu_types(self) -> list[str]:
@@ -165,10 +171,15 @@ class GoodputTable:
         with ``std`` 0, e.g. measured tables) keep their goodput, and so does
         every row at q = 0.5. An allocator that reads the result prefers
         configurations it is sure of (q < 0.5) or those that may be better
-        than their median (q > 0.5, exploration).
+        than their median (q > 0.5, exploration). The result records ``q`` in
+        :attr:`quantile`.
 
         Args:
             q: the quantile, in (0, 1).
+
+        Raises:
+            ValidationError: ``q`` outside (0, 1), or a table that is not at
+                its median already (moving it again would compound).
 
         Example::
 
@@ -176,9 +187,10 @@ class GoodputTable:
             >>> round(t.at_quantile(0.05).lookup("t4", 1, 1)["goodput"], 1)
             84.8
         """
-        q = check_float("q", q)
-        if not 0.0 < q < 1.0:
-            raise ValidationError("q", q, "must be in (0, 1)")
+        q = _check_quantile("q", q)
+        if self.quantile != 0.5:
+            raise ValidationError("quantile", self.quantile,
+                                  f"{self.job}: the table is at a quantile already; move the median table (0.5) instead")
         frame = self._frame.copy()
         if "std" in frame.columns and q != 0.5:
             median = frame["goodput"].to_numpy(dtype=float)
@@ -191,7 +203,7 @@ class GoodputTable:
             frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
         # a positive finite factor keeps every validated value valid: no second validation (allocators call this each round)
         moved = object.__new__(GoodputTable)
-        moved.job, moved._frame, moved.missing_gpu_types = self.job, frame, self.missing_gpu_types
+        moved.job, moved._frame, moved.missing_gpu_types, moved.quantile = self.job, frame, self.missing_gpu_types, q
         return moved
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -200,13 +212,16 @@ class GoodputTable:
         out: dict[str, Any] = {"job": self.job, "rows": rows}
         if self.missing_gpu_types:
             out["missing_gpu_types"] = list(self.missing_gpu_types)
+        if self.quantile != 0.5:
+            out["quantile"] = self.quantile
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GoodputTable:
         if not isinstance(data, Mapping) or "job" not in data or "rows" not in data:
             raise ValidationError("table", data, "expected {'job': ..., 'rows': [...]}")
-        return cls(data["job"], pd.DataFrame(list(data["rows"]), columns=_columns_of(data["rows"])), data.get("missing_gpu_types", ()))
+        return cls(data["job"], pd.DataFrame(list(data["rows"]), columns=_columns_of(data["rows"])),
+                   data.get("missing_gpu_types", ()), data.get("quantile", 0.5))
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
@@ -220,9 +235,11 @@ class GoodputTable:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """CSV with a ``job`` column first (one table per file)."""
+        """CSV with a ``job`` column first (one table per file), and ``quantile`` when not 0.5."""
         frame = self._frame.drop(columns=["normalized_goodput"])
         frame.insert(0, "job", self.job)
+        if self.quantile != 0.5:
+            frame.insert(1, "quantile", self.quantile)
         return atomic_write_text(path, frame.to_csv(index=False))
 
     @classmethod
@@ -231,10 +248,22 @@ class GoodputTable:
         if "job" not in frame.columns or frame["job"].nunique() != 1:
             raise DataFormatError(path, None, "job", list(frame.get("job", [])), "expected one job per CSV")
         job = str(frame["job"].iloc[0])
+        quantile = 0.5
+        if "quantile" in frame.columns:
+            if frame["quantile"].nunique() != 1:
+                raise DataFormatError(path, None, "quantile", list(frame["quantile"]), "expected one quantile per CSV")
+            quantile = frame["quantile"].iloc[0]
         try:
-            return cls(job, frame.drop(columns=["job"]))
+            return cls(job, frame.drop(columns=["job", "quantile"], errors="ignore"), quantile=quantile)
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+
+def _check_quantile(field: str, value: Any) -> float:
+    value = check_float(field, value)
+    if not 0.0 < value < 1.0:
+        raise ValidationError(field, value, "must be in (0, 1)")
+    return value
 
 
 def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:

@@ -112,3 +112,35 @@ def test_cli_allocate_reads_tables_at_a_quantile(tmp_path, capsys):
         assert main(["allocate", str(path), "--cluster", "t4:1x1,a100:1x1", "--goodput-quantile", q, "--json"]) == 0
         chosen[q] = json.loads(capsys.readouterr().out)["allocations"]["j"]["gpu_type"]
     assert chosen == {"0.5": "a100", "0.1": "t4"}
+
+
+def test_a_table_knows_its_quantile_keeps_it_on_disk_and_is_not_moved_twice(tmp_path):
+    from goodput import load_tables
+    from goodput.errors import DataFormatError
+
+    table = GoodputTable("j", _rows())
+    assert table.quantile == 0.5 and "quantile" not in table.to_dict()
+    cautious = table.at_quantile(0.1)
+    assert cautious.quantile == 0.1 and "quantile=0.1" in repr(cautious)
+    with pytest.raises(ValidationError, match="quantile already"):
+        cautious.at_quantile(0.5)
+    tables, cluster = _uncertain_choice()
+    moved = {job: t.at_quantile(0.1) for job, t in tables.items()}
+    with pytest.raises(ValidationError, match="quantile already"):
+        allocate(moved, cluster, goodput_quantile=0.1)  # reading a cautious table cautiously again would compound
+    assert allocate(moved, cluster)["j"].gpu_type == "t4"  # read as it is: already cautious
+    for path in (tmp_path / "t.json", tmp_path / "t.csv"):
+        (cautious.to_json if path.suffix == ".json" else cautious.to_csv)(path)
+        back = (GoodputTable.from_json if path.suffix == ".json" else GoodputTable.from_csv)(path)
+        assert back.quantile == 0.1 and back.frame.equals(cautious.frame)
+    save_tables({"j": cautious, "k": GoodputTable("k", _rows())}, tmp_path / "all.json")
+    loaded = load_tables(tmp_path / "all.json")
+    assert loaded["j"].quantile == 0.1 and loaded["k"].quantile == 0.5
+    table.to_csv(tmp_path / "median.csv")
+    assert "quantile" not in (tmp_path / "median.csv").read_text().splitlines()[0]
+    bad = (tmp_path / "t.csv").read_text().replace(",0.1,", ",2.0,", 1)
+    (tmp_path / "bad.csv").write_text(bad)
+    with pytest.raises(DataFormatError, match="quantile"):
+        GoodputTable.from_csv(tmp_path / "bad.csv")
+    with pytest.raises(ValidationError, match="quantile"):
+        GoodputTable("j", _rows(), quantile=1.0)

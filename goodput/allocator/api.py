@@ -66,7 +66,8 @@ def allocate(
             quantile of its goodput (:meth:`GoodputTable.at_quantile`; 0.5,
             the median, by default): below 0.5 it is cautious about
             configurations the job's model is unsure of, above 0.5 it
-            explores them.
+            explores them (a table already at a quantile is refused:
+            moving it again would compound).
 
     Returns:
         an :class:`Allocation`: ``allocation[job]`` is ``None`` or a
