@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from .errors import ValidationError
+from .validation import check_quantile
 
 __all__ = ["lognormal_std", "lognormal_log_std", "lognormal_quantile"]
 
@@ -53,7 +53,5 @@ def lognormal_log_std(median: Any, std: Any) -> Any:
 
 def lognormal_quantile(median: Any, log_std: Any, q: float) -> Any:
     """The q-quantile of a log-normal with this median and std of its log: ``median · e^{Φ⁻¹(q) · s}``."""
-    q = float(q)
-    if not 0.0 < q < 1.0:
-        raise ValidationError("q", q, "must be in (0, 1)")
+    q = check_quantile("q", q)
     return np.asarray(median, dtype=float) * np.exp(ndtri(q) * np.asarray(log_std, dtype=float))

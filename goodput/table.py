@@ -34,7 +34,7 @@ import pandas as pd
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text, read_json
 from .lognormal import lognormal_log_std, lognormal_quantile
-from .validation import check_float, check_str, normalize_gpu_type
+from .validation import check_quantile, check_str, normalize_gpu_type
 
 __all__ = ["GoodputTable", "save_tables", "load_tables"]
 
@@ -70,7 +70,7 @@ class GoodputTable:
 
     def __init__(self, job: str, frame: Any, missing_gpu_types: Iterable[str] = (), quantile: float = 0.5) -> None:
         self.job = check_str("job", job)
-        self.quantile = _check_quantile("quantile", quantile)
+        self.quantile = check_quantile("quantile", quantile)
         if not isinstance(frame, pd.DataFrame):
             try:
                 frame = pd.DataFrame(list(frame))
@@ -187,7 +187,7 @@ class GoodputTable:
             >>> round(t.at_quantile(0.05).lookup("t4", 1, 1)["goodput"], 1)
             84.8
         """
-        q = _check_quantile("q", q)
+        q = check_quantile("q", q)
         if self.quantile != 0.5:
             raise ValidationError("quantile", self.quantile,
                                   f"{self.job}: the table is at a quantile already; move the median table (0.5) instead")
@@ -257,13 +257,6 @@ class GoodputTable:
             return cls(job, frame.drop(columns=["job", "quantile"], errors="ignore"), quantile=quantile)
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
-
-
-def _check_quantile(field: str, value: Any) -> float:
-    value = check_float(field, value)
-    if not 0.0 < value < 1.0:
-        raise ValidationError(field, value, "must be in (0, 1)")
-    return value
 
 
 def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:

@@ -55,6 +55,14 @@ def check_optional_float(field: str, value: Any, **kwargs: bool) -> float | None
     return None if value is None else check_float(field, value, **kwargs)
 
 
+def check_quantile(field: str, value: Any) -> float:
+    """Return ``value`` as a float strictly between 0 and 1 (a quantile or probability)."""
+    value = check_float(field, value)
+    if not 0.0 < value < 1.0:
+        raise ValidationError(field, value, "must be in (0, 1)")
+    return value
+
+
 def check_str(field: str, value: Any) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():

@@ -27,7 +27,7 @@ from typing import Any
 from goodput.allocator import JobAllocation, JobSpec, allocate
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
-from goodput.validation import check_float
+from goodput.validation import check_float, check_quantile
 
 from .engine import JobView
 
@@ -95,10 +95,7 @@ def make_policy(name: str, round_s: float | None = None, **options: Any) -> Allo
         round_s = check_float("round_s", round_s, positive=True)
     label = name
     if "goodput_quantile" in options:
-        quantile = check_float("goodput_quantile", options["goodput_quantile"])
-        if not 0.0 < quantile < 1.0:
-            raise ValidationError("goodput_quantile", quantile, "must be in (0, 1)")
-        options["goodput_quantile"] = quantile
+        quantile = options["goodput_quantile"] = check_quantile("goodput_quantile", options["goodput_quantile"])
         label = name if quantile == 0.5 else f"{name}-q{quantile:g}"
     return AllocatorPolicy(label, allocator_policy, oracle, adaptive, float(round_s or default_round),
                            pooled_model=name == "unaware", options=options)

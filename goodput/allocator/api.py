@@ -9,7 +9,7 @@ from typing import Any
 from ..cluster import Cluster
 from ..errors import ValidationError
 from ..table import GoodputTable
-from ..validation import check_float
+from ..validation import check_quantile
 from .policies import allocate_fifo, allocate_gavel, allocate_unaware
 from .problem import prepare
 from .result import Allocation
@@ -96,10 +96,7 @@ def allocate(
     if policy not in POLICIES:
         raise ValidationError("policy", policy, f"expected one of {POLICIES}")
     jobs = options.pop("jobs", None)
-    quantile = options.pop("goodput_quantile", 0.5)
-    quantile = check_float("goodput_quantile", quantile)
-    if not 0.0 < quantile < 1.0:
-        raise ValidationError("goodput_quantile", quantile, "must be in (0, 1)")
+    quantile = check_quantile("goodput_quantile", options.pop("goodput_quantile", 0.5))
     if quantile != 0.5 and isinstance(tables, Mapping):
         tables = {job: t.at_quantile(quantile) if isinstance(t, GoodputTable) else t for job, t in tables.items()}
     unknown = sorted(set(options) - _OPTIONS[policy])

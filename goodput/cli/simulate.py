@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
 def _quantiles(text: str) -> list[float]:
     """``"0.25,0.5"`` → ``[0.25, 0.5]``, each in (0, 1)."""
     from goodput.errors import ValidationError
+    from goodput.validation import check_quantile
 
     values = []
     for part in (p.strip() for p in str(text).split(",")):
@@ -112,7 +113,5 @@ def _quantiles(text: str) -> list[float]:
             value = float(part)
         except ValueError:
             raise ValidationError("goodput_quantile", part, "expected a number in (0, 1)") from None
-        if not 0.0 < value < 1.0:
-            raise ValidationError("goodput_quantile", value, "must be in (0, 1)")
-        values.append(value)
+        values.append(check_quantile("goodput_quantile", value))
     return list(dict.fromkeys(values))
