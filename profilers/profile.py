@@ -54,7 +54,7 @@ from goodput.validation import check_float, check_int, check_str
 from .devices import DeviceType, resolve_devices
 from .type_run import JobPieces, ProgressBars, Sink, TypeReport, TypeRun
 
-__all__ = ["profile_job", "default_grid", "TypeReport"]
+__all__ = ["profile_job", "default_grid", "trainable_parameters", "TypeReport"]
 
 
 def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_local_bsz: int | None = None, points: int = 12) -> list[int]:
@@ -78,6 +78,17 @@ def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_lo
 
 
 # ---------------------------------------------------------------------------- validation
+
+
+def trainable_parameters(model: Any) -> int:
+    """Elements of ``model``'s trainable parameters: the gradient that every step synchronises.
+
+    Data-parallel gradient sync moves these (Horovod and DDP all-reduce every
+    ``requires_grad`` parameter), so its cost grows with them; the profile records the
+    count as ``metadata["num_parameters"]`` and :meth:`goodput.JobModel.from_profile`
+    scales other jobs' sync costs by it (``model_size``).
+    """
+    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def _check_sizes(field_name: str, values: Any) -> list[int] | None:
@@ -186,7 +197,8 @@ def profile_job(
     Returns:
         The profile: every observation of this job in ``out`` (earlier runs
         included) and those just measured, with ``max_local_bsz`` per type and
-        per-type facts under ``metadata["profiler.<type>"]``.
+        per-type facts under ``metadata["profiler.<type>"]``, and the trainable
+        parameter count under ``metadata["num_parameters"]``.
 
     Raises:
         ValidationError: a bad argument (names it).
@@ -231,6 +243,7 @@ def profile_job(
 
     run_settings = {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
                     "memory_cap_bytes": memory_cap_bytes, **settings}
+    num_parameters = trainable_parameters(model)
     previous = _load_previous(out, job, init_batch_size)
     writer = ProfileWriter(out) if out is not None else None
     sink = Sink(writer)
@@ -239,7 +252,7 @@ def profile_job(
             job=job,
             init_batch_size=init_batch_size,
             **({"max_batch_size": max_batch_size} if max_batch_size is not None else {}),
-            metadata={"profiler": run_settings},
+            metadata={"profiler": run_settings, "num_parameters": num_parameters},
         )
         existing = [o for o in (writer.existing if writer else []) if o.job == job]
         reports: dict[str, TypeReport] = {}
@@ -278,6 +291,7 @@ def profile_job(
             max_local[gpu] = report.max_local_bsz
         metadata[f"profiler.{gpu}"] = report.to_dict()
     metadata["profiler"] = run_settings
+    metadata["num_parameters"] = num_parameters
     profile = Profile(
         existing + sink.new,
         job=job,

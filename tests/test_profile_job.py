@@ -47,12 +47,15 @@ def test_sweep_measures_real_steps_that_grow_with_the_batch(tmp_path):
     report = profile.metadata["profiler.cpu"]
     assert report["sweep_stopped"] == "grid_end" and report["complete"] and 0 < report["seconds"] < 30
     assert report["grad"]["noise_scale"] == pytest.approx(32 * with_grad[0].grad_var / with_grad[0].grad_sqr)
+    # 64 -> 256 -> 256 -> 10 with biases: the gradient elements every step synchronises.
+    assert profile.metadata["num_parameters"] == 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
 
     # What is on disk is what was returned, and it bootstraps the job's model.
     loaded = Profile.load(out)
     assert loaded.observations == profile.observations and loaded.max_local_bsz == {"cpu": 8192}
     model = JobModel.from_profile(loaded, max_batch_size=1024)
     assert model.has_gradient_stats and model.limits("cpu").max_local_bsz == 8192
+    assert model.model_size == 85_002  # scales other jobs' sync costs (goodput.transfer)
     assert 0 < model.predict("cpu", 1, 1, 256).step_time < float("inf")
 
 

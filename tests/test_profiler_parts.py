@@ -15,7 +15,7 @@ from profilers import zoo
 from profilers.devices import cpu_device_type, normalize_device_name, resolve_devices
 from profilers.memory import CpuStepMemory, tensor_bytes
 from profilers.noise import gradient_noise
-from profilers.profile import default_grid
+from profilers.profile import default_grid, trainable_parameters
 from profilers.sync import sync_time_of
 from profilers import timing
 from profilers.timing import StepClock, summarize, time_steps
@@ -238,3 +238,15 @@ def test_zoo_models_train_and_pickle(name, options):
     assert work.profile_args()["job"] == f"zoo-{name}"
     with pytest.raises(ValidationError, match="unknown zoo model"):
         zoo.get("vgg")
+
+
+def test_trainable_parameters_count_what_gradient_sync_moves():
+    """Frozen parameters send no gradient, shared ones are counted once; a 16 -> 32 -> 4 MLP has 16*32+32+32*4+4."""
+    work = tiny_mlp()
+    assert trainable_parameters(work.model) == 16 * 32 + 32 + 32 * 4 + 4
+    first = work.model.net[0]
+    first.weight.requires_grad_(False)
+    assert trainable_parameters(work.model) == 32 + 32 * 4 + 4
+    tied = torch.nn.Sequential(first, torch.nn.ReLU(), first.__class__(32, 32), torch.nn.ReLU())
+    tied.append(tied[2])  # the same layer twice: one set of gradients
+    assert trainable_parameters(tied) == 32 + 32 * 32 + 32
