@@ -23,6 +23,11 @@ for these methods:
   (:class:`goodput.cluster_prior.ClusterPrior`, leave-one-model-out: the
   "brand-new job on a known cluster" case);
 * ``bayes-noprior``: the same without the cross-job prior (weak defaults only);
+
+  both given each model's trainable parameter count where it is known
+  (``--model-sizes FILE``, or ``num_parameters`` in profiles that ``profile_job``
+  wrote): the cross-job prior then scales another model's sync costs by the
+  ratio of sizes instead of the ratio of size proxies;
 * ``pollux``: Pollux's model fitted per type to that type's training data (its defaults elsewhere);
 * ``linear``: linear scaling from 1-GPU profiles (an n-GPU step takes as long
   as a 1-GPU step at the same local batch; Sia's "linear" baseline);
@@ -63,7 +68,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +80,7 @@ from experiments.accuracy_baselines import Predictions, nan_predictions, predict
 from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
-from experiments.datasets import Measurements, read_measurements
+from experiments.datasets import Measurements, read_measurements, read_model_sizes
 from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS
 from goodput.cluster_prior import ClusterPrior
 from goodput.errors import ValidationError
@@ -84,6 +89,7 @@ from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import throughput_arrays
+from goodput.validation import check_float
 
 __all__ = [
     "PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "predict_model", "predict_bayes", "main",
@@ -116,9 +122,11 @@ def predict_model(model: JobModel, test: Sequence[Observation]) -> Predictions:
     return pred, low, high
 
 
-def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observation], prior: ClusterPrior | None) -> Predictions:
-    """A fresh :class:`goodput.JobModel` (with the cross-job ``prior``, if any) given ``train``, predicting ``test``."""
-    model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=prior)
+def predict_bayes(job: str, train: Sequence[Observation], test: Sequence[Observation], prior: ClusterPrior | None,
+                  model_size: float | None = None) -> Predictions:
+    """A fresh :class:`goodput.JobModel` (with the cross-job ``prior``, if any, and the job's parameter count
+    ``model_size``, if known) given ``train``, predicting ``test``."""
+    model = JobModel(job, init_batch_size=min(o.local_bsz for o in train), cluster_prior=prior, model_size=model_size)
     model.observe(train)
     return predict_model(model, test)
 
@@ -137,13 +145,14 @@ def _rows(model: str, split: Split, method: str, test: Sequence[Observation], pr
     })
 
 
-def _static_split(model: str, split: Split, prior: ClusterPrior | None, methods: Sequence[str]) -> list[pd.DataFrame]:
+def _static_split(model: str, split: Split, prior: ClusterPrior | None, methods: Sequence[str],
+                  model_size: float | None = None) -> list[pd.DataFrame]:
     out = []
     for method in methods:
         if method == "bayes":
-            pred = predict_bayes(model, split.train, split.test, prior)
+            pred = predict_bayes(model, split.train, split.test, prior, model_size)
         elif method == "bayes-noprior":
-            pred = predict_bayes(model, split.train, split.test, None)
+            pred = predict_bayes(model, split.train, split.test, None, model_size)
         elif method == "pollux":
             pred = predict_pollux(split.train, split.test)
         elif method == "linear":
@@ -161,7 +170,7 @@ def _static_split(model: str, split: Split, prior: ClusterPrior | None, methods:
 
 
 def _online(model: str, gpu: str, obs: Sequence[Observation], prior: ClusterPrior | None, methods: Sequence[str],
-            seed: int, max_test: int) -> list[pd.DataFrame]:
+            seed: int, max_test: int, model_size: float | None = None) -> list[pd.DataFrame]:
     """P4 on one type: reveal in random order; predict the rest at the checkpoints and each next observation."""
     rng = np.random.default_rng(seed)
     order = [obs[i] for i in rng.permutation(len(obs))]
@@ -172,7 +181,7 @@ def _online(model: str, gpu: str, obs: Sequence[Observation], prior: ClusterPrio
     variants = [(m, prior if m == "bayes" else None) for m in methods if m in ("bayes", "bayes-noprior")]
     split = Split("P4", f"order={seed}", [], [])  # rows record which random order they came from
     for method, cluster_prior in variants:
-        jm = JobModel(model, init_batch_size=min(o.local_bsz for o in order), cluster_prior=cluster_prior)
+        jm = JobModel(model, init_batch_size=min(o.local_bsz for o in order), cluster_prior=cluster_prior, model_size=model_size)
         nexts = []
         for i, o in enumerate(order[: steps[-1]]):
             if i in steps:
@@ -215,8 +224,12 @@ def evaluate_model(
     p4_max_test: int = 400,
     p4_min_obs: int = 15,
     on_step: Callable[[str], None] | None = None,
+    model_size: float | None = None,
 ) -> pd.DataFrame:
-    """Every protocol on one model's observations; one row per (split, method, test observation)."""
+    """Every protocol on one model's observations; one row per (split, method, test observation).
+
+    ``model_size``: the model's trainable parameter count, when known (``JobModel(model_size=)``).
+    """
     frames: list[pd.DataFrame] = []
     for protocol in protocols:
         if on_step:
@@ -226,10 +239,10 @@ def evaluate_model(
                 if len(items) < p4_min_obs:
                     continue
                 for seed in range(seeds):
-                    frames += _online(model, gpu, items, prior, methods, seed, p4_max_test)
+                    frames += _online(model, gpu, items, prior, methods, seed, p4_max_test, model_size)
             continue
         for split in SPLITTERS[protocol](obs):
-            frames += _static_split(model, split, prior, methods)
+            frames += _static_split(model, split, prior, methods, model_size)
     if not frames:
         return pd.DataFrame(columns=ROW_COLUMNS)
     return pd.concat(frames, ignore_index=True)[ROW_COLUMNS]
@@ -291,8 +304,16 @@ def run(
     mlflow: bool = True,
     progress: bool = True,
     console: Any = None,
+    model_sizes: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Evaluate every model of ``data_dir``; write rows, summary and markdown to ``out_dir``; return the summary."""
+    """Evaluate every model of ``data_dir``; write rows, summary and markdown to ``out_dir``; return the summary.
+
+    ``model_sizes``: trainable parameters per model (e.g. from
+    :func:`experiments.datasets.read_model_sizes`), on top of those the data
+    record (profiles written by ``profile_job``). A model with a known size
+    scales the sync costs of the other models with known sizes by the ratio of
+    sizes (:mod:`goodput.transfer`); the others use size proxies.
+    """
     started = time.time()
     data: Measurements = read_measurements(data_dir, default_gpu_type=default_gpu_type)
     names = sorted(data.models)
@@ -303,11 +324,16 @@ def run(
         names = [n for n in names if n in models]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    sizes = {**data.sizes, **_checked_sizes(model_sizes)}
+    unused = sorted(set(sizes) - set(data.models))
+    sizes = {k: v for k, v in sizes.items() if k in data.models}
     settings = {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type, "protocols": list(protocols),
                 "methods": list(methods), "seeds": int(seeds), "p4_max_test": int(p4_max_test), "goodput": goodput.__version__}
+    if sizes:
+        settings["model_sizes"] = dict(sorted(sizes.items()))
     done = _resume_state(out, settings, resume)
     _record_settings(out, settings, done)
-    full_prior = ClusterPrior.from_observations(data.models) if len(data.models) > 1 else None
+    full_prior = ClusterPrior.from_observations(data.models, sizes) if len(data.models) > 1 else None
     frames = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -330,7 +356,7 @@ def run(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 rows = evaluate_model(name, data.models[name], prior, protocols=protocols, methods=methods, seeds=seeds,
-                                      p4_max_test=p4_max_test, on_step=step)
+                                      p4_max_test=p4_max_test, on_step=step, model_size=sizes.get(name))
             atomic_write_text(path, rows.to_csv(index=False))
             done.add(name)
             _record_settings(out, settings, done)
@@ -347,6 +373,8 @@ def run(
         f"bayes: cross-job prior from the other {len(data.models) - 1} model(s) of the directory (leave-one-model-out); "
         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
         f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint",
+        f"model sizes (trainable parameters) known for {len(sizes)} of {len(data.models)} model(s)"
+        + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else ""),
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
@@ -355,11 +383,20 @@ def run(
     atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)
     meta = {"data_dir": str(data_dir), "kind": data.kind, "models": names, "protocols": list(protocols),
-            "methods": list(methods), "seeds": seeds, "p4_max_test": p4_max_test, "seconds": time.time() - started}
+            "methods": list(methods), "seeds": seeds, "p4_max_test": p4_max_test, "model_sizes": dict(sorted(sizes.items())),
+            "seconds": time.time() - started}
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     if mlflow:
         _log_mlflow(summary, rows, out, meta, title, reference)
     return summary
+
+
+def _checked_sizes(model_sizes: Mapping[str, float] | None) -> dict[str, float]:
+    if model_sizes is None:
+        return {}
+    if not isinstance(model_sizes, Mapping):
+        raise ValidationError("model_sizes", model_sizes, "expected a mapping model -> trainable parameters")
+    return {str(k): check_float(f"model_sizes[{k!r}]", v, positive=True) for k, v in model_sizes.items()}
 
 
 def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict[str, Any], title: str,
@@ -417,6 +454,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         methods=_subset(args.methods, METHODS, "methods"),
         seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
         mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
+        model_sizes=read_model_sizes(args.model_sizes) if args.model_sizes else None,
     )
     text = (Path(args.out) / "accuracy.md").read_text(encoding="utf-8")
     print(text)

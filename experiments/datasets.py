@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -54,6 +55,7 @@ __all__ = [
     "read_measurements",
     "read_model_tables",
     "Measurements",
+    "read_model_sizes",
 ]
 
 
@@ -511,6 +513,7 @@ class Measurements:
     kind: str  # "placements", "gavel", "zeus" or "profiles"
     models: dict[str, list[Observation]]
     notes: list[str] = field(default_factory=list)
+    sizes: dict[str, float] = field(default_factory=dict)  # trainable parameters per model, where the data say
 
 
 def _gpu_slug(text: str) -> str:
@@ -607,7 +610,41 @@ def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu
 
 def _read_profiles(paths: list[Path]) -> Measurements:
     models: dict[str, list[Observation]] = {}
+    sizes: dict[str, float] = {}
     for path in paths:
-        for o in Profile.load(path).observations:
+        profile = Profile.load(path)
+        for o in profile.observations:
             models.setdefault(o.job, []).append(o)
-    return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"])
+        size = (profile.metadata or {}).get("num_parameters")  # recorded by profile_job
+        if isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0 and profile.job:
+            sizes[profile.job] = float(size)
+    return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"], sizes)
+
+
+def read_model_sizes(path: str | os.PathLike[str]) -> dict[str, float]:
+    """Trainable parameter counts per model from a JSON file, for ``goodput accuracy --model-sizes``.
+
+    The file maps each model's name to its count, either a number or an object
+    with ``num_parameters`` (and anything else, e.g. a ``source`` saying where
+    the count comes from)::
+
+        {"bert": {"num_parameters": 108893186, "source": "bert-base-uncased, SQuAD head"},
+         "cifar10": 11173962}
+
+    Raises:
+        DataFormatError: not a JSON object, or a count that is not a positive number (names the model).
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, "model sizes", exc.msg, "not valid JSON") from exc
+    if not isinstance(data, dict) or not data:
+        raise DataFormatError(path, None, "model sizes", type(data).__name__, "expected a JSON object {model: num_parameters}")
+    sizes: dict[str, float] = {}
+    for name, entry in data.items():
+        value = entry.get("num_parameters") if isinstance(entry, dict) else entry
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise DataFormatError(path, None, f"{name}.num_parameters", value, "expected a positive number of parameters")
+        sizes[str(name)] = float(value)
+    return sizes

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from experiments import accuracy
-from experiments.datasets import read_measurements, read_zeus
+from experiments.datasets import read_measurements, read_model_sizes, read_zeus
 from goodput.cli import main
 from goodput.errors import DataFormatError
 from goodput.throughput import ThroughputParams, predict_compute_time, predict_step_time
@@ -86,6 +86,42 @@ def test_a_folder_of_profiles_is_measurements(layout, tmp_path):
     assert len(data.models["bert"]) == len(models["bert"])
     summary = accuracy.run(folder, tmp_path / "out", protocols=["P1"], methods=["bayes", "linear"], progress=False, mlflow=False)
     assert set(summary["method"]) == {"bayes", "linear"}
+
+
+def test_known_model_sizes_carry_other_jobs_sync(layout, tmp_path):
+    """The layout's sync costs scale with a size (resnet 1, bert 4, small 0.3) that compute times only approximate
+    (1, 3, 0.4): told the sizes, the cold protocol predicts multi-GPU steps closer; the run records them."""
+    sizes = {"resnet": 1.0e6, "bert": 4.0e6, "small": 0.3e6}
+    blind = accuracy.run(layout, tmp_path / "blind", protocols=["P1"], methods=["bayes"], progress=False, mlflow=False)
+    told = accuracy.run(layout, tmp_path / "told", protocols=["P1"], methods=["bayes"], progress=False, mlflow=False,
+                        model_sizes={**sizes, "absent-model": 5.0e6})
+    assert told["median_ape"].iloc[0] < 0.8 * blind["median_ape"].iloc[0]
+    meta = json.loads((tmp_path / "told" / "meta.json").read_text())
+    assert meta["model_sizes"] == sizes and json.loads((tmp_path / "told" / "settings.json").read_text())["settings"]["model_sizes"] == sizes
+    text = (tmp_path / "told" / "accuracy.md").read_text()
+    assert "known for 3 of 3 model(s)" in text and "not in the data: absent-model" in text
+    with pytest.raises(ValueError, match="model_sizes\\['bert'\\]"):
+        accuracy.run(layout, tmp_path / "bad", protocols=["P1"], methods=["bayes"], progress=False, mlflow=False,
+                     model_sizes={"bert": -1})
+    # the same from a JSON file on the command line, and from profiles that record num_parameters
+    path = tmp_path / "sizes.json"
+    path.write_text(json.dumps({"resnet": {"num_parameters": 1.0e6, "source": "test"}, "bert": 4.0e6, "small": 0.3e6}))
+    assert read_model_sizes(path) == sizes
+    assert main(["accuracy", str(layout), "--out", str(tmp_path / "cli"), "--protocols", "P1", "--methods", "bayes",
+                 "--model-sizes", str(path), "--no-mlflow", "--no-progress"]) == 0
+    assert pd.read_csv(tmp_path / "cli" / "summary.csv")["median_ape"].iloc[0] == pytest.approx(told["median_ape"].iloc[0])
+    for bad, field in (('{"bert": 0}', "bert.num_parameters"), ('{"bert": {"source": "x"}}', "bert.num_parameters"),
+                       ("[1, 2]", "model sizes"), ("{bert", "model sizes")):
+        path.write_text(bad)
+        with pytest.raises(DataFormatError, match=field):
+            read_model_sizes(path)
+    from goodput import Profile
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for job, observations in read_measurements(layout).models.items():
+        Profile(observations, job=job, init_batch_size=16, metadata={"num_parameters": int(sizes[job])}).save(folder / f"{job}.jsonl")
+    assert read_measurements(folder).sizes == sizes
 
 
 def test_protocol_splits(layout):
