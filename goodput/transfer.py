@@ -306,7 +306,7 @@ GAMMA_MIN_WEIGHT = 1e-3  # posterior weight below which an overlap of the grid i
 
 
 def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own: ThroughputParams,
-                     shape: SyncShape | None = None) -> list[tuple[np.ndarray, float]]:
+                     shape: SyncShape | None = None, sync_prior: tuple[float, float] | None = None) -> list[tuple[np.ndarray, float]]:
     """Fits of one type's observations over the overlap γ (θ), and their posterior weights.
 
     On one node, the overlap γ and the intra-node sync cost α_r explain the same step times in
@@ -323,6 +323,13 @@ def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own:
     error of Pollux's form itself (the cluster's other jobs' fits on single-node multi-GPU
     configurations), which dominates the residuals of a fit, not measurement noise. Nodes of
     weight below :data:`GAMMA_MIN_WEIGHT` are dropped.
+
+    ``sync_prior`` = (mean, std) of log α_r in seconds, when the job's parameter count and
+    other jobs' on the type are known (:func:`_size_sync_prior`): a further likelihood
+    factor of each node's α_r. Sync moves the gradient, so α_r per parameter is nearly
+    a constant of the type (on Pollux's T4 traces 2.4–3.1 ms per million parameters
+    over six models whose α_r spans 80×), and it tells apart the overlaps that the
+    single-node step times cannot.
     """
     cols = throughput_arrays(observations)
     log_step = np.log(cols["step_time"])
@@ -337,11 +344,36 @@ def _gamma_posterior(observations: Sequence[Observation], noise_std: float, own:
         resid = np.concatenate([resid, np.log(theta[0] + theta[1] * cols["local_bsz"][measured]) - log_compute])
         thetas.append(theta)
         log_like.append(-0.5 * float(np.sum(resid**2)) / noise_std**2)
+        if sync_prior is not None:
+            log_like[-1] -= 0.5 * ((math.log(max(theta[4], 1e-12)) - sync_prior[0]) / sync_prior[1]) ** 2
     edges = np.concatenate([[gammas[0]], (np.array(gammas[1:]) + np.array(gammas[:-1])) / 2, [max(gammas[-1], GAMMA_GRID[-1])]])
     weights = np.diff(edges) * np.exp(np.array(log_like) - max(log_like))
     keep = weights >= GAMMA_MIN_WEIGHT * weights.sum()  # negligible overlaps would only cost prediction time
     weights = weights[keep] / weights[keep].sum()
     return list(zip([t for t, k in zip(thetas, keep) if k], weights.tolist()))
+
+
+SIZE_SYNC_MIN_JOBS = 2  # other jobs with a known size that a type's α_r-per-parameter needs
+SIZE_SYNC_MIN_STD = 0.25  # floor of that prior's log std (its spread over few jobs understates it)
+
+
+def _size_sync_prior(size: float | None, others: Sequence[JobTypeSummary]) -> tuple[float, float] | None:
+    """(mean, std) of a job's log α_r from its ``size`` and the α_r per parameter of ``others`` with known sizes.
+
+    Only other jobs whose fit saw one node with several GPUs and several nodes (so their γ and
+    α_r are identified) and whose intra-node sync shows (α_r ≥ :data:`RATIO_MIN_SYNC` of compute)
+    count; ``None`` with fewer than :data:`SIZE_SYNC_MIN_JOBS` of them. The std is their spread
+    inflated by √(1 + 1/m) (a new draw), at least :data:`SIZE_SYNC_MIN_STD`.
+    """
+    if size is None:
+        return None
+    logs = [math.log(o.params.alpha_r / o.size) for o in others
+            if o.size and o.regimes.has_single_node_multi and o.regimes.has_inter and o.params.alpha_r > RATIO_MIN_SYNC * o.c_ref]
+    if len(logs) < SIZE_SYNC_MIN_JOBS:
+        return None
+    m = len(logs)
+    std = max(float(np.std(logs, ddof=1)) * math.sqrt(1.0 + 1.0 / m), SIZE_SYNC_MIN_STD)
+    return math.log(size) + float(np.mean(logs)), std
 
 
 def _ratio_members(grid: Sequence[tuple[np.ndarray, float]], own: np.ndarray, other: JobTypeSummary) -> list[Member]:
@@ -451,7 +483,8 @@ def build_transfer(
         key = ("gamma grid", t, len(observations[t]))
         if cache is None or key not in cache:
             noise = (cluster_prior.struct(t, 1) if cluster_prior is not None else None) or DEFAULTS["struct_std"].value
-            value = _gamma_posterior(observations[t], noise, own_fits[t], shapes[t])
+            prior = _size_sync_prior(size, cluster_prior.on(t)) if cluster_prior is not None else None
+            value = _gamma_posterior(observations[t], noise, own_fits[t], shapes[t], prior)
             if cache is None:
                 return value
             cache[key] = value

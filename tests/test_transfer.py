@@ -446,3 +446,34 @@ def test_the_weak_default_votes_only_when_it_can_match_a_warm_types_own_sync():
     nodes, replicas, bsz = (np.array(v, dtype=float) for v in zip(*configs))
     truth = predict_step_time(sync_bound, nodes, replicas, bsz)
     assert np.all(np.abs(np.log(model.predict("new", nodes, replicas, bsz).step_time / truth)) < math.log(1.5))
+
+
+def test_known_sizes_tell_the_overlap_that_single_node_data_leave_open():
+    """Sync per parameter is a constant of the type: from other jobs' sizes it pins α_r, and with it γ."""
+    from goodput.throughput import fit_throughput
+    from goodput.transfer import SIZE_SYNC_MIN_STD, _gamma_posterior, _size_sync_prior
+
+    others = {"a": _job("a", 1.0, 0.5, 0), "b": _job("b", 1.0, 2.0, 1)}
+    prior = ClusterPrior.from_observations(others, sizes={"a": 5e6, "b": 2e7})
+    mean, std = _size_sync_prior(1e7, prior.on("fast"))
+    assert math.exp(mean) == pytest.approx(FAST.alpha_r, rel=0.15) and std == SIZE_SYNC_MIN_STD  # 0.5x at 5e6, 2x at 2e7
+    assert _size_sync_prior(None, prior.on("fast")) is None
+    one = ClusterPrior.from_observations(others, sizes={"a": 5e6})  # one job of known size: no constant to learn
+    assert _size_sync_prior(1e7, one.on("fast")) is None
+
+    # sync as large as compute on one node, no compute times measured: γ from 1 to 5 (α_r 0.016-0.19 s) fit alike
+    truth = ThroughputParams(0.2, 0.002, 0.6, 0.02, 0.12, 0.0, 2.5)
+    noisy = [dataclasses.replace(o, sync_time=None) for o in synthetic(truth, SINGLE + INTRA, gpu="fast", seed=5, accums=(0,), noise=0.05)]
+    own = fit_throughput(noisy)
+
+    def spread(posterior, column: int, transform=lambda v: v) -> float:
+        values = np.array([transform(theta[column]) for theta, _ in posterior])
+        w = np.array([w for _, w in posterior])
+        return float(np.sqrt(w @ (values - w @ values) ** 2))
+
+    blind = _gamma_posterior(noisy, 0.05, own)
+    told = _gamma_posterior(noisy, 0.05, own, sync_prior=(math.log(truth.alpha_r), SIZE_SYNC_MIN_STD))
+    assert spread(told, 4, math.log) < 0.5 * spread(blind, 4, math.log) and spread(told, 6) < 0.9 * spread(blind, 6)
+    # centred on a wrong α_r, it moves the overlaps the other way
+    off = _gamma_posterior(noisy, 0.05, own, sync_prior=(math.log(truth.alpha_r * 3), SIZE_SYNC_MIN_STD))
+    assert sum(w * t[4] for t, w in off) > sum(w * t[4] for t, w in told)
