@@ -615,9 +615,9 @@ def _read_profiles(paths: list[Path]) -> Measurements:
         profile = Profile.load(path)
         for o in profile.observations:
             models.setdefault(o.job, []).append(o)
-        size = (profile.metadata or {}).get("num_parameters")  # recorded by profile_job
-        if isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0 and profile.job:
-            sizes[profile.job] = float(size)
+        size = _parameter_count((profile.metadata or {}).get("num_parameters"))  # recorded by profile_job
+        if size is not None and profile.job:
+            sizes[profile.job] = size
     return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"], sizes)
 
 
@@ -644,7 +644,15 @@ def read_model_sizes(path: str | os.PathLike[str]) -> dict[str, float]:
     sizes: dict[str, float] = {}
     for name, entry in data.items():
         value = entry.get("num_parameters") if isinstance(entry, dict) else entry
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        count = _parameter_count(value)
+        if count is None:
             raise DataFormatError(path, None, f"{name}.num_parameters", value, "expected a positive number of parameters")
-        sizes[str(name)] = float(value)
+        sizes[str(name)] = count
     return sizes
+
+
+def _parameter_count(value: Any) -> float | None:
+    """``value`` as a parameter count (a positive finite number, not a bool), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
