@@ -77,9 +77,6 @@ def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_lo
     return sorted(grid)
 
 
-# ---------------------------------------------------------------------------- validation
-
-
 def trainable_parameters(model: Any) -> int:
     """Elements of ``model``'s trainable parameters: the gradient that every step synchronises.
 
@@ -89,6 +86,10 @@ def trainable_parameters(model: Any) -> int:
     scales other jobs' sync costs by it (``model_size``).
     """
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+
+# ---------------------------------------------------------------------------- validation
 
 
 def _check_sizes(field_name: str, values: Any) -> list[int] | None:
