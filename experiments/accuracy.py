@@ -25,8 +25,9 @@ for these methods:
 * ``bayes-noprior``: the same without the cross-job prior (weak defaults only);
 
   both given each model's trainable parameter count where it is known
-  (``--model-sizes FILE``, or ``num_parameters`` in profiles that ``profile_job``
-  wrote): the cross-job prior then scales another model's sync costs by the
+  (``--model-sizes FILE``; by default the data directory's ``model-sizes.json``
+  or the bundled counts of published models, ``experiments/data/model-sizes/``;
+  and ``num_parameters`` in profiles that ``profile_job`` wrote): the cross-job prior then scales another model's sync costs by the
   ratio of sizes instead of the ratio of size proxies;
 * ``pollux``: Pollux's model fitted per type to that type's training data (its defaults elsewhere);
 * ``linear``: linear scaling from 1-GPU profiles (an n-GPU step takes as long
@@ -80,7 +81,7 @@ from experiments.accuracy_baselines import Predictions, nan_predictions, predict
 from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
-from experiments.datasets import Measurements, read_measurements, read_model_sizes
+from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
 from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS
 from goodput.cluster_prior import ClusterPrior
 from goodput.errors import ValidationError
@@ -304,15 +305,18 @@ def run(
     mlflow: bool = True,
     progress: bool = True,
     console: Any = None,
-    model_sizes: Mapping[str, float] | None = None,
+    model_sizes: Mapping[str, float] | str | Path | None = "auto",
 ) -> pd.DataFrame:
     """Evaluate every model of ``data_dir``; write rows, summary and markdown to ``out_dir``; return the summary.
 
-    ``model_sizes``: trainable parameters per model (e.g. from
-    :func:`experiments.datasets.read_model_sizes`), on top of those the data
-    record (profiles written by ``profile_job``). A model with a known size
-    scales the sync costs of the other models with known sizes by the ratio of
-    sizes (:mod:`goodput.transfer`); the others use size proxies.
+    ``model_sizes``: trainable parameters per model, on top of those the data
+    record (profiles written by ``profile_job``): a mapping, a JSON file
+    (:func:`experiments.datasets.read_model_sizes`), ``"auto"`` (the data
+    directory's ``model-sizes.json``, else the bundled counts of published
+    models whose names the data share; :func:`experiments.datasets.resolve_model_sizes`)
+    or ``None``/``"none"``. A model with a known size scales the sync costs of
+    the other models with known sizes by the ratio of sizes
+    (:mod:`goodput.transfer`); the others use size proxies.
     """
     started = time.time()
     data: Measurements = read_measurements(data_dir, default_gpu_type=default_gpu_type)
@@ -324,7 +328,8 @@ def run(
         names = [n for n in names if n in models]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = {**data.sizes, **_checked_sizes(model_sizes)}
+    given = resolve_model_sizes(model_sizes, data_dir, sorted(data.models))
+    sizes = {**data.sizes, **_checked_sizes(given.sizes)}
     unused = sorted(set(sizes) - set(data.models))
     sizes = {k: v for k, v in sizes.items() if k in data.models}
     settings = {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type, "protocols": list(protocols),
@@ -374,7 +379,8 @@ def run(
         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
         f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint",
         f"model sizes (trainable parameters) known for {len(sizes)} of {len(data.models)} model(s)"
-        + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else ""),
+        + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else "")
+        + f" (--model-sizes {given.source})",
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
@@ -384,7 +390,7 @@ def run(
     atomic_write_text(out / "accuracy.md", text)
     meta = {"data_dir": str(data_dir), "kind": data.kind, "models": names, "protocols": list(protocols),
             "methods": list(methods), "seeds": seeds, "p4_max_test": p4_max_test, "model_sizes": dict(sorted(sizes.items())),
-            "seconds": time.time() - started}
+            "model_sizes_source": given.source, "seconds": time.time() - started}
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     if mlflow:
         _log_mlflow(summary, rows, out, meta, title, reference)
@@ -454,7 +460,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         methods=_subset(args.methods, METHODS, "methods"),
         seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
         mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
-        model_sizes=read_model_sizes(args.model_sizes) if args.model_sizes else None,
+        model_sizes=args.model_sizes,
     )
     text = (Path(args.out) / "accuracy.md").read_text(encoding="utf-8")
     print(text)

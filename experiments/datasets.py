@@ -31,7 +31,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ __all__ = [
     "read_model_tables",
     "Measurements",
     "read_model_sizes",
+    "KNOWN_SIZES_DIR",
+    "ModelSizes",
+    "resolve_model_sizes",
 ]
 
 
@@ -649,6 +652,57 @@ def read_model_sizes(path: str | os.PathLike[str]) -> dict[str, float]:
             raise DataFormatError(path, None, f"{name}.num_parameters", value, "expected a positive number of parameters")
         sizes[str(name)] = count
     return sizes
+
+
+KNOWN_SIZES_DIR = Path(__file__).resolve().parent / "data" / "model-sizes"
+SIZES_FILE_NAME = "model-sizes.json"  # a data directory's own counts, read by ``--model-sizes auto``
+KNOWN_SIZES_MIN_MATCHES = 2  # models a bundled file must share with the data (a lone name could be another network)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Trainable parameter counts per model, and where they come from (for the notes and settings)."""
+
+    sizes: dict[str, float]
+    source: str  # "none", "auto: <file>", "<file>", "given", ...
+
+
+def resolve_model_sizes(spec: str | os.PathLike[str] | Mapping[str, float] | None, data_dir: str | os.PathLike[str],
+                        models: Sequence[str]) -> ModelSizes:
+    """The parameter counts ``goodput accuracy --model-sizes SPEC`` uses for ``models`` of ``data_dir``.
+
+    * ``"auto"`` (the default): ``data_dir/model-sizes.json`` if it exists, else the bundled
+      file of :data:`KNOWN_SIZES_DIR` (counts of published models, with their sources) that
+      names most of ``models``, if it names at least :data:`KNOWN_SIZES_MIN_MATCHES` of them;
+      else none. Names match exactly, then ignoring case.
+    * ``"none"`` or ``None``: none (profiles' own ``num_parameters`` still count).
+    * a path: that file (:func:`read_model_sizes`); a mapping: those counts.
+
+    Counts for models that are not in ``models`` are kept (the notes list them).
+    """
+    if spec is None or (isinstance(spec, str) and spec == "none"):
+        return ModelSizes({}, "none")
+    if isinstance(spec, Mapping):
+        return ModelSizes(dict(spec), "given")
+    if isinstance(spec, str) and spec == "auto":
+        own = Path(data_dir) / SIZES_FILE_NAME
+        if own.is_file():
+            return ModelSizes(_matched(read_model_sizes(own), models), f"auto: {own}")
+        best: tuple[int, str, dict[str, float]] = (0, "", {})
+        for path in sorted(KNOWN_SIZES_DIR.glob("*.json")):
+            matched = {name: count for name, count in _matched(read_model_sizes(path), models).items() if name in models}
+            if len(matched) > best[0]:
+                best = (len(matched), f"auto: bundled {path.name}", matched)
+        if best[0] >= KNOWN_SIZES_MIN_MATCHES:
+            return ModelSizes(best[2], best[1])
+        return ModelSizes({}, "auto: none (no model-sizes.json in the data, no bundled file names 2+ of its models)")
+    return ModelSizes(read_model_sizes(spec), str(spec))
+
+
+def _matched(sizes: Mapping[str, float], models: Sequence[str]) -> dict[str, float]:
+    """``sizes`` renamed to ``models``' spelling where a name matches only ignoring case."""
+    by_lower = {m.lower(): m for m in models}
+    return {(name if name in models else by_lower.get(name.lower(), name)): count for name, count in sizes.items()}
 
 
 def _parameter_count(value: Any) -> float | None:

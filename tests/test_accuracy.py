@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from experiments import accuracy
-from experiments.datasets import read_measurements, read_model_sizes, read_zeus
+from experiments.datasets import KNOWN_SIZES_DIR, read_measurements, read_model_sizes, read_zeus, resolve_model_sizes
 from goodput.cli import main
 from goodput.errors import DataFormatError
 from goodput.throughput import ThroughputParams, predict_compute_time, predict_step_time
@@ -124,6 +124,42 @@ def test_known_model_sizes_carry_other_jobs_sync(layout, tmp_path):
     assert read_measurements(folder).sizes == sizes
 
 
+def test_model_sizes_auto_reads_the_data_or_the_bundled_counts(layout, tmp_path):
+    """``--model-sizes auto``: the data directory's own model-sizes.json, else a bundled file naming 2+ of its models."""
+    pollux = read_model_sizes(KNOWN_SIZES_DIR / "pollux.json")
+    got = resolve_model_sizes("auto", tmp_path, ["bert", "cifar10", "mine"])
+    assert got.sizes == {"bert": pollux["bert"], "cifar10": pollux["cifar10"]} and "pollux.json" in got.source
+    assert resolve_model_sizes("auto", tmp_path, ["BERT", "Cifar10"]).sizes == {"BERT": pollux["bert"], "Cifar10": pollux["cifar10"]}
+    gavel = resolve_model_sizes("auto", tmp_path, ["lm", "resnet-50", "transformer"])
+    assert "gavel.json" in gavel.source and gavel.sizes["resnet-50"] == 25_557_032 and gavel.sizes["lm"] == 13_987_678
+    lone = resolve_model_sizes("auto", tmp_path, ["bert", "resnet", "small"])  # one shared name could be another network
+    assert lone.sizes == {} and lone.source.startswith("auto: none")
+    assert resolve_model_sizes("none", tmp_path, ["bert", "cifar10"]).sizes == {}
+    assert resolve_model_sizes(None, tmp_path, ["bert", "cifar10"]).sizes == {}
+    (tmp_path / "model-sizes.json").write_text(json.dumps({"bert": 7.0e6, "cifar10": {"num_parameters": 2.0e6}}))
+    own = resolve_model_sizes("auto", tmp_path, ["bert", "cifar10"])
+    assert own.sizes == {"bert": 7.0e6, "cifar10": 2.0e6} and str(tmp_path / "model-sizes.json") in own.source
+    assert resolve_model_sizes(tmp_path / "model-sizes.json", layout, ["bert"]).sizes == own.sizes
+    with pytest.raises(FileNotFoundError):
+        resolve_model_sizes(tmp_path / "absent.json", layout, ["bert"])
+    # the harness: the layout shares only "bert" with the bundled files, so auto adds nothing; its own file is read
+    (layout / "model-sizes.json").write_text(json.dumps({"resnet": 1.0e6, "bert": 4.0e6, "small": 0.3e6}))
+    accuracy.run(layout, tmp_path / "auto", protocols=["P1"], methods=["bayes"], progress=False, mlflow=False)
+    meta = json.loads((tmp_path / "auto" / "meta.json").read_text())
+    assert meta["model_sizes"] == {"resnet": 1.0e6, "bert": 4.0e6, "small": 0.3e6}
+    assert meta["model_sizes_source"] == f"auto: {layout / 'model-sizes.json'}"
+    assert "(--model-sizes auto: " in (tmp_path / "auto" / "accuracy.md").read_text()
+
+
+def test_bundled_model_sizes_name_their_sources():
+    files = sorted(KNOWN_SIZES_DIR.glob("*.json"))
+    assert {f.name for f in files} >= {"pollux.json", "gavel.json"}
+    for path in files:
+        entries = json.loads(path.read_text())
+        assert all(isinstance(e, dict) and len(e.get("source", "")) > 20 for e in entries.values()), path.name
+        assert all(1e5 < n < 1e9 for n in read_model_sizes(path).values()), path.name
+
+
 def test_protocol_splits(layout):
     obs = read_measurements(layout).models["resnet"]
     (p1,) = accuracy.splits_p1(obs)
@@ -227,6 +263,8 @@ def test_protocols_on_gavel_and_zeus(data_dir, tmp_path):
                          methods=["bayes", "sia"], progress=False, mlflow=False)
     p2 = gavel.set_index("method")
     assert p2.loc["bayes", "n"] == p2.loc["sia", "n"] > 50 and p2.loc["bayes", "median_ape"] < 50
+    meta = json.loads((tmp_path / "gavel" / "meta.json").read_text())
+    assert meta["model_sizes_source"] == "auto: bundled gavel.json" and len(meta["model_sizes"]) == 5
     zeus = read_zeus(data_dir / "zeus")
     assert len(zeus.choices) == 6 and {o.gpu_type for o in zeus.observations} == {"a40", "p100", "rtx6000", "v100"}
     assert zeus.choices["cifar100-shufflenetv2"]["optimizer"] == "adadelta"  # measured on all four types

@@ -21,9 +21,11 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--seeds", type=int, default=P4_SEEDS, help=f"random orders per type in P4 (default {P4_SEEDS})")
     p.add_argument("--p4-max-test", type=int, default=400, help="held-out observations evaluated per P4 checkpoint")
-    p.add_argument("--model-sizes", metavar="FILE",
+    p.add_argument("--model-sizes", metavar="FILE|auto|none", default="auto",
                    help="JSON {model: trainable parameters} (or {model: {\"num_parameters\": N, ...}}): scales other models' "
-                        "sync costs by the ratio of sizes (profiles written by profile_job record theirs)")
+                        "sync costs by the ratio of sizes. auto (default): DATA_DIR/model-sizes.json, else the bundled counts "
+                        "of published models (experiments/data/model-sizes/) whose names 2+ of the data's models share; "
+                        "none: only what profiles written by profile_job record")
     p.add_argument("--gpu-type", default="t4", help="GPU type of files without one in their name (Pollux's traces: t4)")
     p.add_argument("--resume", action="store_true", help="reuse OUT/rows-<model>.csv of models already evaluated (refused when OUT/settings.json records other settings)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
