@@ -380,7 +380,7 @@ def run(
         f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint",
         f"model sizes (trainable parameters) known for {len(sizes)} of {len(data.models)} model(s)"
         + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else "")
-        + f" (--model-sizes {given.source})",
+        + f" (--model-sizes {given.source}" + (f"; {len(data.sizes)} recorded by the profiles" if data.sizes else "") + ")",
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"

@@ -122,6 +122,9 @@ def test_known_model_sizes_carry_other_jobs_sync(layout, tmp_path):
     for job, observations in read_measurements(layout).models.items():
         Profile(observations, job=job, init_batch_size=16, metadata={"num_parameters": int(sizes[job])}).save(folder / f"{job}.jsonl")
     assert read_measurements(folder).sizes == sizes
+    accuracy.run(folder, tmp_path / "from-profiles", protocols=["P1"], methods=["bayes"], progress=False, mlflow=False)
+    notes = (tmp_path / "from-profiles" / "accuracy.md").read_text()
+    assert "known for 3 of 3 model(s)" in notes and "3 recorded by the profiles" in notes
 
 
 def test_model_sizes_auto_reads_the_data_or_the_bundled_counts(layout, tmp_path):
