@@ -27,8 +27,9 @@ for these methods:
   both given each model's trainable parameter count where it is known
   (``--model-sizes FILE``; by default the data directory's ``model-sizes.json``
   or the bundled counts of published models, ``experiments/data/model-sizes/``;
-  and ``num_parameters`` in profiles that ``profile_job`` wrote): the cross-job prior then scales another model's sync costs by the
-  ratio of sizes instead of the ratio of size proxies;
+  and ``num_parameters`` in profiles that ``profile_job`` wrote): the cross-job
+  prior then scales another model's sync costs by the ratio of sizes instead
+  of the ratio of size proxies;
 * ``pollux``: Pollux's model fitted per type to that type's training data (its defaults elsewhere);
 * ``linear``: linear scaling from 1-GPU profiles (an n-GPU step takes as long
   as a 1-GPU step at the same local batch; Sia's "linear" baseline);

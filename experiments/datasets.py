@@ -680,11 +680,11 @@ def resolve_model_sizes(spec: str | os.PathLike[str] | Mapping[str, float] | Non
 
     Counts for models that are not in ``models`` are kept (the notes list them).
     """
-    if spec is None or (isinstance(spec, str) and spec == "none"):
+    if spec is None or spec == "none":
         return ModelSizes({}, "none")
     if isinstance(spec, Mapping):
         return ModelSizes(dict(spec), "given")
-    if isinstance(spec, str) and spec == "auto":
+    if spec == "auto":
         own = Path(data_dir) / SIZES_FILE_NAME
         if own.is_file():
             return ModelSizes(_matched(read_model_sizes(own), models), f"auto: {own}")
@@ -695,7 +695,7 @@ def resolve_model_sizes(spec: str | os.PathLike[str] | Mapping[str, float] | Non
                 best = (len(matched), f"auto: bundled {path.name}", matched)
         if best[0] >= KNOWN_SIZES_MIN_MATCHES:
             return ModelSizes(best[2], best[1])
-        return ModelSizes({}, "auto: none (no model-sizes.json in the data, no bundled file names 2+ of its models)")
+        return ModelSizes({}, f"auto: none (no {SIZES_FILE_NAME} in the data, no bundled file names {KNOWN_SIZES_MIN_MATCHES}+ of its models)")
     return ModelSizes(read_model_sizes(spec), str(spec))
 
 
