@@ -32,7 +32,9 @@ observed in that regime, scaled by a factor λ:
   does not carry that job's own trade of γ against sync): what other jobs
   teach there is the premium of the network over the node's interconnect, not
   their sync profile (:func:`_ratio_member`; on Pollux's T4 traces this halves
-  the single-node → multi-node error, 24% → 12%). Single-node data hardly
+  the single-node → multi-node error, 24% → 12%); where both jobs' parameter
+  counts are known, half of that job's vote goes to its inter-node terms
+  scaled by the ratio of counts (:func:`_size_law_member`). Single-node data hardly
   separate γ from the intra-node sync, so the rule is applied to fits over a
   grid of γ, weighted by their posterior (:func:`_gamma_posterior`; Pollux's
   T4 traces 12% → 10.5%; with the ratio at the shared overlap and the
@@ -376,15 +378,57 @@ def _size_sync_prior(size: float | None, others: Sequence[JobTypeSummary]) -> tu
     return math.log(size) + float(np.mean(logs)), std
 
 
-def _ratio_members(grid: Sequence[tuple[np.ndarray, float]], own: np.ndarray, other: JobTypeSummary) -> list[Member]:
-    """:func:`_ratio_member` of each γ of a :func:`_gamma_posterior`, with its weight and the job's own compute terms."""
-    out = []
+def _size_law_member(own: np.ndarray, other: JobTypeSummary, size: float | None) -> Member | None:
+    """Own θ with inter-node terms = the other job's, scaled by the ratio of parameter counts.
+
+    ``α_n = α_n,other · size / size_other`` and ``β_n = α_n · (β_n / α_n)_other`` from the other
+    job's fit at the shared overlap (``params_g``, as :func:`_ratio_member` reads it), with the
+    job's own compute, intra-node terms and γ. Inter-node sync moves the gradient over the network,
+    so its cost per parameter is nearly a constant of the type (accuracy.md rounds 19–20: over
+    Pollux's six T4 models α_n per parameter varies by 1.4×, on Gavel's P100 and V100 by 1.7×
+    and 1.6×). Unlike the ratio rule it does not rest on the job's own intra-node constant,
+    which single-node data confound with γ. ``None`` without both parameter counts or without
+    the other job's multi-node data.
+    """
+    if size is None or not other.size or other.params_g is None or not other.regimes.has_inter:
+        return None
+    src = other.params_g.as_array()
+    if not src[2] > 0:
+        return None
+    theta = own.copy()
+    theta[2] = src[2] * size / other.size
+    theta[3] = theta[2] * src[3] / src[2]
+    return Member(theta, 1.0, f"job {other.job}, its inter-node sync × the ratio of parameter counts")
+
+
+SIZE_LAW_WEIGHT = 0.5  # share of another job's vote that the size law takes from the ratio rule, both known
+
+
+def _ratio_members(grid: Sequence[tuple[np.ndarray, float]], own: np.ndarray, other: JobTypeSummary,
+                   size: float | None = None) -> list[Member]:
+    """:func:`_ratio_member` of each γ of a :func:`_gamma_posterior`, with its weight and the job's own compute terms.
+
+    Where both parameter counts are known, :func:`_size_law_member` of each γ takes
+    :data:`SIZE_LAW_WEIGHT` of the vote: the two rules err on different jobs (the ratio rule
+    on those whose single-node data pick the wrong overlap, the size law on those whose sync
+    per parameter strays), and their average is the better (round 21: the derived 5-type
+    set's P3 9.7 → 8.8 and P2 11.1 → 9.6, Gavel's P2 18.6 → 15.9; the size law alone:
+    Pollux P3 7.8 → 8.9).
+    """
+    ratio, law = [], []
     for theta, weight in grid:
         member = _ratio_member(theta, other)
-        if member is not None:
-            member.theta[0], member.theta[1] = own[0], own[1]
-            out.append(Member(member.theta, weight, member.source))
-    return out
+        if member is None:
+            continue
+        member.theta[0], member.theta[1] = own[0], own[1]
+        ratio.append(Member(member.theta, weight, member.source))
+        by_size = _size_law_member(theta, other, size)
+        if by_size is not None:
+            by_size.theta[0], by_size.theta[1] = own[0], own[1]
+            law.append(Member(by_size.theta, weight, by_size.source))
+    if not law:
+        return ratio
+    return _normalised(ratio, 1.0 - SIZE_LAW_WEIGHT) + _normalised(law, SIZE_LAW_WEIGHT)
 
 
 # Above this overlap γ, a single-node fit's sync can hide behind its compute (the step is within
@@ -394,13 +438,13 @@ CARRY_MAX_GAMMA = 3.0
 
 
 def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tuple[np.ndarray, float]] | None, ref_regimes: Regimes,
-                     ref_c: float, on_ref: JobTypeSummary, other: JobTypeSummary) -> list[Member]:
+                     ref_c: float, on_ref: JobTypeSummary, other: JobTypeSummary, size: float | None = None) -> list[Member]:
     """Multi-node members of a type without multi-GPU data: the job's own fit on a reference type, carried over.
 
     The job's fit on type ``ref`` (``own_ref``: its sync terms and γ; when ``ref`` has no
     multi-node data, P3's ratio rule, :func:`_ratio_member`, from the other job on ``ref``,
     applied to each γ of ``ref_grid``, the :func:`_gamma_posterior` of its data, with its
-    weight), with this type's compute terms and the inter-node terms × the other job's ratio
+    weight, beside the size law when ``size`` and the other job's are known: :func:`_ratio_members`), with this type's compute terms and the inter-node terms × the other job's ratio
     of inter-node sync between the two types (α_n here / α_n on ``ref``, γ-held fits): what
     the other job teaches is how the two types' networks compare, not its sync profile.
     Empty when ``ref`` does not identify the job's sync (no single-node multi-GPU data, or
@@ -413,7 +457,7 @@ def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tu
     if ref_regimes.has_inter:
         weighted = [(own_ref.copy(), 1.0)]
     elif ref_regimes.has_single_node_multi and own_ref[4] > RATIO_MIN_SYNC * ref_c and own_ref[6] <= CARRY_MAX_GAMMA:
-        weighted = [(m.theta, m.weight) for m in _ratio_members(ref_grid or [(own_ref, 1.0)], own, on_ref)]
+        weighted = [(m.theta, m.weight) for m in _ratio_members(ref_grid or [(own_ref, 1.0)], own, on_ref, size)]
     else:
         return []
     here, there = other.params_g.alpha_n, on_ref.params_g.alpha_n
@@ -541,7 +585,7 @@ def build_transfer(
                     guess = _size_ratio(size, proxy.get(gpu), c_ref[gpu], other)
                     lam, how = None, ""
                     if regime == 3 and reg.has_single_node_multi and own[4] > RATIO_MIN_SYNC * c_ref[gpu]:
-                        group = _ratio_members(gamma_grid(gpu), own, other)
+                        group = _ratio_members(gamma_grid(gpu), own, other, size)
                         if group:
                             family_x.append(group)
                             inherited[regime] = inherited.get(regime, 0.0) + 1.0
@@ -556,7 +600,7 @@ def build_transfer(
                             on_ref = cluster_prior.find(other.job, ref)
                             if regime == 3 and on_ref is not None:
                                 ref_grid = gamma_grid(ref) if regimes[ref].has_single_node_multi and not regimes[ref].has_inter else None
-                                carried = _carried_members(own, own_fits[ref].as_array(), ref_grid, regimes[ref], c_ref[ref], on_ref, other)
+                                carried = _carried_members(own, own_fits[ref].as_array(), ref_grid, regimes[ref], c_ref[ref], on_ref, other, size)
                                 if carried:
                                     counts = borrowed.setdefault(regime, {})
                                     counts[ref] = counts.get(ref, 0.0) + 1.0
