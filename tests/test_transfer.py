@@ -293,6 +293,10 @@ def test_warm_calibration_measures_how_well_single_node_data_carry_to_multi_node
     # the ensemble of ratio members spreads with the jobs' disagreement; the calibration sets how far
     # to trust that spread: narrower where the rule holds, about as wide where the jobs disagree
     assert a[situation] < 0.75 and u[situation] > 1.5 * a[situation]
+    # where the rule holds this well, the measured factor falls below the cold calibration's floor and is kept
+    from goodput.cluster_prior import CALIBRATION_RANGE, WARM_CALIBRATION_RANGE
+
+    assert WARM_CALIBRATION_RANGE[0] <= min(a.values()) < CALIBRATION_RANGE[0]
     # the factor reaches the predictions: a warm job's multi-node std on a type with its single-node data
     new = [dataclasses.replace(o, job="new") for o in _premium_cluster([1.0])["j0"] if o.num_nodes == 1]
     neutral = ClusterPrior(unlike.summaries, calibration={}, warm={}, shapes=unlike.shapes)
@@ -477,3 +481,48 @@ def test_known_sizes_tell_the_overlap_that_single_node_data_leave_open():
     # centred on a wrong α_r, it moves the overlaps the other way
     off = _gamma_posterior(noisy, 0.05, own, sync_prior=(math.log(truth.alpha_r * 3), SIZE_SYNC_MIN_STD))
     assert sum(w * t[4] for t, w in off) > sum(w * t[4] for t, w in told)
+
+
+def test_known_sizes_carry_other_jobs_inter_node_sync_per_parameter(monkeypatch):
+    """Half of each other job's multi-node vote scales its inter-node sync by the ratio of parameter counts."""
+    import goodput.transfer as transfer
+    from goodput.transfer import SIZE_LAW_WEIGHT, _ratio_members, _size_law_member
+
+    others = {"a": _job("a", 1.0, 0.5, 0), "b": _job("b", 1.0, 2.0, 1)}  # sync ∝ size: 5e6 and 2e7 parameters
+    prior = ClusterPrior.from_observations(others, sizes={"a": 5e6, "b": 2e7})
+    a = prior.find("a", "fast")
+    own = FAST.as_array()
+    member = _size_law_member(own, a, 1e7)
+    assert member.theta[2] == pytest.approx(a.params_g.alpha_n * 2.0) and member.theta[3] / member.theta[2] == pytest.approx(
+        a.params_g.beta_n / a.params_g.alpha_n)
+    np.testing.assert_array_equal(np.delete(member.theta, [2, 3]), np.delete(own, [2, 3]))  # own compute, intra-node sync, γ
+    assert _size_law_member(own, a, None) is None
+    assert _size_law_member(own, ClusterPrior.from_observations(others).find("a", "fast"), 1e7) is None  # its size unknown
+    grid = [(own, 0.75), (dataclasses.replace(FAST, gamma=2.0).as_array(), 0.25)]
+    both = _ratio_members(grid, own, a, 1e7)
+    law = [m for m in both if "parameter counts" in m.source]
+    assert len(both) == 4 and sum(m.weight for m in both) == pytest.approx(1.0)
+    assert [m.weight for m in law] == pytest.approx([0.75 * SIZE_LAW_WEIGHT, 0.25 * SIZE_LAW_WEIGHT])
+    ratio_only = _ratio_members(grid, own, a)
+    assert [m.theta.tolist() for m in ratio_only] == [m.theta.tolist() for m in both if m.source == ratio_only[0].source]
+
+    nodes, replicas = np.array([2, 4]), np.array([8, 16])
+
+    def log_errors(truth: ThroughputParams) -> tuple[np.ndarray, np.ndarray]:
+        """Multi-node log errors of a new job of 1e7 parameters seen on one node: with the size law, and with the ratio rule alone."""
+        new = synthetic(truth, SINGLE + INTRA, job="new", gpu="fast", seed=7, accums=(0,), noise=0.01)
+        actual = predict_step_time(truth, nodes, replicas, 32)
+        out = []
+        for weight in (SIZE_LAW_WEIGHT, 0.0):
+            monkeypatch.setattr(transfer, "SIZE_LAW_WEIGHT", weight)
+            out.append(np.log(JobModel("new", 8, cluster_prior=prior, model_size=1e7).observe(new).predict("fast", nodes, replicas, 32).step_time / actual))
+        return out[0], out[1]
+
+    # a job whose intra-node sync is half the others' per parameter but whose network costs what
+    # theirs does: the ratio rule (own intra-node × their inter/intra ratio) halves its multi-node
+    # sync, the size law does not
+    law, ratio = log_errors(dataclasses.replace(FAST, alpha_r=FAST.alpha_r / 2, beta_r=FAST.beta_r / 2))
+    assert np.all(np.abs(law) < 0.75 * np.abs(ratio))
+    # a job that follows both rules: they agree, and the size law changes nothing
+    law, ratio = log_errors(FAST)
+    np.testing.assert_allclose(law, ratio, atol=0.01)
