@@ -444,8 +444,9 @@ def _carried_members(own: np.ndarray, own_ref: np.ndarray, ref_grid: Sequence[tu
     The job's fit on type ``ref`` (``own_ref``: its sync terms and γ; when ``ref`` has no
     multi-node data, P3's ratio rule, :func:`_ratio_member`, from the other job on ``ref``,
     applied to each γ of ``ref_grid``, the :func:`_gamma_posterior` of its data, with its
-    weight, beside the size law when ``size`` and the other job's are known: :func:`_ratio_members`), with this type's compute terms and the inter-node terms × the other job's ratio
-    of inter-node sync between the two types (α_n here / α_n on ``ref``, γ-held fits): what
+    weight, beside the size law when ``size`` and the other job's are known:
+    :func:`_ratio_members`), with this type's compute terms and the inter-node terms × the
+    other job's ratio of inter-node sync between the two types (α_n here / α_n on ``ref``, γ-held fits): what
     the other job teaches is how the two types' networks compare, not its sync profile.
     Empty when ``ref`` does not identify the job's sync (no single-node multi-GPU data, or
     its intra-node sync hidden behind compute in its fit: α_r below :data:`RATIO_MIN_SYNC` of
