@@ -5,7 +5,8 @@
 gloo on the CPU (each process limited to ``threads`` intra-op threads so that
 replicas don't thrash a small host), NCCL across GPUs of one type (one process
 per GPU). Every process wraps its own copy of the job's model in
-``DistributedDataParallel`` and trains on its own batches.
+``DistributedDataParallel`` and trains on its own batches, each batch size
+from the initial weights with a fresh optimizer.
 
 What is measured, per local batch size, in the same processes (so with the same
 threads and the same devices):
@@ -38,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import pickle
@@ -132,11 +134,16 @@ def _worker(
             timeout=datetime.timedelta(seconds=float(settings["collective_timeout_s"])),
         )
         model, optimizer_factory, loss_fn, make_batch = payload
+        if device.type != "cuda":
+            # Spawning pickled the model's tensors into shared memory: every replica would step the
+            # same weights (racing, and at world_size × the learning rate). DDP replicas own theirs.
+            model = copy.deepcopy(model)
         model = model.to(device)
         model.train()
+        # Each size starts from these weights (a CPU copy) with a fresh optimizer, as the sweep's sizes do.
+        initial = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = optimizer_factory(ddp.parameters())
-        _run_sizes(rank, ddp, optimizer, loss_fn, make_batch, device, sizes, settings, results, dist)
+        _run_sizes(rank, ddp, optimizer_factory, initial, loss_fn, make_batch, device, sizes, settings, results, dist)
         dist.barrier()
         dist.destroy_process_group()
         if rank == 0:
@@ -160,7 +167,8 @@ def _worker(
 def _run_sizes(
     rank: int,
     ddp: Any,
-    optimizer: Any,
+    optimizer_factory: Any,
+    initial: dict[str, Any],
     loss_fn: Any,
     make_batch: Any,
     device: Any,
@@ -169,7 +177,12 @@ def _run_sizes(
     results: Any,
     dist: Any,
 ) -> None:
-    """Measure every size in turn (all ranks run the same collectives); rank 0 reports."""
+    """Measure every size in turn (all ranks run the same collectives); rank 0 reports.
+
+    Every size starts from the ``initial`` weights (a state dict) with a fresh
+    optimizer from ``optimizer_factory``: the steps repeat two batches, and
+    training carried from size to size could diverge.
+    """
     import torch
 
     from .memory import CpuStepMemory, cuda_peak, reset_cuda_peak
@@ -192,6 +205,9 @@ def _run_sizes(
                 if rank == 0:
                     results.put(("stopped", "time_budget"))
                 return
+            optimizer = None  # the previous size's optimizer state is freed first
+            ddp.module.load_state_dict(initial)
+            optimizer = optimizer_factory(ddp.parameters())
             batches = [make_batch(bsz, device) for _ in range(2)]
             losses: list[Any] = []
             meter = CpuStepMemory() if (rank == 0 and not cuda) else None

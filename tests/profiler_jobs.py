@@ -61,6 +61,29 @@ class NanFromBatch(nn.Module):
         return out
 
 
+class NanAfterTraining(nn.Module):
+    """A linear classifier that turns NaN after ``limit`` training forward passes from its initial state.
+
+    The count is a buffer, so it belongs to the state a copy of the model or
+    ``load_state_dict`` starts from: a stand-in for training that diverges
+    when carried on for too long, deterministic in the sweep and in DDP replicas alike.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.net = nn.Linear(16, 4)
+        self.register_buffer("trained", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        if self.training:
+            self.trained += 1
+            if int(self.trained) > self.limit:
+                out = out * float("nan")
+        return out
+
+
 def vector_loss(model: nn.Module, batch) -> torch.Tensor:
     """A broken loss function: per-sample losses, not their mean."""
     x, y = batch

@@ -10,7 +10,7 @@ from goodput import Cluster, JobModel
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job
 from profilers.sync import profile_sync
-from tests.profiler_jobs import NanFromBatch, tiny_mlp
+from tests.profiler_jobs import NanAfterTraining, NanFromBatch, tiny_mlp
 
 
 def test_two_gloo_replicas_record_sync_time(tmp_path):
@@ -72,3 +72,18 @@ def test_replicas_measure_the_first_size_then_stop_at_the_deadline():
     result = outcome.results[0]
     assert result.num_replicas == 2 and 2 <= result.steps <= 3 and result.sync_time <= result.step_time
     assert result.compute_time > 0 and outcome.seconds > 0
+
+
+def test_each_replicated_size_starts_from_the_initial_state():
+    """A replica trains through its sizes in one process: 8 training steps per size (1 warm-up
+    synchronised step, 1 local, 3 pairs); NanAfterTraining(12) fails at the second size if the
+    sizes share the state (checked first with 8 pairs at one size), and at the first if the
+    replicas share the model's memory (spawning pickles tensors into shared memory)."""
+    work = tiny_mlp()
+    pieces = (NanAfterTraining(limit=12), work.optimizer_factory, work.loss_fn, work.make_batch)
+    quick = {"gpu_type": "cpu", "threads": 1, "warmup": 1, "target_seconds": 10.0}
+    with pytest.raises(ModelFailureError, match="non-finite"):
+        profile_sync(pieces, ["cpu"], 2, [4], deadline=time.time() + 30, min_steps=8, max_steps=8, **quick)
+    outcome = profile_sync(pieces, ["cpu"], 2, [4, 8], deadline=time.time() + 30, min_steps=3, max_steps=3, **quick)
+    assert [r.local_bsz for r in outcome.results] == [4, 8] and outcome.stopped == "done"
+    assert int(pieces[0].trained) == 0  # the caller's model is untouched: each replica trained its own copy
