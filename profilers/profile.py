@@ -8,9 +8,11 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    the reference batch M0 from real micro-batch gradients of a fresh copy of
    the model (:mod:`profilers.noise`).
 2. **Batch-size sweep** (until 60% of the budget when replicas are profiled,
-   else all of it): a fresh copy of the model and a fresh optimizer from the
-   factory run real steps (forward, backward, optimizer step) at each local
-   batch size of the grid, ascending; warm-up steps are discarded and the
+   else all of it): at each local batch size of the grid, ascending, a fresh
+   copy of the model and a fresh optimizer from the factory run real steps
+   (forward, backward, optimizer step) on two batches of that size, so no
+   size inherits the training of the ones before (carried over, repeating two
+   batches can diverge to a NaN loss that is not the job's); warm-up steps are discarded and the
    median of the timed steps is the observation's ``step_time``, their
    standard deviation its ``step_time_std`` (:mod:`profilers.timing`). The
    sweep ends at the grid's end, at the first CUDA out-of-memory (the memory is
@@ -20,7 +22,8 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    in :meth:`goodput.JobModel.from_profile`).
 3. **Synchronisation** (the rest of the budget): ``replicas`` DDP processes
    per replica count, at up to ``sync_sizes`` local batch sizes of the sweep
-   (:mod:`profilers.sync`); observations with ``num_replicas > 1`` and their
+   (:mod:`profilers.sync`), each size again from the initial weights and a
+   fresh optimizer; observations with ``num_replicas > 1`` and their
    ``sync_time``.
 
 The gradient statistics ride on the single-replica observation at M0 (or, if

@@ -4,7 +4,7 @@
 within its share of the time budget (seconds of wall time):
 
 1. gradient noise at M0, in at most ``NOISE_SHARE`` of the budget (:mod:`profilers.noise`);
-2. the batch-size sweep, ascending, until ``SWEEP_SHARE_WITH_SYNC`` of the budget when
+2. the batch-size sweep, ascending, each size from the initial weights and a fresh optimizer, until ``SWEEP_SHARE_WITH_SYNC`` of the budget when
    replicas are profiled (else all of it), ending at the grid's end, a CUDA
    out-of-memory, a CPU memory cap or the sweep's deadline (:mod:`profilers.timing`);
 3. synchronisation: DDP replicas at a few of the sweep's sizes (:mod:`profilers.sync`).
@@ -298,7 +298,7 @@ class TypeRun:
 
     # -------------------------------------------------------------- 2. batch-size sweep
     def _sweep(self) -> None:
-        model, optimizer = self._fresh()
+        model = optimizer = None
         reference = min(self.grid, key=lambda b: (abs(math.log(b / self.m0)), b))
         points: list[tuple[int, float, int | None]] = []  # (bsz, step_time, memory) of sizes that ran
         grad_attached = self.has_grad
@@ -318,6 +318,11 @@ class TypeRun:
                 break
             self.bar.update(self.task, description=f"sweep b={bsz}")
             attach = self.stats if (bsz == reference and not grad_attached) else None
+            # Every size starts from the job's initial weights and a fresh optimizer: the timed steps
+            # repeat two batches, and training carried from size to size can diverge (a NaN loss that is
+            # the sweep's doing, not the job's) and makes each size's numbers depend on the ones before.
+            model = optimizer = None  # the previous copy is freed before the next one is made
+            model, optimizer = self._fresh()
             result = self._measure(model, optimizer, bsz, attach)
             if isinstance(result, str):
                 stopped = result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,12 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from goodput import JobModel, Observation, Profile
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job, zoo
 from profilers.profile import default_grid
-from tests.profiler_jobs import KILL_GRID, NanFromBatch, ShapeMismatch, tiny_mlp, vector_loss, wide_mlp
+from tests.profiler_jobs import KILL_GRID, NanAfterTraining, NanFromBatch, ShapeMismatch, tiny_mlp, vector_loss, wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = {"replicas": [], "progress": False, "cpu_threads": 1, "min_steps": 3, "max_steps": 10}
@@ -230,3 +232,20 @@ def test_summary_says_when_the_noise_scale_is_unresolved():
                         ({"skipped": "out of memory at micro-batch size 1"}, "-")):
         profile = Profile(obs, job="j", init_batch_size=64, metadata={"profiler.cpu": {"grad": grad}})
         assert summary_rows(profile)[0]["noise scale"] == shown
+
+
+
+def test_each_sweep_size_starts_from_the_initial_state_so_training_carried_over_cannot_diverge(tmp_path):
+    """4 training steps per size (1 warm-up, 3 timed); NanAfterTraining(12) fails on the 4th size if
+    the sizes share one model (the gradient noise's 2 rounds of 4 forwards run on a copy of their own)."""
+    work = tiny_mlp()
+    carried = NanAfterTraining(limit=12)
+    x, _ = work.make_batch(4, "cpu")
+    assert all(torch.isfinite(carried(x)).all() for _ in range(12)) and not torch.isfinite(carried(x)).any()
+
+    out = tmp_path / "carried.jsonl"
+    profile = profile_job(NanAfterTraining(limit=12), work.optimizer_factory, work.loss_fn, work.make_batch,
+                          job="carried", init_batch_size=8, batch_sizes=[4, 8, 16, 32], warmup=1, noise_rounds=2,
+                          **{**QUICK, "min_steps": 3, "max_steps": 3}, out=out)
+    assert sorted(o.local_bsz for o in profile.observations) == [4, 8, 16, 32]
+    assert all(o.step_time > 0 for o in profile.observations)
