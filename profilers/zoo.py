@@ -267,13 +267,13 @@ def resnet(
     max_batch_size: int | None = 1024,
     seed: int = 0,
 ) -> Workload:
-    """A ResNet-style CNN on CIFAR-shaped images (3×32×32, 10 classes); SGD lr 0.05, momentum 0.9 (at lr 0.1 one CI run's quickstart profiling of mlp and resnet hit a NaN loss at batch 8)."""
+    """A ResNet-style CNN on CIFAR-shaped images (3×32×32, 10 classes); SGD lr 0.1, momentum 0.9."""
     with _seeded(seed):
         model = ResNetCNN(tuple(channels), blocks)
     return Workload(
         job="zoo-resnet",
         model=model,
-        optimizer_factory=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+        optimizer_factory=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
         loss_fn=classification_loss,
         make_batch=TeacherImages(3, image_size, 10, seed),
         init_batch_size=init_batch_size,
