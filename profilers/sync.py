@@ -134,14 +134,13 @@ def _worker(
             timeout=datetime.timedelta(seconds=float(settings["collective_timeout_s"])),
         )
         model, optimizer_factory, loss_fn, make_batch = payload
-        if device.type != "cuda":
-            # Spawning pickled the model's tensors into shared memory: every replica would step the
-            # same weights (racing, and at world_size × the learning rate). DDP replicas own theirs.
-            model = copy.deepcopy(model)
-        model = model.to(device)
+        # Spawning pickled the model's CPU tensors into shared memory, one copy for all replicas. They
+        # stay the initial state each size starts from (read only, with a fresh optimizer, as the
+        # sweep's sizes do); each replica trains its own copy, as DDP replicas do: stepping the shared
+        # weights, the replicas would race, at world_size × the learning rate.
+        initial = {name: value.detach() for name, value in model.state_dict().items()}
+        model = model.to(device) if device.type == "cuda" else copy.deepcopy(model)
         model.train()
-        # Each size starts from these weights (a CPU copy) with a fresh optimizer, as the sweep's sizes do.
-        initial = {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         _run_sizes(rank, ddp, optimizer_factory, initial, loss_fn, make_batch, device, sizes, settings, results, dist)
         dist.barrier()
