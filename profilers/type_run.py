@@ -321,8 +321,12 @@ class TypeRun:
             # Every size starts from the job's initial weights and a fresh optimizer: the timed steps
             # repeat two batches, and training carried from size to size can diverge (a NaN loss that is
             # the sweep's doing, not the job's) and makes each size's numbers depend on the ones before.
-            model = optimizer = None  # the previous copy is freed before the next one is made
-            model, optimizer = self._fresh()
+            if model is None:
+                model, optimizer = self._fresh()
+            else:  # copied in place from the caller's model: a large model is not copied anew per size
+                optimizer = None  # the previous size's optimizer state is freed first
+                model.load_state_dict(self.model.state_dict())
+                optimizer = self.optimizer_factory(model.parameters())
             result = self._measure(model, optimizer, bsz, attach)
             if isinstance(result, str):
                 stopped = result
