@@ -8,9 +8,10 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    the reference batch M0 from real micro-batch gradients of a fresh copy of
    the model (:mod:`profilers.noise`).
 2. **Batch-size sweep** (until 60% of the budget when replicas are profiled,
-   else all of it): at each local batch size of the grid, ascending, a fresh
-   copy of the model and a fresh optimizer from the factory run real steps
-   (forward, backward, optimizer step) on two batches of that size, so no
+   else all of it): at each local batch size of the grid, ascending, a copy
+   of the model reset to the initial weights and a fresh optimizer from the
+   factory run real steps (forward, backward, optimizer step) on two batches
+   of that size, so no
    size inherits the training of the ones before (carried over, repeating two
    batches can diverge to a NaN loss that is not the job's); warm-up steps are discarded and the
    median of the timed steps is the observation's ``step_time``, their
