@@ -11,10 +11,10 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    else all of it): at each local batch size of the grid, ascending, a copy
    of the model reset to the initial weights and a fresh optimizer from the
    factory run real steps (forward, backward, optimizer step) on two batches
-   of that size, so no
-   size inherits the training of the ones before (carried over, repeating two
-   batches can diverge to a NaN loss that is not the job's); warm-up steps are discarded and the
-   median of the timed steps is the observation's ``step_time``, their
+   of that size, so no size inherits the training of the ones before
+   (carried over, repeating two batches can diverge to a NaN loss that is not
+   the job's); warm-up steps are discarded and the median of the timed steps
+   is the observation's ``step_time``, their
    standard deviation its ``step_time_std`` (:mod:`profilers.timing`). The
    sweep ends at the grid's end, at the first CUDA out-of-memory (the memory is
    released; not an error), at a CPU ``memory_cap_bytes``, or when the next
