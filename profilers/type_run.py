@@ -4,9 +4,10 @@
 within its share of the time budget (seconds of wall time):
 
 1. gradient noise at M0, in at most ``NOISE_SHARE`` of the budget (:mod:`profilers.noise`);
-2. the batch-size sweep, ascending, each size from the initial weights and a fresh optimizer, until ``SWEEP_SHARE_WITH_SYNC`` of the budget when
-   replicas are profiled (else all of it), ending at the grid's end, a CUDA
-   out-of-memory, a CPU memory cap or the sweep's deadline (:mod:`profilers.timing`);
+2. the batch-size sweep, ascending, each size from the initial weights with a fresh
+   optimizer, until ``SWEEP_SHARE_WITH_SYNC`` of the budget when replicas are profiled
+   (else all of it), ending at the grid's end, a CUDA out-of-memory, a CPU memory cap
+   or the sweep's deadline (:mod:`profilers.timing`);
 3. synchronisation: DDP replicas at a few of the sweep's sizes (:mod:`profilers.sync`).
 
 Each observation goes to a :class:`Sink` (the profile being built and its JSON Lines

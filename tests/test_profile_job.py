@@ -233,7 +233,6 @@ def test_summary_says_when_the_noise_scale_is_unresolved():
         assert summary_rows(profile)[0]["noise scale"] == shown
 
 
-
 def test_each_sweep_size_starts_from_the_initial_state_so_training_carried_over_cannot_diverge(tmp_path):
     """4 training steps per size (1 warm-up, 3 timed); NanAfterTraining(12) fails on the 4th size if
     the sizes share one model (the gradient noise's 2 rounds of 4 forwards run on a copy of their own)."""
