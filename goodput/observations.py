@@ -222,7 +222,10 @@ class Profile:
         job: the job's name (``None`` if the profile mixes jobs).
         init_batch_size: the job's reference batch size M0, samples.
         max_batch_size: the largest total batch size the job allows, samples.
-        max_local_bsz: per GPU type, the largest local batch that fit in memory.
+        max_local_bsz: per GPU type, the largest local batch known to fit in memory
+            (the memory limit where a profile's sweep ran out of memory or
+            reached its cap; the largest size measured where it stopped earlier).
+            :meth:`goodput.JobModel.from_profile` takes it as the upper bound.
         metadata: free-form facts (device names, batch-size grid, seconds spent).
         load_warnings: problems tolerated by :meth:`load` (a torn last line).
     """

@@ -124,10 +124,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is the device running out of memory (the end of a sweep, not a failure)."""
     import torch
 
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    # Some kernels (cuDNN, cuBLAS workspaces) report OOM as a plain RuntimeError.
-    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
+    # Some kernels (cuDNN, cuBLAS workspaces) report OOM as a plain RuntimeError, and so does
+    # torch's CPU allocator when an allocation is refused.
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_MESSAGES)
+
+
+_OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory")
 
 
 def release_cuda_memory(device: Any) -> None:

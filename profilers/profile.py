@@ -16,11 +16,16 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    the job's); warm-up steps are discarded and the median of the timed steps
    is the observation's ``step_time``, their
    standard deviation its ``step_time_std`` (:mod:`profilers.timing`). The
-   sweep ends at the grid's end, at the first CUDA out-of-memory (the memory is
-   released; not an error), at a CPU ``memory_cap_bytes``, or when the next
-   size would not finish before the sweep's deadline. The largest size that ran
-   is the type's ``max_local_bsz`` (the job's ``local_bsz_bounds`` upper limit
-   in :meth:`goodput.JobModel.from_profile`).
+   sweep ends at the grid's end, at the first out-of-memory (CUDA's, or torch's
+   CPU allocator refusing an allocation; the memory is released; not an error),
+   at a CPU ``memory_cap_bytes`` (sizes measured by an earlier run over the cap
+   included), or when the next size would not finish before the sweep's
+   deadline. The largest size that ran is the type's ``max_local_bsz`` (the
+   job's ``local_bsz_bounds`` upper limit in
+   :meth:`goodput.JobModel.from_profile`): the memory limit when the sweep
+   ended at an out-of-memory or the cap, else the largest size known to fit,
+   so that a scheduler never proposes a size that was not seen to fit (the
+   summary table says which).
 3. **Synchronisation** (the rest of the budget): ``replicas`` DDP processes
    per replica count, at up to ``sync_sizes`` local batch sizes of the sweep
    (:mod:`profilers.sync`), each size again from the initial weights and a
@@ -29,6 +34,8 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
 
 The gradient statistics ride on the single-replica observation at M0 (or, if
 M0 was not reached, on one more observation timed at the largest size that ran).
+The caller's random generators (torch's, Python's and numpy's) are left as they
+were: training after ``profile_job`` stays reproducible from its seed.
 
 Every observation is appended to ``out`` (JSON Lines, fsync per record) the
 moment it is measured; rerunning with the same ``out`` skips configurations
@@ -45,9 +52,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +269,7 @@ def profile_job(
         )
         existing = [o for o in (writer.existing if writer else []) if o.job == job]
         reports: dict[str, TypeReport] = {}
-        with ProgressBars(progress, console) as bar:
+        with ProgressBars(progress, console) as bar, _caller_random_state_kept(types):
             for dtype in types:
                 counts = replica_counts if replica_counts is not None else _default_replicas(dtype)
                 signature = {"grid": grid, "replicas": counts, "memory_cap_bytes": memory_cap_bytes,
@@ -327,6 +335,29 @@ def _console() -> Any:
 
     width = None if sys.stdout.isatty() else max(shutil.get_terminal_size((160, 24)).columns, 160)
     return Console(width=width)
+
+
+@contextlib.contextmanager
+def _caller_random_state_kept(types: Iterable[DeviceType]) -> Iterator[None]:
+    """Restore torch's (CPU and the profiled CUDA devices'), Python's and numpy's global generators afterwards.
+
+    Profiling draws batches, dropout masks and initial noise from the global
+    generators; a caller's training after ``profile_job`` stays reproducible
+    from its seed.
+    """
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = sorted({int(d.split(":")[1]) if ":" in d else 0 for t in types if t.is_cuda for d in t.devices})
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def _refuse_in_bootstrapping_replica() -> None:

@@ -214,6 +214,10 @@ def _run_sizes(
             def step(sync: bool, i: int, measure_memory: bool = False) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 batch = batches[i % 2]
+                # DDP broadcasts buffers (BatchNorm statistics) in a forward pass when the *previous* one
+                # synchronised; with local and synchronised steps interleaved, the broadcast would be timed
+                # in the local steps. Training synchronises every step, so its sync steps pay for it.
+                ddp.require_forward_param_sync = sync
                 with contextlib.ExitStack() as stack:
                     if not sync:
                         stack.enter_context(ddp.no_sync())

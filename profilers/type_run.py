@@ -307,6 +307,12 @@ class TypeRun:
         for bsz in self.grid:
             done = self.existing.get((1, bsz))
             if done is not None:
+                # measured under earlier settings: a tighter memory cap now ends the sweep here too
+                over = (done.memory_bytes > self.memory_cap if done.memory_bytes is not None
+                        else bool(points) and self._over_cap(points, bsz)) if self.memory_cap is not None else False
+                if over:
+                    stopped = "memory_cap"
+                    break
                 points.append((bsz, done.step_time, done.memory_bytes))
                 self.report.measured.append(bsz)
                 self._advance(f"b={bsz}: resumed")

@@ -84,6 +84,32 @@ class NanAfterTraining(nn.Module):
         return out
 
 
+class HostOomFromBatch(nn.Module):
+    """A linear classifier whose forward asks the host for 4 PiB from ``threshold`` samples on (torch's CPU allocator refuses)."""
+
+    def __init__(self, threshold: int) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.net = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= self.threshold:
+            torch.empty(2**52, dtype=torch.uint8)
+        return self.net(x)
+
+
+class BufferedClassifier(nn.Module):
+    """A linear layer behind a BatchNorm: a model with buffers that DDP broadcasts from rank 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(16)
+        self.net = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.norm(x))
+
+
 def vector_loss(model: nn.Module, batch) -> torch.Tensor:
     """A broken loss function: per-sample losses, not their mean."""
     x, y = batch

@@ -17,7 +17,7 @@ from goodput import JobModel, Observation, Profile
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job, zoo
 from profilers.profile import default_grid
-from tests.profiler_jobs import KILL_GRID, NanAfterTraining, NanFromBatch, ShapeMismatch, tiny_mlp, vector_loss, wide_mlp
+from tests.profiler_jobs import KILL_GRID, HostOomFromBatch, NanAfterTraining, NanFromBatch, ShapeMismatch, tiny_mlp, vector_loss, wide_mlp
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = {"replicas": [], "progress": False, "cpu_threads": 1, "min_steps": 3, "max_steps": 10}
@@ -76,6 +76,43 @@ def test_sweep_stops_at_the_memory_cap_and_grad_stats_move_to_the_largest_batch(
     carriers = [o for o in capped.observations if o.grad_sqr is not None]
     assert [o.local_bsz for o in carriers] == [16] and sizes.count(16) == 2
     assert JobModel.from_profile(capped).limits("cpu").max_local_bsz == 16
+
+
+def test_a_tighter_memory_cap_on_a_rerun_also_stops_at_sizes_already_measured(tmp_path):
+    grid = [4, 8, 16, 32, 64, 128]
+    out = tmp_path / "rerun.jsonl"
+    free = profile_job(**tiny_mlp(init_batch_size=128).profile_args(), batch_sizes=grid, time_budget_s=20, out=out, **QUICK)
+    assert free.max_local_bsz == {"cpu": 128}
+    memory = {o.local_bsz: o.memory_bytes for o in free.observations if o.grad_sqr is None}
+    cap = (memory[16] + memory[32]) // 2
+    rerun = profile_job(**tiny_mlp(init_batch_size=128).profile_args(), batch_sizes=grid, time_budget_s=20,
+                        memory_cap_bytes=cap, out=out, **QUICK)
+    report = rerun.metadata["profiler.cpu"]
+    assert report["sweep_stopped"] == "memory_cap" and report["measured"] == [4, 8, 16]
+    assert rerun.max_local_bsz == {"cpu": 16} and JobModel.from_profile(rerun).limits("cpu").max_local_bsz == 16
+
+
+def test_running_out_of_host_memory_ends_the_sweep_like_a_cuda_oom(tmp_path):
+    work = tiny_mlp()
+    profile = profile_job(HostOomFromBatch(threshold=64), work.optimizer_factory, work.loss_fn, work.make_batch, job="oom",
+                          init_batch_size=16, batch_sizes=[8, 16, 32, 64, 128], time_budget_s=20, **QUICK)
+    report = profile.metadata["profiler.cpu"]
+    assert report["sweep_stopped"] == "oom" and report["measured"] == [8, 16, 32]
+    assert profile.max_local_bsz == {"cpu": 32}
+
+
+def test_profiling_leaves_the_callers_random_generators_as_they_were():
+    import random
+
+    import numpy as np
+
+    work = tiny_mlp()
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    expected = (torch.rand(4), random.random(), np.random.rand())
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    profile_job(**work.profile_args(), batch_sizes=[4, 8], time_budget_s=5, **QUICK)
+    after = (torch.rand(4), random.random(), np.random.rand())
+    assert torch.equal(after[0], expected[0]) and after[1:] == expected[1:]
 
 
 def test_sweep_honours_the_time_budget(tmp_path):

@@ -10,7 +10,7 @@ from goodput import Cluster, JobModel
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job
 from profilers.sync import profile_sync
-from tests.profiler_jobs import NanAfterTraining, NanFromBatch, tiny_mlp
+from tests.profiler_jobs import BufferedClassifier, NanAfterTraining, NanFromBatch, tiny_mlp
 
 
 def test_two_gloo_replicas_record_sync_time(tmp_path):
@@ -87,3 +87,41 @@ def test_each_replicated_size_starts_from_the_initial_state():
     outcome = profile_sync(pieces, ["cpu"], 2, [4, 8], deadline=time.time() + 30, min_steps=3, max_steps=3, **quick)
     assert [r.local_bsz for r in outcome.results] == [4, 8] and outcome.stopped == "done"
     assert int(pieces[0].trained) == 0  # the caller's model is untouched: each replica trained its own copy
+
+
+def test_buffer_broadcasts_are_timed_in_the_synchronised_steps(tmp_path):
+    """DDP broadcasts buffers (BatchNorm statistics) in a forward pass when the previous one synchronised.
+    Training synchronises every step, so the sync steps must pay for it, not the local ones."""
+    import queue
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from profilers.sync import _run_sizes
+
+    work = tiny_mlp()
+    model = BufferedClassifier()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(model)
+        counts = {"local": 0, "sync": 0}
+        broadcast = ddp._sync_buffers
+
+        def counted() -> None:
+            counts["sync" if ddp.require_backward_grad_sync else "local"] += 1
+            broadcast()
+
+        ddp._sync_buffers = counted
+        results: queue.Queue = queue.Queue()
+        settings = {"threads": 1, "deadline": time.time() + 30, "warmup": 1, "min_steps": 4, "max_steps": 4,
+                    "target_seconds": 0.01, "estimates": {}}
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        _run_sizes(0, ddp, work.optimizer_factory, initial, work.loss_fn, work.make_batch, torch.device("cpu"), [8],
+                   settings, results, dist)
+    finally:
+        dist.destroy_process_group()
+    kind, result = results.get_nowait()
+    assert kind == "result" and result["steps"] == 4
+    # 1 synchronised warm-up step and 4 timed ones broadcast; the warm-up's local step and the 4 timed ones do not
+    assert counts == {"local": 0, "sync": 5}
