@@ -338,7 +338,7 @@ def build_state(
 ) -> BayesState:
     """Residuals of every observation under ``means``, GP hyperparameters fitted, posterior built."""
     types = list(observations)
-    hyper = (previous or GPHyperparameters.default(num_tasks=len(types))).with_tasks(len(types))
+    hyper = (previous or GPHyperparameters.default(num_tasks=len(types))).for_types(types)
     state = BayesState(types=types, transfers=dict(transfers), hyper=hyper, posterior=None)
     obs = [o for t in types for o in observations[t]]
     if len(obs) > max_points:  # the most recent ones (each type's list is in arrival order)

@@ -64,6 +64,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from .errors import ValidationError
+
 __all__ = [
     "FEATURE_NAMES",
     "config_features",
@@ -116,12 +118,19 @@ class GPHyperparameters:
         task_factor: ``w`` of the task covariance ``B = w wᵀ + diag(v)`` (one per GPU type).
         task_var: ``v``, per-type variance not shared with other types.
         noise: variance of the measurement noise of log step time.
+        task_names: the GPU type of each task, where known (``()``: by position).
+            :meth:`for_types` matches them to another job's types by name.
     """
 
     lengthscale: tuple[float, ...]
     task_factor: tuple[float, ...]
     task_var: tuple[float, ...]
     noise: float
+    task_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.task_names and len(self.task_names) != len(self.task_factor):
+            raise ValidationError("task_names", self.task_names, f"expected one name per task ({len(self.task_factor)})")
 
     @classmethod
     def default(cls, num_features: int = len(FEATURE_NAMES), num_tasks: int = 1) -> GPHyperparameters:
@@ -147,13 +156,31 @@ class GPHyperparameters:
         return b / np.outer(d, d)
 
     def with_tasks(self, num_tasks: int) -> GPHyperparameters:
-        """The same hyperparameters for more GPU types (new ones start at the mean of the known)."""
+        """The same hyperparameters for more GPU types (new ones start at the mean of the known), by position; names dropped."""
         if num_tasks <= self.num_tasks:
-            return replace(self, task_factor=self.task_factor[:num_tasks], task_var=self.task_var[:num_tasks])
+            return replace(self, task_factor=self.task_factor[:num_tasks], task_var=self.task_var[:num_tasks], task_names=())
         extra = num_tasks - self.num_tasks
         w = float(np.mean(self.task_factor)) if self.task_factor else 0.095
         v = float(np.mean(self.task_var)) if self.task_var else 0.001
-        return replace(self, task_factor=self.task_factor + (w,) * extra, task_var=self.task_var + (v,) * extra)
+        return replace(self, task_factor=self.task_factor + (w,) * extra, task_var=self.task_var + (v,) * extra, task_names=())
+
+    def for_types(self, types: Any) -> GPHyperparameters:
+        """These hyperparameters for the GPU types ``types``, in that order, named.
+
+        Tasks are matched by name when these hyperparameters carry names (those
+        of another job, which may have met its types in another order); types
+        they do not know start at the mean of the known ones. Without names,
+        by position (:meth:`with_tasks`).
+        """
+        types = tuple(str(t) for t in types)
+        if not self.task_names:
+            return replace(self.with_tasks(len(types)), task_names=types)
+        w_mean = float(np.mean(self.task_factor)) if self.task_factor else 0.095
+        v_mean = float(np.mean(self.task_var)) if self.task_var else 0.001
+        where = {name: k for k, name in enumerate(self.task_names)}
+        w = tuple(self.task_factor[where[t]] if t in where else w_mean for t in types)
+        v = tuple(self.task_var[where[t]] if t in where else v_mean for t in types)
+        return replace(self, task_factor=w, task_var=v, task_names=types)
 
     def borrowed(self, tasks: Any) -> GPHyperparameters:
         """These hyperparameters with the task parameters of ``tasks`` (indices) set to the mean of the others'.
@@ -175,7 +202,7 @@ class GPHyperparameters:
 
     def to_dict(self) -> dict[str, Any]:
         return {"lengthscale": list(self.lengthscale), "task_factor": list(self.task_factor),
-                "task_var": list(self.task_var), "noise": self.noise}
+                "task_var": list(self.task_var), "noise": self.noise, "task_names": list(self.task_names)}
 
 
 def covariance(
@@ -412,8 +439,9 @@ def _learned_noise(likelihood: Any) -> float:
     return float(likelihood.noise.detach().cpu().reshape(-1)[0])
 
 
-def _extract(model: Any, likelihood: Any) -> GPHyperparameters:
+def _extract(model: Any, likelihood: Any, task_names: tuple[str, ...] = ()) -> GPHyperparameters:
     return GPHyperparameters(
+        task_names=task_names,
         lengthscale=tuple(float(v) for v in model.data_kernel.lengthscale.detach().cpu().reshape(-1)),
         task_factor=tuple(float(v) for v in model.task_kernel.covar_factor.detach().cpu().reshape(-1)),
         task_var=tuple(float(v) for v in model.task_kernel.var.detach().cpu().reshape(-1)),
@@ -461,7 +489,7 @@ def fit_hyperparameters(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # gpytorch's NumericalWarning on jitter, sparse-tensor notices
                 optimizer.step(closure)
-            result = _extract(model, likelihood)
+            result = _extract(model, likelihood, init.task_names)
     except Exception:  # noqa: BLE001 - any numerical failure keeps the previous hyperparameters
         return init
     finally:

@@ -149,3 +149,23 @@ def test_hyperparameters_and_reference_posterior_on_cuda():
     mean_cpu, var_cpu = OnlinePosterior(on_cpu, x, t, s, y).predict(x[:5], t[:5], s[:5], noise=False)
     np.testing.assert_allclose(mean_gpu, mean_cpu, atol=1e-8)
     np.testing.assert_allclose(var_gpu, var_cpu, atol=1e-8)
+
+
+def test_another_jobs_hyperparameters_are_matched_to_gpu_types_by_name():
+    """A new job may meet its GPU types in another order than the job whose hyperparameters it starts from."""
+    from goodput import JobModel, Observation
+    from goodput.errors import ValidationError
+
+    hyper = GPHyperparameters((2.0,) * 6, (0.1, 0.3), (0.05, 1e-6), 1e-3, task_names=("t4", "a100"))
+    moved = hyper.for_types(["a100", "v100", "t4"])
+    assert moved.task_names == ("a100", "v100", "t4")
+    assert moved.task_factor == pytest.approx((0.3, 0.2, 0.1)) and moved.task_var == pytest.approx((1e-6, 0.025, 0.05), rel=1e-3)
+    assert GPHyperparameters((2.0,) * 6, (0.1, 0.3), (0.05, 1e-6), 1e-3).for_types(["a100", "t4"]).task_var == (0.05, 1e-6)
+
+    model = JobModel("new", 32, gp_hyperparameters=hyper)
+    model.observe([Observation("new", gpu, 1, r, 32, step_time=0.05 * r**0.1) for gpu in ("a100", "t4") for r in (1, 2, 4)])
+    model.refit(hyperparameters=False)
+    used = model.gp_hyperparameters
+    assert dict(zip(used.task_names, used.task_var)) == {"a100": 1e-6, "t4": 0.05}
+    with pytest.raises(ValidationError, match="task_names"):
+        GPHyperparameters((2.0,) * 6, (0.1, 0.3), (0.05, 1e-6), 1e-3, task_names=("t4",))
