@@ -165,7 +165,9 @@ class JobModel:
             until its own observations call for a refit of the hyperparameters
             (``refit_every`` new ones, or a surprising one), which then starts
             from them (a short warm refit instead of a cold one).
-        max_gp_points: the GP conditions on at most this many (most recent) observations.
+        max_gp_points: a refit conditions the GP on at most this many (most
+            recent) observations; between refits it conditions on up to a
+            quarter more (at least 5), then refits.
     """
 
     def __init__(
@@ -320,7 +322,9 @@ class JobModel:
             self._refit_due = self._hyper_due = True
             return
         threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
-        if self.last_z > self.surprise or self._pending >= threshold or len(state.posterior) >= self.max_gp_points:
+        # a refit keeps max_gp_points: refitting when the posterior reaches them would refit at every observation
+        held_limit = self.max_gp_points + max(5, self.max_gp_points // 4)
+        if self.last_z > self.surprise or self._pending >= threshold or len(state.posterior) >= held_limit:
             self._refit_due = self._hyper_due = True
 
     # ------------------------------------------------------------------ refits

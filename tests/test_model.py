@@ -168,6 +168,23 @@ def test_given_gp_hyperparameters_are_used_until_the_jobs_own_data_call_for_a_re
     assert model.gp_hyperparameters != given  # six new observations: a regular refit, hyperparameters included
 
 
+def test_a_model_at_its_gp_point_limit_refits_now_and_then_not_at_every_observation():
+    data = synthetic(T4, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(16, 32, 64, 128), accums=(0, 1), job="j", gpu="t4", seed=3)
+    model = JobModel("j", init_batch_size=64, max_gp_points=20, surprise=1e9).observe(data)
+    model.predict("t4", 1, 2, 64)
+    assert len(data) > 20 and model.diagnostics["gp_points"] == 20
+    refits = model.refits
+    more = synthetic(T4, [(1, 2), (1, 4)], bszs=(16, 32, 64, 128), accums=(0,), job="j", gpu="t4", seed=4)
+    for obs in more[:4]:  # fewer than the refit schedule's 5 (a quarter of 20, at least 5)
+        model.observe(obs)
+        model.predict("t4", 1, 2, 64)
+    assert model.refits == refits and model.diagnostics["gp_points"] == 24
+    for obs in more[4:8]:
+        model.observe(obs)
+        model.predict("t4", 1, 2, 64)
+    assert model.refits == refits + 1 and model.diagnostics["gp_points"] <= 25
+
+
 _CONFIGS = [(1, 1), (1, 2), (1, 4), (2, 4), (2, 8), (4, 16)]
 
 
