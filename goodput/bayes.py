@@ -342,8 +342,9 @@ def build_state(
     state = BayesState(types=types, transfers=dict(transfers), hyper=hyper, posterior=None)
     obs = [o for t in types for o in observations[t]]
     if len(obs) > max_points:  # the most recent ones (each type's list is in arrival order)
-        stamps = np.array([o.timestamp if o.timestamp is not None else -math.inf for o in obs])
-        keep = np.sort(np.argsort(stamps, kind="stable")[-max_points:]) if np.isfinite(stamps).any() else None
+        # by timestamp only when every observation has one: one without may be the newest
+        stamps = np.array([o.timestamp if o.timestamp is not None else math.nan for o in obs])
+        keep = np.sort(np.argsort(stamps, kind="stable")[-max_points:]) if np.isfinite(stamps).all() else None
         if keep is None:
             per = {t: observations[t][-max(1, max_points * len(observations[t]) // len(obs)):] for t in types}
             obs = [o for t in types for o in per[t]]

@@ -185,6 +185,19 @@ def test_a_model_at_its_gp_point_limit_refits_now_and_then_not_at_every_observat
     assert model.refits == refits + 1 and model.diagnostics["gp_points"] <= 25
 
 
+def test_the_gp_point_limit_keeps_the_newest_observations_even_without_timestamps():
+    import dataclasses
+
+    stamped = [dataclasses.replace(o, timestamp=1000.0 + i) for i, o in
+               enumerate(synthetic(T4, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(16, 32), accums=(0,), job="j", gpu="t4"))]
+    live = synthetic(T4, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(64,), accums=(0,), job="j", gpu="t4", seed=2)
+    assert all(o.timestamp is None for o in live)
+    model = JobModel("j", init_batch_size=64, max_gp_points=len(stamped)).observe(stamped).observe(live)
+    model.refit()
+    held = model._state.posterior.x[:, 0]  # log2 of the local batch
+    assert len(held) == len(stamped) and int(np.sum(held == 6.0)) == len(live)
+
+
 _CONFIGS = [(1, 1), (1, 2), (1, 4), (2, 4), (2, 8), (4, 16)]
 
 
