@@ -468,7 +468,8 @@ class JobModel:
     ) -> Prediction:
         """Step time of a configuration: mean and standard deviation (seconds), throughput (samples/s).
 
-        Accepts scalars or numpy arrays (broadcast together).
+        Accepts scalars or numpy arrays of numbers (broadcast together); fractional
+        values evaluate the continuous model (an optimiser's candidates).
         """
         name = self._known(gpu_type)
         nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)

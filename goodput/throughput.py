@@ -131,7 +131,10 @@ class ThroughputParams:
 
 
 def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps: Any) -> tuple[np.ndarray, ...]:
-    """Validate and broadcast configuration arrays (floats, so candidates may be fractional)."""
+    """Validate and broadcast configuration arrays (floats, so candidates may be fractional).
+
+    Numbers only: booleans and strings are refused (``True`` is not a replica count).
+    """
     arrays = []
     for name, value in (
         ("num_nodes", num_nodes),
@@ -139,7 +142,10 @@ def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps
         ("local_bsz", local_bsz),
         ("accum_steps", accum_steps),
     ):
-        arr = np.asarray(value, dtype=float)
+        raw = np.asarray(value)
+        if raw.dtype.kind not in "iuf":
+            raise ValidationError(name, value, "expected numbers")
+        arr = raw.astype(float)
         if not np.all(np.isfinite(arr)):
             raise ValidationError(name, value, "must be finite")
         arrays.append(arr)

@@ -25,9 +25,14 @@ def check_int(field: str, value: Any, minimum: int | None = None) -> int:
         else:
             raise ValidationError(field, value, "expected an integer")
     value = int(value)
+    if not -_INT64_LIMIT <= value < _INT64_LIMIT:  # counts go through numpy's int64 and float arithmetic
+        raise ValidationError(field, value, "too large (must fit a 64-bit integer)")
     if minimum is not None and value < minimum:
         raise ValidationError(field, value, f"must be >= {minimum}")
     return value
+
+
+_INT64_LIMIT = 2**63
 
 
 def check_float(
@@ -40,7 +45,10 @@ def check_float(
     """Return ``value`` as a finite ``float`` (optionally > 0 or >= 0)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValidationError(field, value, "expected a real number")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise ValidationError(field, value, "must be finite") from None
     if not math.isfinite(value):
         raise ValidationError(field, value, "must be finite")
     if positive and value <= 0.0:

@@ -126,6 +126,13 @@ def test_bad_input_raises():
         model.goodput("t4", 2, 1)
     with pytest.raises(ValidationError, match="cluster"):
         model.table("t4:1x1")
+    for bad in ("1", True, [1, "2"]):  # numbers only: True is not a replica count
+        with pytest.raises(ValidationError, match="num_replicas"):
+            model.predict("t4", 1, bad, 32)
+    with pytest.raises(ValidationError, match="step_time"):  # beyond float's range: not an OverflowError
+        Observation("j", "t4", 1, 1, 32, step_time=10**400)
+    with pytest.raises(ValidationError, match="local_bsz"):
+        Observation("j", "t4", 1, 1, 10**400, step_time=0.1)
 
 
 def test_new_regime_refits_means_but_keeps_gp_hyperparameters():
