@@ -54,10 +54,12 @@ def native_stdout_to_stderr() -> Iterator[None]:
 
     HiGHS (scipy's MILP solver) prints a debug line to stdout in some solves whatever its
     output options (ERGO-Code/HiGHS#2783); around a solve this keeps the process's stdout
-    what the caller writes there, e.g. ``goodput allocate --json``. Python's own ``print``
-    is buffered and reaches stdout as before. Safe across threads and nesting (the first in
-    redirects, the last out restores); a process without a real descriptor 1 runs the block
-    unchanged.
+    what the caller writes there, e.g. ``goodput allocate --json``. Meant for a native call
+    only: what Python writes to ``sys.stdout`` inside the block (this thread or another)
+    reaches stdout only if it is still buffered when the block ends; flushed inside it
+    (``print(flush=True)``, ``PYTHONUNBUFFERED``, a full buffer) it goes to stderr. Safe
+    across threads and nesting (the first in redirects, the last out restores); a process
+    without a real descriptor 1 runs the block unchanged.
     """
     with _REDIRECT_LOCK:
         if _redirect["depth"] == 0:
@@ -81,7 +83,23 @@ def native_stdout_to_stderr() -> Iterator[None]:
                 _redirect["saved"] = None
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process's umask, read without changing it (Linux: /proc); elsewhere set briefly to 0o077.
+
+    Setting it to 0 to read it, even briefly, would make files that other threads
+    create meanwhile world-writable.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
     return mask

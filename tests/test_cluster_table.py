@@ -145,3 +145,19 @@ def test_atomic_write_replaces_whole_files_with_the_usual_mode(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask  # not mkstemp's 0600
+
+
+def test_reading_the_umask_does_not_change_it_meanwhile(monkeypatch):
+    """Set to 0 even briefly, it would make files other threads create meanwhile world-writable."""
+    import os
+    from pathlib import Path
+
+    from goodput.io import _umask
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    calls = []
+    real = os.umask
+    monkeypatch.setattr(os, "umask", lambda value: calls.append(value) or real(value))
+    assert _umask() == mask
+    assert calls == [] if Path("/proc/self/status").exists() else 0 not in calls
