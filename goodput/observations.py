@@ -330,15 +330,16 @@ class Profile:
         """Append this profile's records to ``path`` (JSON Lines), never rewriting old ones.
 
         Records already in the file are not written again (as a multiset: two
-        identical measurements stay two), so saving twice, or saving a profile
-        loaded from the same file, adds nothing. Each record is flushed and
-        ``fsync``-ed before the next is written. Returns the path.
+        identical measurements stay two), and the meta record only if it adds
+        to the meta the file's records merge to, so saving twice, or saving a
+        profile loaded from the same file, adds nothing. Each record is flushed
+        and ``fsync``-ed before the next is written. Returns the path.
         """
         with ProfileWriter(path) as writer:
             already = Counter(writer.existing_records)
             records = []
             meta = self.meta_dict()
-            if meta:
+            if meta and not _meta_known(writer.existing_records, meta):
                 records.append({"record": "meta", **meta})
             records.extend({"record": "observation", **obs.to_dict()} for obs in self.observations)
             for record in records:
@@ -384,6 +385,22 @@ class Profile:
             warnings.warn(message, TornRecordWarning, stacklevel=2)
             loaded.load_warnings.append(message)
         return loaded
+
+
+def _meta_known(existing_records: Iterable[str], meta: Mapping[str, Any]) -> bool:
+    """Whether merging ``meta`` into the meta that a file's records merge to changes nothing."""
+    merged: dict[str, Any] = {"max_local_bsz": {}, "metadata": {}}
+    for text in existing_records:
+        record = json.loads(text)
+        if record.pop("record", "observation") == "meta":
+            try:
+                _merge_meta(merged, record)
+            except ValidationError:
+                return False
+    before = _canonical(merged)
+    updated = json.loads(before)
+    _merge_meta(updated, json.loads(_canonical(meta)))
+    return _canonical(updated) == before
 
 
 def _merge_meta(meta: dict[str, Any], record: Mapping[str, Any]) -> None:

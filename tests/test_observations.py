@@ -175,6 +175,21 @@ def test_save_is_append_only_and_idempotent(tmp_path):
     assert len(Profile.load(path)) == 4
 
 
+def test_saving_a_profile_whose_meta_is_split_over_records_back_to_its_file_adds_nothing(tmp_path):
+    path = tmp_path / "p.jsonl"
+    with ProfileWriter(path) as writer:  # as profile_job writes: the job first, a type's memory limit later
+        writer.write_meta(job="j", init_batch_size=64)
+        writer.write(make(job="j"))
+        writer.write_meta(max_local_bsz={"t4": 256})
+    first = path.read_bytes()
+    Profile.load(path).save(path)
+    assert path.read_bytes() == first
+    changed = Profile.load(path)
+    changed.max_local_bsz["v100"] = 128
+    changed.save(path)
+    assert Profile.load(path).max_local_bsz == {"t4": 256, "v100": 128}
+
+
 @given(cut=st.integers(2, 200))
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 def test_property_torn_file_loads_everything_before_the_tear(tmp_path_factory, cut):
