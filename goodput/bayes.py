@@ -279,7 +279,7 @@ class BayesState:
             # marginalising it gives a Student-t, matched here at the 90% quantile
             var = var * self.t_factor(gpu) ** 2 * self.unbias.get(gpu, 1.0) + self._id_var(gpu, design) + self._borrowed_var(gpu, nodes, replicas, bsz, accum) + design.d
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
-            return design.log_mean, fallback
+            return design.log_mean, np.sqrt(fallback**2 + design.d)
         ok = np.isfinite(mu) & np.isfinite(var)
         std = np.where(ok, np.sqrt(var), fallback)
         scales = self.regime_scale.get(gpu)

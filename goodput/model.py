@@ -249,9 +249,14 @@ class JobModel:
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_profile(cls, profile: Profile, **overrides: Any) -> JobModel:
-        """A model bootstrapped from a :class:`Profile` (its job, M0 and per-type memory limits)."""
+        """A model bootstrapped from a :class:`Profile` (its job, M0 and per-type memory limits).
+
+        A profile of several jobs needs ``job=``; the other jobs' observations are left out.
+        """
         if not isinstance(profile, Profile):
             raise ValidationError("profile", profile, "expected a Profile")
+        if "job" not in overrides and profile.job is None and len(profile.jobs) > 1:
+            raise ValidationError("job", None, f"the profile holds jobs {sorted(profile.jobs)}; pass job= to choose one")
         job = overrides.pop("job", profile.job or (profile.jobs[0] if profile.jobs else None))
         init = overrides.pop("init_batch_size", profile.init_batch_size)
         if init is None:

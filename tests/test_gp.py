@@ -102,6 +102,20 @@ def test_fallback_to_the_parametric_prediction_never_raises(monkeypatch):
     assert np.isfinite(model.predict("t4", 1, 2, 32).step_time)
 
 
+def test_a_posterior_that_fails_at_prediction_keeps_the_structural_variance_of_unobserved_regimes(monkeypatch):
+    truth = ThroughputParams(0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6)
+    model = JobModel("j", init_batch_size=64).observe(synthetic(truth, [(1, 1), (1, 2)], job="j", gpu="t4"))
+    model.predict("t4", 1, 2, 64)
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("overflow")
+
+    monkeypatch.setattr(OnlinePosterior, "predict", broken)
+    seen, unseen = model.predict("t4", 1, 2, 64), model.predict("t4", 4, 16, 64)  # several nodes: never observed
+    assert seen.log_std == pytest.approx(model._state.fallback_log_std)
+    assert unseen.log_std > seen.log_std  # the fallback widens what the posterior would, not less
+
+
 def test_uncertainty_shrinks_where_data_arrive():
     truth = ThroughputParams(0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6)
     model = JobModel("j", init_batch_size=64).observe(synthetic(truth, [(1, 1), (1, 2)], job="j", gpu="t4"))

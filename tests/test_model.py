@@ -105,6 +105,10 @@ def test_from_profile_takes_job_m0_and_memory_limits():
     assert model.init_batch_size == 32 and model.max_batch_size == 512
     assert model.limits("t4").max_local_bsz == 16
     assert model.limits("a100").max_local_bsz is None
+    mixed = Profile(observations("a") + observations("b"), init_batch_size=32)
+    with pytest.raises(ValidationError, match=r"job.*\['a', 'b'\]"):  # not the first job, silently
+        JobModel.from_profile(mixed)
+    assert {o.job for o in JobModel.from_profile(mixed, job="b").observations} == {"b"}
 
 
 def test_bad_input_raises():
