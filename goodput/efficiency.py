@@ -93,6 +93,8 @@ def efficiency(grad_sqr: float, grad_var: float, init_batch_size: float, batch_s
     """
     phi = noise_scale(grad_sqr, grad_var, init_batch_size)
     m0 = float(init_batch_size)
+    if np.asarray(batch_size).dtype.kind not in "iuf":  # not bools, strings or objects
+        raise ValidationError("batch_size", batch_size, "expected a number or an array of numbers")
     m = np.asarray(batch_size, dtype=float)
     if not np.all(np.isfinite(m)):
         raise ValidationError("batch_size", batch_size, "must be finite")

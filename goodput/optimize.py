@@ -100,7 +100,13 @@ def candidate_batches(
     ``num_replicas`` has shape (K,). Each column spans total batch sizes from
     ``max(M0, num_replicas * min_local_bsz)`` to ``max_batch_size``
     geometrically; a column whose lower end exceeds the upper one is invalid.
+    A batch exceeds ``max_batch_size`` only when no (micro-batch,
+    accumulation) pair of the column lies within the limits.
+
+    Raises:
+        ValidationError: ``num_candidates`` is not an integer >= 1.
     """
+    num_candidates = check_int("num_candidates", num_candidates, minimum=1)
     replicas = np.asarray(num_replicas, dtype=float)
     m0, max_bs = float(limits.init_batch_size), float(limits.max_batch_size)
     low = np.maximum(m0, replicas * limits.min_local_bsz)
@@ -115,18 +121,61 @@ def candidate_batches(
     else:
         accum = np.zeros_like(local)
     # Round the micro-batch up (Pollux), unless that overshoots max_batch_size
-    # and rounding down still reaches M0; only when no multiple of
-    # num_replicas * (accum_steps + 1) lies in [M0, max_batch_size] (e.g. strong
-    # scaling of M0 = 100 on 3 replicas) does the batch exceed the maximum, by
-    # less than one sample per micro-batch.
+    # and rounding down still reaches M0. When neither lies in [M0,
+    # max_batch_size] (no multiple of num_replicas * (accum_steps + 1) does),
+    # the candidate takes the column's largest in-limit batch from
+    # _in_limit_batches, which may need more accumulation steps (e.g. M0 = 168
+    # on 4 replicas with micro-batches of at most 9: 4 × 6 × 7); only a column
+    # with no in-limit configuration at all keeps a batch above the maximum.
     steps = replicas * (accum + 1.0)
     micro_up = np.ceil(local / (accum + 1.0) - _EPS)
     micro_down = np.floor(local / (accum + 1.0) + _EPS)
-    use_down = (steps * micro_up > max_bs) & (steps * micro_down >= m0) & (micro_down >= 1)
+    use_down = (steps * micro_up > max_bs) & (steps * micro_down >= m0) & (micro_down >= limits.min_local_bsz)
     micro = np.where(use_down, micro_down, micro_up)
     batch = steps * micro
     valid = (micro >= limits.min_local_bsz) & (micro <= max_local) & (low <= max_bs)
+    over = valid & (batch > max_bs)
+    cols = np.flatnonzero(over.any(axis=0))
+    if cols.size:
+        found, fit_micro, fit_accum = _in_limit_batches(np.broadcast_to(replicas, batch.shape[1:])[cols], limits)
+        replace = over[:, cols] & found
+        for values, fallback in ((micro, fit_micro), (accum, fit_accum)):
+            sub = values[:, cols]
+            values[:, cols] = np.where(replace, fallback, sub)
+        batch = replicas * micro * (accum + 1.0)
     return batch, micro, accum, valid
+
+
+def _in_limit_batches(replicas: np.ndarray, limits: BatchLimits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column, the largest batch ``replicas · micro · steps`` within every limit (then the fewest steps).
+
+    Returns (found, micro, accum_steps) of shape (K,). A batch ``r·m·s`` has
+    ``min(m, s) <= sqrt(max_batch_size / r)``, so trying each d up to that
+    bound once as the number of micro-batches s (with the largest micro-batch
+    that fits) and once as the micro-batch m (with the most steps that fit)
+    finds the largest batch among all pairs, in one (D, K) array expression.
+    """
+    m0, max_bs = float(limits.init_batch_size), float(limits.max_batch_size)
+    min_local = float(limits.min_local_bsz)
+    max_local = float(limits.max_local_bsz) if limits.max_local_bsz is not None else np.inf
+    max_steps = np.inf if limits.accumulation else 1.0
+    bound = np.floor(np.sqrt(max_bs / replicas)) + 1.0
+    d = np.arange(1.0, float(bound.max()) + 1.0)[:, None]
+    per_step = replicas * d
+    # d micro-batches per step, each as large as fits
+    micro_a = np.minimum(max_local, np.floor(max_bs / per_step + _EPS))
+    ok_a = (micro_a >= np.maximum(min_local, np.ceil(m0 / per_step - _EPS))) & (d <= max_steps)
+    # micro-batches of d samples, as many steps as fit
+    steps_b = np.minimum(max_steps, np.floor(max_bs / per_step + _EPS))
+    ok_b = (steps_b >= np.maximum(1.0, np.ceil(m0 / per_step - _EPS))) & (d >= min_local) & (d <= max_local)
+    micro = np.concatenate([micro_a, np.broadcast_to(d, micro_a.shape)])
+    steps = np.concatenate([np.broadcast_to(d, micro_a.shape), steps_b])
+    ok = np.concatenate([ok_a, ok_b])
+    batch = np.where(ok, replicas * micro * steps, -1.0)
+    # the largest batch, then the fewest micro-batches (the largest micro-batch)
+    best = np.argmin(np.where(batch == batch.max(axis=0), steps, np.inf), axis=0)
+    cols = np.arange(replicas.size)
+    return ok[best, cols], micro[best, cols], steps[best, cols] - 1.0
 
 
 def optimize_goodput(

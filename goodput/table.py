@@ -42,6 +42,8 @@ KEY_COLUMNS = ("gpu_type", "num_nodes", "num_gpus")
 REQUIRED_COLUMNS = (*KEY_COLUMNS, "goodput")
 OPTIONAL_COLUMNS = ("batch_size", "local_bsz", "accum_steps", "throughput", "efficiency", "step_time", "std")
 _INT_COLUMNS = ("num_nodes", "num_gpus", "batch_size", "local_bsz", "accum_steps")
+_MAX_COUNT = 2.0**53  # largest integer a float64 holds exactly; larger counts would not survive validation
+_TEXT_COLUMNS = ("job", "gpu_type")  # read from CSV as text: '007', '1e3', 'nan' are names, not numbers
 
 
 class GoodputTable:
@@ -73,7 +75,8 @@ class GoodputTable:
         self.quantile = check_quantile("quantile", quantile)
         if not isinstance(frame, pd.DataFrame):
             try:
-                frame = pd.DataFrame(list(frame))
+                rows = list(frame)
+                frame = pd.DataFrame(rows, columns=_columns_of(rows))
             except TypeError:
                 raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
         self._frame = self._validated(frame)
@@ -92,6 +95,7 @@ class GoodputTable:
         for column in frame.columns:
             if column == "gpu_type":
                 continue
+            _reject_booleans(f"{self.job}: {column}", frame[column])
             values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)
             if column in ("num_nodes", "num_gpus"):
@@ -102,6 +106,10 @@ class GoodputTable:
                     f"{self.job}: {column}[{row}]", frame[column].iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
                 )
             if column in _INT_COLUMNS:
+                if np.any(values > _MAX_COUNT):
+                    row = int(np.flatnonzero(values > _MAX_COUNT)[0])
+                    raise ValidationError(f"{self.job}: {column}[{row}]", frame[column].iloc[row],
+                                          "too large: counts must be <= 2**53 (exact as a float)")
                 if np.any(values != np.round(values)):
                     row = int(np.flatnonzero(values != np.round(values))[0])
                     raise ValidationError(f"{self.job}: {column}[{row}]", values[row], "must be an integer")
@@ -238,13 +246,16 @@ class GoodputTable:
         """CSV with a ``job`` column first (one table per file), and ``quantile`` when not 0.5."""
         frame = self._frame.drop(columns=["normalized_goodput"])
         frame.insert(0, "job", self.job)
+        if frame.empty:  # one row with only the job's name, so that an empty table reads back
+            frame = pd.DataFrame([{"job": self.job}], columns=frame.columns)
         if self.quantile != 0.5:
             frame.insert(1, "quantile", self.quantile)
         return atomic_write_text(path, frame.to_csv(index=False))
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> GoodputTable:
-        frame = pd.read_csv(path)
+        """Read a table written by :meth:`to_csv` (``job`` and ``gpu_type`` are read as text)."""
+        frame = pd.read_csv(path, dtype={c: str for c in _TEXT_COLUMNS}, keep_default_na=False)
         if "job" not in frame.columns or frame["job"].nunique() != 1:
             raise DataFormatError(path, None, "job", list(frame.get("job", [])), "expected one job per CSV")
         job = str(frame["job"].iloc[0])
@@ -253,8 +264,11 @@ class GoodputTable:
             if frame["quantile"].nunique() != 1:
                 raise DataFormatError(path, None, "quantile", list(frame["quantile"]), "expected one quantile per CSV")
             quantile = frame["quantile"].iloc[0]
+        rows = frame.drop(columns=["job", "quantile"], errors="ignore")
+        if len(rows) == 1 and (rows.iloc[0] == "").all():
+            rows = rows.iloc[:0]  # only the job's name: an empty table (see to_csv)
         try:
-            return cls(job, frame.drop(columns=["job", "quantile"], errors="ignore"), quantile=quantile)
+            return cls(job, rows, quantile=quantile)
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
 
@@ -264,6 +278,13 @@ def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:
     if rows:
         return None
     return list(REQUIRED_COLUMNS)
+
+
+def _reject_booleans(field: str, column: pd.Series) -> None:
+    """``True`` is not a count or a goodput (pandas would read it as 1)."""
+    if column.dtype == bool or (column.dtype == object and any(isinstance(v, (bool, np.bool_)) for v in column)):
+        row = int(np.flatnonzero([isinstance(v, (bool, np.bool_)) for v in column])[0])
+        raise ValidationError(f"{field}[{row}]", column.iloc[row], "expected a number, not a boolean")
 
 
 def _normalize(goodput: np.ndarray) -> np.ndarray:

@@ -6,9 +6,12 @@ Per GPU type, given each job's configuration (num_nodes, num_gpus):
    jobs always do; two of them claiming the same GPUs is an error);
 2. whole-node allocations (``num_gpus = num_nodes × gpus_per_node``) take
    whole free nodes, counted from the last node down;
-3. sub-node allocations go on one node, never split: largest first, each on
+3. multi-node allocations that are not whole nodes (only a running FIFO job
+   or a non-preemptible one has one; Sia's set has none) take that many nodes
+   with the most free GPUs, split as evenly as their free GPUs allow;
+4. sub-node allocations go on one node, never split: largest first, each on
    the fullest node that still holds it (best fit), counted from the front;
-4. on fragmentation, single-node jobs that kept their GPUs are evicted —
+5. on fragmentation, single-node jobs that kept their GPUs are evicted —
    for a whole-node job, every job on the emptiest node; for a sub-node job,
    the smallest jobs (each smaller than the one being placed) on the node
    needing the fewest GPUs freed — and placed again.
@@ -144,13 +147,14 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
             del occupants[node][job]
 
     # 1. unchanged configurations keep their GPUs (pinned ones first, and always)
-    whole, sub = [], []
+    whole, spread, sub = [], [], []
     order = sorted(jobs, key=lambda item: (item[0] not in pinned, item[0]))
     for job, nodes, gpus in order:
         old = current.get(job)
         if old is not None and old.configuration == (pool.gpu_type, nodes, gpus) and old.placement:
             layout = {node_of[n]: g for n, g in old.placement.items()}
-            shape_ok = (nodes == 1 and gpus <= gpn) or all(g == gpn for g in layout.values())
+            # a layout of the same configuration has its shape (prepare checks it against the nodes)
+            shape_ok = len(layout) == nodes and all(g <= gpn for g in layout.values())
             fits = all(free[n] >= g for n, g in layout.items())
             if job in pinned:
                 if not fits:
@@ -167,7 +171,10 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
                     evictable.add(job)
                 continue
             result.moved.add(job)  # same configuration, but its old GPUs are not available
-        (whole if gpus == nodes * gpn else sub).append((job, nodes, gpus))
+        if gpus == nodes * gpn:
+            whole.append((job, nodes, gpus))
+        else:
+            (sub if nodes == 1 else spread).append((job, nodes, gpus))
 
     # sub-node jobs wait in a heap: largest first, then by name
     queue = [(-gpus, job) for job, _nodes, gpus in sub]
@@ -194,7 +201,15 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
             continue
         occupy(job, {n: gpn for n in sorted(nodes_free.last_empty(nodes))})
 
-    # 3. sub-node allocations: largest first, best fit on one node; evict smaller kept jobs if needed
+    # 3. multi-node allocations that are not whole nodes: over the nodes with the most free GPUs
+    for job, nodes, gpus in sorted(spread, key=lambda item: (-item[2], item[0])):
+        layout = _spread(free, nodes, gpus)
+        if layout is None:
+            result.failed[job] = f"fragmentation: no {nodes} {pool.gpu_type} nodes have {gpus} free GPUs between them"
+            continue
+        occupy(job, layout)
+
+    # 4. sub-node allocations: largest first, best fit on one node; evict smaller kept jobs if needed
     budget = 4 * (len(jobs) + 1) ** 2
     while queue:
         negative, job = heapq.heappop(queue)
@@ -222,3 +237,22 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
         if job in kept:
             evictable.add(job)
     result.moved -= {job for job in result.moved if job not in result.placements}
+
+
+def _spread(free: list[int], nodes: int, gpus: int) -> dict[int, int] | None:
+    """``gpus`` GPUs on ``nodes`` distinct nodes (at least one each), or ``None`` if they do not fit.
+
+    Takes the nodes with the most free GPUs (the last on ties) and splits as
+    evenly as their free GPUs allow: the fullest of them first, each taking
+    its share of what is left or all it has.
+    """
+    chosen = sorted(range(len(free)), key=lambda n: (-free[n], -n))[:nodes]
+    if len(chosen) < nodes or free[chosen[-1]] < 1 or sum(free[n] for n in chosen) < gpus:
+        return None
+    layout: dict[int, int] = {}
+    left = gpus
+    for k, node in enumerate(reversed(chosen)):  # fewest free first
+        take = min(free[node], -(-left // (nodes - k)))
+        layout[node] = take
+        left -= take
+    return dict(sorted(layout.items()))

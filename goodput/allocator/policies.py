@@ -279,7 +279,7 @@ def allocate_unaware(
             reasons[name] = f"GPU types pooled: no single type has {wanted[name]} GPUs free"
     for name in problem.names:
         if name not in wanted:
-            reasons.setdefault(name, "not selected: the optimum gives the GPUs to other jobs")
+            reasons.setdefault(name, prep.infeasible.get(name) or "not selected: the optimum gives the GPUs to other jobs")
     info = {"policy": "unaware", "solver": solution.solver, "status": solution.status,
             "objective": problem.objective(solution.total),
             "bound": problem.objective(solution.bound) if solution.bound is not None else None,

@@ -154,6 +154,10 @@ def _coerce_current(job: str, value: Any, cluster: Cluster) -> JobAllocation:
     pool = cluster.pool(alloc.gpu_type)
     if alloc.num_gpus > pool.gpus or alloc.num_nodes > pool.nodes:
         raise ValidationError(f"current[{job}]", alloc.configuration, f"larger than the {pool.gpu_type} pool ({pool.nodes}x{pool.gpus_per_node})")
+    if alloc.num_gpus > alloc.num_nodes * pool.gpus_per_node:
+        raise ValidationError(f"current[{job}]", alloc.configuration,
+                              f"{alloc.num_gpus} GPUs do not fit on {alloc.num_nodes} {pool.gpu_type} node(s) "
+                              f"of {pool.gpus_per_node} GPUs")
     known = set(pool.node_ids())
     for node, gpus in alloc.placement.items():
         if node not in known:

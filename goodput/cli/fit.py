@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["max_batch_size"] = args.max_batch_size
     model = JobModel.from_profile(profile, **overrides)
     table = model.table(args.cluster)
+    if len(table) == 0:
+        raise ValidationError("cluster", str(args.cluster),
+                              f"no observations in {args.profile} for its GPU type(s) "
+                              f"{', '.join(table.missing_gpu_types)}; the profile covers {', '.join(model.gpu_types)}")
     params = {gpu: model.params(gpu).to_dict() for gpu in model.gpu_types}
     if args.out:
         (table.to_csv if args.out.endswith(".csv") else table.to_json)(args.out)
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     frame = pd.DataFrame([{"gpu_type": g, **{k: v for k, v in p.items() if k != "fixed"},
                            "set by prior": ",".join(p.get("fixed", [])) or "-"} for g, p in params.items()])
     out.print(frame_table(frame, title=f"{model.job}: Pollux throughput parameters (seconds)"))
-    shown = table.frame.drop(columns=["throughput", "step_time"])
+    shown = table.frame.drop(columns=["throughput", "step_time"], errors="ignore")
     out.print(frame_table(shown, title=f"{model.job}: goodput on {args.cluster} (samples/s × efficiency)"))
     if table.missing_gpu_types:
         out.print(f"[yellow]no observations for GPU type(s) {', '.join(table.missing_gpu_types)}: left out of the table[/]")
