@@ -132,13 +132,17 @@ class JobTypeSummary:
             gpu_type=normalize_gpu_type(data["gpu_type"]),
             params=params,
             regimes=Regimes.from_dict(data["regimes"]),
-            c_ref=float(data["c_ref"]),
-            size=data.get("size"),
-            size_proxy=None if data.get("size_proxy") is None else check_float("size_proxy", data["size_proxy"], positive=True),
+            c_ref=check_float("c_ref", data["c_ref"], positive=True),
+            size=_optional(data, "size", positive=True),
+            size_proxy=_optional(data, "size_proxy", positive=True),
             params_g=ThroughputParams(**data["params_g"]) if data.get("params_g") else None,
-            struct_multi=data.get("struct_multi"),
-            struct_inter=data.get("struct_inter"),
+            struct_multi=_optional(data, "struct_multi", nonnegative=True),
+            struct_inter=_optional(data, "struct_inter", nonnegative=True),
         )
+
+
+def _optional(data: Mapping[str, Any], key: str, **bounds: bool) -> float | None:
+    return None if data.get(key) is None else check_float(key, data[key], **bounds)
 
 
 def _one_gpu_size_proxy(items: list[Observation], params: ThroughputParams, regimes: Regimes) -> float | None:
@@ -285,7 +289,10 @@ class ClusterPrior:
             own_fit = getattr(model, "own_fit", None)
             for gpu, items in sorted(by_gpu_type(model.observations).items()):
                 shape = shapes.get(gpu)
-                params = own_fit(gpu) if own_fit is not None and shape is None else fit_throughput(items, sync_shape=shape)
+                # the model's own fit is this prior's only if it was made without a shape and without a caller's prior
+                plain = own_fit is not None and shape is None and getattr(model, "sync_shape", lambda g: None)(gpu) is None \
+                    and gpu not in getattr(model, "_prior", {})
+                params = own_fit(gpu) if plain else fit_throughput(items, sync_shape=shape)
                 out.append(cls._summary(model.job, gpu, params, items, size, shape))
         return cls(out, shapes=shapes)
 
@@ -308,10 +315,14 @@ class ClusterPrior:
 
     def exclude(self, job: str) -> ClusterPrior:
         """The prior without ``job`` (leave-one-out). Built from observations, it is rebuilt from the
-        others' (sync shapes relearned, fits redone; memoised); otherwise the job's summaries are
-        dropped and the shapes kept."""
+        others' (sync shapes relearned, fits redone; memoised). Otherwise (loaded, or from models)
+        the job's summaries are dropped, and so are the sync shapes of the types it ran on several
+        nodes of (they were learned with it); the other jobs' fits stay as they were made, under
+        the shapes, so such a prior is not exactly leave-one-out."""
         if self.observations is None:
-            return ClusterPrior([s for s in self.summaries if s.job != job], shapes=dict(self.shapes))
+            taught = {s.gpu_type for s in self.summaries if s.job == job and s.regimes.has_inter}
+            return ClusterPrior([s for s in self.summaries if s.job != job],
+                                shapes={t: shape for t, shape in self.shapes.items() if t not in taught})
         if job not in self._excluded:
             kept = {j: o for j, o in self.observations.items() if j != job}
             self._excluded[job] = ClusterPrior.from_observations(kept, {j: v for j, v in self.sizes.items() if j != job})
@@ -340,6 +351,7 @@ class ClusterPrior:
         if self.observations is None or len(self.observations) < CALIBRATION_MIN_JOBS:
             return self.calibration
         scores: dict[str, list[tuple[np.ndarray, float]]] = {}
+        scored: set[str] = set()  # jobs, not (job, type) cells: one job on two types is one job
         for job, obs in sorted(self.observations.items()):
             single, multi = _cold_split(obs)
             if not single or not multi:
@@ -348,8 +360,9 @@ class ClusterPrior:
             for gpu in sorted({o.gpu_type for o in multi}):
                 z, _ = _abs_z(model, [o for o in multi if o.gpu_type == gpu])
                 scores.setdefault(gpu, []).append((z, 1.0 / len(z)))
+                scored.add(job)
         pooled = [item for items in scores.values() for item in items]
-        if len({id(z) for z, _ in pooled}) < CALIBRATION_MIN_JOBS:
+        if len(scored) < CALIBRATION_MIN_JOBS:
             return self.calibration
         self.calibration["*"] = _scale_factor(pooled)
         for gpu, items in scores.items():

@@ -222,8 +222,8 @@ class JobModel:
             if not isinstance(value, bool):
                 raise ValidationError(flag, value, "expected True or False")
         self.bayesian = bayesian
-        self.cluster_prior = cluster_prior
-        self.model_size = None if model_size is None else check_float("model_size", model_size, positive=True)
+        self._cluster_prior = cluster_prior
+        self._model_size = None if model_size is None else check_float("model_size", model_size, positive=True)
         self.default_prior = default_prior
         self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
         self.surprise = check_float("surprise", surprise, positive=True)
@@ -245,6 +245,36 @@ class JobModel:
         self._pending = 0  # observations since the last refit
         self.refits = 0
         self.last_z: float | None = None  # largest |z| of the last online update
+
+    # ------------------------------------------------------------------ what the fits depend on
+    @property
+    def cluster_prior(self) -> ClusterPrior | None:
+        """The cross-job prior; setting it (a scheduler's refreshed one) refits everything made under the old one."""
+        return self._cluster_prior
+
+    @cluster_prior.setter
+    def cluster_prior(self, value: ClusterPrior | None) -> None:
+        if value is not None and not isinstance(value, ClusterPrior):
+            raise ValidationError("cluster_prior", value, "expected a ClusterPrior")
+        self._cluster_prior = value
+        self._invalidate()
+
+    @property
+    def model_size(self) -> float | None:
+        """The job's trainable parameter count (scales other jobs' sync costs); setting it refits."""
+        return self._model_size
+
+    @model_size.setter
+    def model_size(self, value: float | None) -> None:
+        self._model_size = None if value is None else check_float("model_size", value, positive=True)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        """Forget the own fits (their sync shape), the transfer sources and the state: the next use refits."""
+        self._params.clear()
+        self._cache.clear()
+        self._dirty.update(self._observations)
+        self._refit_due = self._hyper_due = True
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod

@@ -446,10 +446,12 @@ def fit_throughput(
         fixed[_G] = check_float("gamma", gamma)
         if not 1.0 <= fixed[_G] <= _GAMMA_MAX:
             raise ValidationError("gamma", gamma, f"must be in [1, {_GAMMA_MAX}]")
+    tied: set[str] = set()  # intra-node terms tied to the inter-node ones fitted (multi-node data only)
     if not has_inter:
-        # The inter-node premium over intra-node costs: from the prior, else 0.
-        fixed[_DA_N] = _premium(prior_values, "alpha_n", "alpha_r")
-        fixed[_DB_N] = _premium(prior_values, "beta_n", "beta_r")
+        # The inter-node premium over intra-node costs: from the prior (over the intra-node
+        # value fixed or in the prior), else 0.
+        fixed[_DA_N] = _premium(prior_values, "alpha_n", fixed.get(_A_R, prior_values.get("alpha_r")))
+        fixed[_DB_N] = _premium(prior_values, "beta_n", fixed.get(_B_R, prior_values.get("beta_r")))
     if not has_single_node_multi and has_inter:
         # Multi-node data only: the intra-node terms are not identifiable
         # separately; tie them to the inter-node ones (premium 0), or a prior.
@@ -457,13 +459,15 @@ def fit_throughput(
             fixed[_A_R] = prior_values["alpha_r"]
         else:
             fixed[_DA_N] = _TINY
+            tied.add("alpha_r")
         if "beta_r" in prior_values:
             fixed[_B_R] = prior_values["beta_r"]
         else:
             fixed[_DB_N] = _TINY
+            tied.add("beta_r")
     if not has_many:
         fixed.setdefault(_B_R, prior_values.get("beta_r", _TINY))
-        fixed.setdefault(_DB_N, _TINY)
+        fixed.setdefault(_DB_N, _premium(prior_values, "beta_n", fixed[_B_R]))
 
     for index, value in fixed.items():
         z0[index] = max(value, _TINY) if index != _G else min(max(value, 1.0), _GAMMA_MAX)
@@ -494,21 +498,26 @@ def fit_throughput(
     else:
         z = z0
     theta = _to_public(z)
-    fixed_names = _fixed_public_names(fixed)
+    fixed_names = _fixed_public_names(fixed, tied)
     return ThroughputParams(*theta.tolist(), fixed=fixed_names)
 
 
-def _premium(prior_values: Mapping[str, float], inter: str, intra: str) -> float:
-    if inter in prior_values and intra in prior_values:
-        return max(prior_values[inter] - prior_values[intra], _TINY)
+def _premium(prior_values: Mapping[str, float], inter: str, intra_value: float | None) -> float:
+    """The inter-node premium a prior implies: its ``inter`` value over the intra-node one (0 without both)."""
+    if inter in prior_values and intra_value is not None:
+        return max(prior_values[inter] - intra_value, _TINY)
     return _TINY
 
 
-def _fixed_public_names(fixed: Mapping[int, float]) -> tuple[str, ...]:
-    names = []
+def _fixed_public_names(fixed: Mapping[int, float], tied: set[str] = frozenset()) -> tuple[str, ...]:
+    """Public names of the parameters not fitted; a premium held at 0 to tie an intra-node term names that term."""
+    names = set()
     mapping = {_A_C: "alpha_c", _B_C: "beta_c", _A_R: "alpha_r", _B_R: "beta_r", _DA_N: "alpha_n", _DB_N: "beta_n", _G: "gamma"}
-    for index in sorted(fixed):
-        names.append(mapping[index])
+    for index in fixed:
+        name = mapping[index]
+        if index in (_DA_N, _DB_N) and ("alpha_r" if index == _DA_N else "beta_r") in tied:
+            name = "alpha_r" if index == _DA_N else "beta_r"
+        names.add(name)
     return tuple(n for n in PARAM_NAMES if n in names)
 
 

@@ -499,7 +499,9 @@ def build_transfer(
 
     ``own_fits`` holds each type's Pollux fit to its own ``observations``;
     types in ``keep_own`` (fitted with a caller's explicit prior) keep their fit everywhere.
-    ``cache`` (a dict the caller keeps) memoises the γ-held fits by (type, number of observations).
+    ``cache`` (a dict the caller keeps) memoises the γ-held fits by (type, number of observations):
+    keep one per job, cluster prior and ``size`` (:class:`goodput.JobModel` clears its own when
+    either changes).
     """
     keep_own = set(keep_own)
     shapes = {t: cluster_prior.sync_shape(t) if cluster_prior is not None else None for t in observations}
@@ -597,7 +599,8 @@ def build_transfer(
                             continue  # its sync profile cannot be matched to the job's: no vote
                     else:
                         carried: list[Member] = []
-                        for ref in sorted(multi_cols, key=lambda t: -len(multi_cols[t]["step_time"])):
+                        # the type with most multi-GPU data first; ties by name, not by the order types were seen
+                        for ref in sorted(multi_cols, key=lambda t: (-len(multi_cols[t]["step_time"]), t)):
                             on_ref = cluster_prior.find(other.job, ref)
                             if regime == 3 and on_ref is not None:
                                 ref_grid = gamma_grid(ref) if regimes[ref].has_single_node_multi and not regimes[ref].has_inter else None

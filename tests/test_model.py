@@ -209,6 +209,34 @@ def test_the_gp_point_limit_keeps_the_newest_observations_even_without_timestamp
     assert len(held) == len(stamped) and int(np.sum(held == 6.0)) == len(live)
 
 
+def test_a_new_cluster_prior_or_model_size_refits_what_was_made_under_the_old_one():
+    from goodput.cluster_prior import ClusterPrior
+
+    other = ThroughputParams(0.02, 0.001, 0.30, 0.01, 0.06, 0.004, 1.5)
+    configs = [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (2, 8)]
+    rows = {j: synthetic(p, configs, job=j, gpu="t4", seed=s, accums=(0,)) for j, p, s in (("a", T4, 1), ("b", other, 2))}
+    for job in rows:  # a sync shape: 2 nodes × 4 replicas 60% slower than Pollux's form says
+        rows[job] = [o if (o.num_nodes, o.num_replicas) != (2, 4) else
+                     Observation(job, "t4", 2, 4, o.local_bsz, step_time=o.step_time * 1.6) for o in rows[job]]
+    shaped, plain = ClusterPrior.from_observations(rows), ClusterPrior.from_observations({"a": rows["a"]})
+    assert shaped.sync_shape("t4") is not None and plain.sync_shape("t4") is None
+    mine = synthetic(T4, [(1, 1), (1, 2), (1, 4), (2, 8)], job="me", gpu="t4", seed=5, accums=(0,))
+    swapped = JobModel("me", init_batch_size=32, cluster_prior=shaped).observe(mine)
+    swapped.predict("t4", 2, 4, 32)
+    swapped.cluster_prior = plain
+    fresh = JobModel("me", init_batch_size=32, cluster_prior=plain).observe(mine)
+    assert swapped.own_fit("t4") == fresh.own_fit("t4")
+    assert swapped.predict("t4", 2, 4, 32).step_time == pytest.approx(fresh.predict("t4", 2, 4, 32).step_time, rel=1e-6)
+    refits = swapped.refits
+    swapped.model_size = 2e7
+    swapped.predict("t4", 2, 4, 32)
+    assert swapped.model_size == 2e7 and swapped.refits == refits + 1
+    with pytest.raises(ValidationError, match="cluster_prior"):
+        swapped.cluster_prior = {"t4": 1}
+    with pytest.raises(ValidationError, match="model_size"):
+        swapped.model_size = -1
+
+
 _CONFIGS = [(1, 1), (1, 2), (1, 4), (2, 4), (2, 8), (4, 16)]
 
 

@@ -230,3 +230,18 @@ def test_warm_started_refit_matches_a_cold_fit():
         assert b == pytest.approx(a, rel=0.01)
     with pytest.raises(ValidationError, match="initial"):
         fit_throughput(obs, initial={"alpha_c": 1.0})
+
+
+def test_prior_inter_node_values_are_kept_where_the_data_cannot_identify_them():
+    def row(nodes, replicas, bsz, extra=0.0):
+        return Observation("j", "t4", nodes, replicas, bsz, step_time=0.01 + 0.001 * bsz + extra)
+
+    one_gpu = [row(1, 1, b) for b in (16, 32, 64)]
+    fit = fit_throughput(one_gpu, prior={"alpha_n": 0.5, "beta_n": 0.01})  # no intra-node values in the prior
+    assert (fit.alpha_n, fit.beta_n) == pytest.approx((0.5, 0.01)) and {"alpha_n", "beta_n"} <= set(fit.fixed)
+    two_nodes = one_gpu + [row(2, 2, b, 0.2) for b in (16, 32, 64)]  # 2 replicas: β terms not identified
+    fit = fit_throughput(two_nodes, prior={"alpha_r": 0.05, "beta_r": 0.001, "beta_n": 0.05})
+    assert fit.beta_n == pytest.approx(0.05) and fit.alpha_n == pytest.approx(0.2, rel=1e-3)
+    # several nodes only: the intra-node terms are tied to the fitted inter-node ones, and named as fixed
+    fit = fit_throughput(one_gpu + [row(2, 4, b, 0.3) for b in (16, 32, 64)] + [row(4, 8, b, 0.4) for b in (16, 32, 64)])
+    assert {"alpha_r", "beta_r"} <= set(fit.fixed) and "alpha_n" not in fit.fixed and fit.alpha_r == pytest.approx(fit.alpha_n)

@@ -12,7 +12,7 @@ import pytest
 from experiments.accuracy_baselines import predict_linear, predict_sia
 from goodput import JobModel
 from goodput.errors import DataFormatError
-from goodput.throughput import ThroughputParams, _step_time, predict_step_time
+from goodput.throughput import ThroughputParams, _step_time, fit_throughput, predict_step_time
 from goodput.transfer import (
     GROUPS,
     ClusterPrior,
@@ -526,3 +526,71 @@ def test_known_sizes_carry_other_jobs_inter_node_sync_per_parameter(monkeypatch)
     # a job that follows both rules: they agree, and the size law changes nothing
     law, ratio = log_errors(FAST)
     np.testing.assert_allclose(law, ratio, atol=0.01)
+
+
+# ---------------------------------------------------------------------------- faults a review found
+
+_P = ThroughputParams(0.01, 0.0005, 0.12, 0.006, 0.03, 0.003, 1.5)
+_Q = ThroughputParams(0.02, 0.001, 0.30, 0.01, 0.06, 0.004, 1.5)
+_SHAPED = [(1, 1), (1, 2), (1, 4), (2, 4), (4, 4), (2, 8)]
+
+
+def _shaped_cluster():
+    """Two jobs whose 2 nodes × 4 replicas wait 60% longer than Pollux's form says: a sync shape on t4."""
+    def bend(o):
+        return dataclasses.replace(o, step_time=o.step_time * 1.6, sync_time=None) if (o.num_nodes, o.num_replicas) == (2, 4) else o
+
+    return {j: [bend(o) for o in synthetic(p, _SHAPED, job=j, gpu="t4", seed=s, accums=(0,))] for j, p, s in (("j1", _P, 1), ("j2", _Q, 2))}
+
+
+def test_the_reference_type_of_a_cold_type_does_not_depend_on_the_order_types_were_seen():
+    params = {"a": _P, "b": _Q, "c": ThroughputParams(0.04, 0.002, 0.20, 0.01, 0.05, 0.003, 1.5)}
+    other = [o for i, (g, p) in enumerate(params.items()) for o in synthetic(p, [(1, 1), (1, 2), (1, 4), (2, 8)], job="other", gpu=g, seed=i, accums=(0,))]
+    prior = ClusterPrior.from_observations({"other": other})
+    mine = {"a": synthetic(_P, [(1, 1), (1, 2), (1, 4)], job="me", gpu="a", seed=10, accums=(0,)),
+            "b": synthetic(_Q, [(1, 1), (1, 2), (1, 4)], job="me", gpu="b", seed=11, accums=(0,)),
+            "c": synthetic(params["c"], [(1, 1)], job="me", gpu="c", seed=12, accums=(0,))}
+    config = tuple(np.array([v]) for v in (2.0, 8.0, 32.0, 0.0))
+    seen = []
+    for order in (["a", "b", "c"], ["b", "a", "c"]):  # a and b have as many multi-GPU rows: a tie
+        observations = {t: mine[t] for t in order}
+        transfer = build_transfer({t: fit_throughput(observations[t]) for t in order}, observations, prior)["c"]
+        seen.append((transfer.predict_log(*config)[0][0], transfer.borrowed))
+    assert seen[0][0] == pytest.approx(seen[1][0], rel=1e-9) and seen[0][1] == seen[1][1]
+
+
+def test_a_loaded_prior_without_a_job_drops_the_sync_shapes_it_taught():
+    full = ClusterPrior.from_observations(_shaped_cluster())
+    assert full.sync_shape("t4") is not None and full.exclude("j2").sync_shape("t4") is None
+    loaded = ClusterPrior.from_dict(json.loads(json.dumps(full.to_dict())))
+    assert loaded.sync_shape("t4") is not None
+    left = loaded.exclude("j2")
+    assert left.jobs == ["j1"] and left.sync_shape("t4") is None
+
+
+def test_the_cold_calibration_needs_two_jobs_not_one_job_on_two_types():
+    cells = [(1, 1), (1, 2), (1, 4), (2, 8)]
+    prior = ClusterPrior.from_observations({
+        "A": synthetic(_P, cells, job="A", gpu="x", seed=1, accums=(0,)) + synthetic(_Q, cells, job="A", gpu="y", seed=2, accums=(0,)),
+        "B": synthetic(_Q, [(1, 1)], job="B", gpu="x", seed=3, accums=(0,)),
+    })
+    assert prior.cold_calibration() == {}
+
+
+def test_a_prior_from_models_refits_a_fit_made_under_another_sync_shape():
+    shaped = ClusterPrior.from_observations(_shaped_cluster())
+    mine = synthetic(_P, _SHAPED, job="me", gpu="t4", seed=5, accums=(0,))
+    model = JobModel("me", init_batch_size=32, cluster_prior=shaped, bayesian=False).observe(mine)
+    from_model = ClusterPrior.from_models([model]).find("me", "t4").params
+    assert from_model == ClusterPrior.from_observations({"me": mine}).find("me", "t4").params
+    assert from_model != model.own_fit("t4")  # the model's own, made under the shape, is not this prior's
+
+
+@pytest.mark.parametrize("key, value", [("size", -1e6), ("size", "big"), ("c_ref", 0.0), ("struct_multi", -0.1), ("size_proxy", 0.0)])
+def test_a_loaded_summary_with_a_bad_value_is_refused_at_load(key, value):
+    from goodput.errors import ValidationError
+
+    data = ClusterPrior.from_observations(_shaped_cluster()).to_dict()
+    data["summaries"][0][key] = value
+    with pytest.raises(ValidationError, match=key):
+        ClusterPrior.from_dict(data)
