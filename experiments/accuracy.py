@@ -91,7 +91,7 @@ from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import throughput_arrays
-from goodput.validation import check_float
+from goodput.validation import check_float, check_int
 
 __all__ = [
     "PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "predict_model", "predict_bayes", "main",
@@ -281,7 +281,8 @@ def _resume_state(out: Path, settings: dict[str, Any], resume: bool) -> set[str]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise ResumeMismatchError("out", str(out), "its settings.json is not a record this harness wrote; "
                                   "rerun without --resume or into another --out") from None
-    for key, value in settings.items():
+    for key in [*settings, *(k for k in recorded if k not in settings)]:  # a key of either record must match
+        value = settings.get(key)
         if recorded.get(key) != value:
             raise ResumeMismatchError(key, value, f"{out} holds rows computed with {key}={recorded.get(key)!r}; "
                                       "rerun with those settings, without --resume, or into another --out")
@@ -318,8 +319,13 @@ def run(
     or ``None``/``"none"``. A model with a known size scales the sync costs of
     the other models with known sizes by the ratio of sizes
     (:mod:`goodput.transfer`); the others use size proxies.
+
+    ``seeds`` (random orders per type in P4) and ``p4_max_test`` (held-out observations per P4
+    checkpoint) must be integers >= 1 (:class:`~goodput.errors.ValidationError` otherwise).
     """
     started = time.time()
+    seeds = check_int("seeds", seeds, minimum=1)
+    p4_max_test = check_int("p4_max_test", p4_max_test, minimum=1)
     data: Measurements = read_measurements(data_dir, default_gpu_type=default_gpu_type)
     names = sorted(data.models)
     if models:
@@ -389,7 +395,8 @@ def run(
     atomic_write_text(out / "summary.csv", summary.to_csv(index=False))
     atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)
-    meta = {"data_dir": str(data_dir), "kind": data.kind, "models": names, "protocols": list(protocols),
+    meta = {"data_dir": str(data_dir), "kind": data.kind, "default_gpu_type": default_gpu_type, "models": names,
+            "protocols": list(protocols),
             "methods": list(methods), "seeds": seeds, "p4_max_test": p4_max_test, "model_sizes": dict(sorted(sizes.items())),
             "model_sizes_source": given.source, "seconds": time.time() - started}
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")

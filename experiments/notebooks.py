@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -37,6 +38,16 @@ def execute(path: Path, *, fast: bool, workdir: Path, timeout: int = 1800):
     return notebook
 
 
+def save(notebook: Any, path: Path) -> Path:
+    """Write ``notebook`` to ``path`` atomically (a crash mid-write leaves the old file, never half a notebook)."""
+    import nbformat
+
+    from goodput.io import atomic_write_text
+
+    text = nbformat.writes(notebook)
+    return atomic_write_text(path, text if text.endswith("\n") else text + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.notebooks", description=__doc__)
     parser.add_argument("names", nargs="*", help="notebook file names (default: all)")
@@ -44,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", action="store_true", help="write the executed notebooks back with their outputs")
     args = parser.parse_args(argv)
     paths = [NOTEBOOKS / n for n in args.names] if args.names else sorted(NOTEBOOKS.glob("*.ipynb"))
-    import nbformat
-
     for path in paths:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 if caller_uri is None:
                     del os.environ["MLFLOW_TRACKING_URI"]
         if args.save:
-            nbformat.write(notebook, path)
+            save(notebook, path)
         print(f"{path.name}: ran in {time.perf_counter() - start:.1f} s" + (" (saved)" if args.save else ""), flush=True)
     return 0
 

@@ -33,15 +33,18 @@ def runs_frame(experiment: str, uri: str | None = None) -> Any:
     return runs[runs["params.policy"].notna()].reset_index(drop=True)
 
 
-SETTINGS = ("cluster", "truth", "round_s", "step_noise", "grad_noise")  # runs differing in these are not pooled
+# runs differing in these are not pooled
+SETTINGS = ("cluster", "truth", "truth_gpu_type", "round_s", "step_noise", "grad_noise", "report_every", "max_hours",
+            "bootstrap_batches", "table_refresh", "observation_bias")
 
 
 def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, uri: str | None = None) -> Any:
     """Per policy: number of runs and mean ± std of each metric over them.
 
-    Runs of one policy are pooled only when they share their settings: where the
-    experiment holds runs on several clusters, truths, round lengths or noise levels,
-    those become columns and each combination its own row.
+    Runs of one policy are pooled only when they share their settings (:data:`SETTINGS`):
+    where the experiment holds runs on several clusters, truths, round lengths, noise
+    levels, time limits (``max_hours``), ..., those become columns and each combination
+    its own row.
     """
     import pandas as pd
 

@@ -40,7 +40,7 @@ from goodput.observations import Observation
 from goodput.table import GoodputTable
 from goodput.validation import check_float
 
-from .truth import Family
+from .truth import Family, check_cluster_types
 from .workload import WorkloadJob
 
 __all__ = ["Assignment", "JobView", "Policy", "SimConfig", "SimJob", "SimResult", "Simulator"]
@@ -108,8 +108,8 @@ class SimConfig:
         bootstrap_batches: batch sizes profiled per GPU type when a job arrives.
         report_every: rounds between repeated reports of an unchanged configuration.
         max_hours: stop (and report unfinished jobs) after this much simulated time.
-        observation_bias: per GPU type, a factor on every step time the jobs
-            report (1 = honest); to study a misinformed model.
+        observation_bias: per GPU type of the cluster, a factor on every step time
+            the jobs report (1 = honest); to study a misinformed model.
         table_refresh: relative change of a job's noise scale that refreshes an oracle table.
     """
 
@@ -135,6 +135,9 @@ class SimConfig:
         self.max_hours = check_float("max_hours", self.max_hours, positive=True)
         self.table_refresh = check_float("table_refresh", self.table_refresh, nonnegative=True)
         for gpu_type, factor in self.observation_bias.items():
+            if gpu_type not in self.cluster.gpu_types:
+                raise ValidationError(f"observation_bias[{gpu_type!r}]", gpu_type,
+                                      f"not a GPU type of the cluster ({', '.join(self.cluster.gpu_types)})")
             check_float(f"observation_bias[{gpu_type!r}]", factor, positive=True)
         if self.bootstrap_batches < 1:
             raise ValidationError("bootstrap_batches", self.bootstrap_batches, "must be >= 1")
@@ -259,7 +262,12 @@ class Simulator:
         self.progress = progress
         self.rng = np.random.default_rng(config.seed)
         self.jobs: list[SimJob] = []
+        check_cluster_types(families, self.cluster)
+        names: set[str] = set()
         for spec in workload:
+            if spec.name in names:
+                raise ValidationError("workload", spec.name, "duplicate job name")
+            names.add(spec.name)
             family = families.get(spec.application)
             if family is None:
                 raise ValidationError(f"{spec.name}.application", spec.application,
@@ -539,6 +547,9 @@ class Simulator:
         settings = {"policy": self.policy.name, "round_s": round_s, "cluster": str(self.cluster),
                     "seed": self.config.seed, "step_noise": self.config.step_noise,
                     "grad_noise": self.config.grad_noise, "report_every": self.config.report_every,
+                    "max_hours": self.config.max_hours, "bootstrap_batches": self.config.bootstrap_batches,
+                    "table_refresh": self.config.table_refresh,
+                    "observation_bias": {g: float(f) for g, f in sorted(self.config.observation_bias.items())},
                     "jobs": len(self.jobs), **_policy_settings(self.policy)}
         summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
         summary["wall_seconds"] = _time.perf_counter() - start_wall

@@ -61,15 +61,17 @@ def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, rou
     """The summary metrics of one simulation (times in seconds, per-job means).
 
     Jobs still unfinished when the simulation stopped (``max_hours``) count in the JCT
-    figures and the makespan with their time so far, a lower bound, so that a policy
-    leaving jobs behind never looks better for it; ``jct_censored`` says so.
+    figures, the makespan and the finish-time fairness (``unfair_fraction``,
+    ``ftf_rho_median``) with their time so far, a lower bound, so that a policy
+    leaving jobs behind (or never running them) never looks better for it;
+    ``jct_censored`` says so.
     """
     done = jobs[jobs["jct_s"].notna()]
     unfinished = int(len(jobs) - len(done))
     jct = jobs["jct_s"].to_numpy(dtype=float)
     finish = jobs["finish_s"].to_numpy(dtype=float)
+    end = float(rounds["time_s"].max() + round_s) if len(rounds) else float(jobs["arrival_s"].max())
     if unfinished:
-        end = float(rounds["time_s"].max() + round_s) if len(rounds) else float(jobs["arrival_s"].max())
         arrival = jobs["arrival_s"].to_numpy(dtype=float)
         jct = np.where(np.isnan(jct), np.maximum(end - arrival, 0.0), jct)
         finish = np.where(np.isnan(finish), end, finish)
@@ -95,12 +97,13 @@ def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, rou
         summary["utilization_mean"] = float(rounds["utilization"].mean())
     rho = []
     for job in sim_jobs:
-        if job.finish_time is None or not job.active_jobs_seen:
-            continue
+        if not job.active_jobs_seen:
+            continue  # arrived after the simulation stopped
         ideal = isolated_time(job.family, cluster, float(np.mean(job.active_jobs_seen)))
         if np.isfinite(ideal) and ideal > 0:
             first_round = np.ceil(job.spec.time / round_s) * round_s
-            rho.append((job.finish_time - first_round) / ideal)
+            finish = job.finish_time if job.finish_time is not None else end  # unfinished: a lower bound of its ρ
+            rho.append((finish - first_round) / ideal)
     if rho:
         summary["unfair_fraction"] = float(np.mean(np.array(rho) > 1.0))
         summary["ftf_rho_median"] = float(np.median(rho))

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from goodput.cluster import Cluster
+from goodput.errors import ValidationError
 
 from .engine import SimConfig, SimResult, Simulator
-from .truth import CATALOG_PATH, Family, catalog_workload_stats, load_catalog, load_measured
+from .truth import CATALOG_PATH, Family, catalog_workload_stats, check_cluster_types, load_catalog, load_measured
 from .workload import WorkloadJob, read_workload, synthetic_workload
 
-__all__ = ["Task", "load_truth", "load_workloads", "run_task", "run_sweep", "DEFAULT_CLUSTER"]
+__all__ = ["Task", "load_truth", "load_workloads", "run_task", "run_sweep", "truth_settings", "DEFAULT_CLUSTER"]
 
 DEFAULT_CLUSTER = "t4:6x4,a100:2x8,rtx2080ti:3x8"  # Sia's 64-GPU, three-type setup
 
@@ -41,15 +42,35 @@ class Task:
     config: dict[str, Any] = field(default_factory=dict)  # extra SimConfig fields
     policy_options: dict[str, Any] = field(default_factory=dict)  # make_policy options, e.g. goodput_quantile
 
+    def __post_init__(self) -> None:
+        names: set[str] = set()
+        for job in self.jobs:
+            if job.name in names:
+                raise ValidationError("workload", job.name, "duplicate job name")
+            names.add(job.name)
+
 
 def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4") -> dict[str, Family]:
-    """Families from the built-in catalog, another catalog file, or a measured-tables directory."""
+    """Families from the built-in catalog, another catalog file, or a measured-tables directory.
+
+    Raises :class:`~goodput.errors.ValidationError` when a GPU type of ``cluster`` has no data in the truth.
+    """
     if truth == "catalog":
-        return load_catalog(CATALOG_PATH, cluster.gpu_types)
-    path = Path(truth)
-    if path.is_file():
-        return load_catalog(path, cluster.gpu_types)
-    return load_measured(path, default_gpu_type=default_gpu_type)
+        families: dict[str, Family] = dict(load_catalog(CATALOG_PATH, cluster.gpu_types))
+    elif Path(truth).is_file():
+        families = dict(load_catalog(Path(truth), cluster.gpu_types))
+    else:
+        families = dict(load_measured(Path(truth), default_gpu_type=default_gpu_type))
+    check_cluster_types(families, cluster)
+    return families
+
+
+def truth_settings(truth: str, default_gpu_type: str = "t4") -> dict[str, Any]:
+    """The ground truth's settings to record with a run: its source and, for measured tables, the GPU type
+    of tables without a type suffix (it changes what the tables mean)."""
+    if truth == "catalog" or Path(truth).is_file():
+        return {"truth": truth}
+    return {"truth": truth, "truth_gpu_type": default_gpu_type}
 
 
 def load_workloads(source: str | None, families: dict[str, Family], *, synthetic: int = 0, seed: int = 0,
@@ -76,7 +97,9 @@ def run_task(task: Task) -> tuple[Task, SimResult]:
     families = load_truth(task.truth, cluster, task.default_gpu_type)
     policy = make_policy(task.policy, round_s=task.round_s, **task.policy_options)
     config = SimConfig(cluster=cluster, seed=task.seed, **task.config)
-    return task, Simulator(task.jobs, families, config, policy).run()
+    result = Simulator(task.jobs, families, config, policy).run()
+    result.settings.update(truth_settings(task.truth, task.default_gpu_type))
+    return task, result
 
 
 def run_sweep(tasks: Sequence[Task], processes: int | None = None,

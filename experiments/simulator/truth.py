@@ -39,7 +39,8 @@ from goodput.observations import Observation, by_gpu_type
 from goodput.optimize import BatchLimits, optimize_goodput
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
 
-__all__ = ["Family", "ParametricFamily", "MeasuredFamily", "load_catalog", "load_measured", "CATALOG_PATH"]
+__all__ = ["Family", "ParametricFamily", "MeasuredFamily", "check_cluster_types", "load_catalog", "load_measured",
+           "CATALOG_PATH"]
 
 CATALOG_PATH = Path(__file__).with_name("catalog.json")
 
@@ -181,6 +182,17 @@ class ParametricFamily(Family):
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         return _step_time(self._theta[gpu_type], n, r, b, a)
+
+
+def check_cluster_types(families: Mapping[str, Family], cluster: Any) -> None:
+    """Raise :class:`~goodput.errors.ValidationError` naming the cluster's GPU types that no family of the
+    ground truth has data for (their GPUs could never run a job, yet would count in the cluster's capacity
+    and utilisation)."""
+    known = {g for family in families.values() for g in family.gpu_types}
+    missing = [g for g in cluster.gpu_types if g not in known]
+    if missing:
+        raise ValidationError("cluster", ",".join(missing), f"no ground truth for GPU type(s) {', '.join(missing)} "
+                              f"(the truth covers {', '.join(sorted(known)) or 'none'}); remove them from the cluster")
 
 
 def load_catalog(path: str | Path = CATALOG_PATH, gpu_types: list[str] | None = None) -> dict[str, ParametricFamily]:

@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--workload", help="a workload CSV, or a directory of them (each is simulated)")
     source.add_argument("--synthetic", type=int, metavar="N", help="generate N Philly-like jobs (default: 160)")
-    parser.add_argument("--hours", type=float, default=8.0, help="arrival window of a synthetic workload (hours)")
+    parser.add_argument("--hours", type=float, help="arrival window of a synthetic workload (hours; default 8)")
     parser.add_argument("--policy", default="sia", help=f"policy or comma-separated policies, or 'all' ({', '.join(POLICIES)})")
     parser.add_argument("--goodput-quantile", default="0.5", metavar="Q[,Q...]",
                         help="the allocator reads the online models' tables at this quantile of goodput (< 0.5 "
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from goodput import tracking
     from goodput.cluster import Cluster
     from goodput.errors import ValidationError
+    from goodput.validation import check_int
 
     cluster = Cluster.parse(args.cluster)
     policies = list(POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -57,8 +58,14 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValidationError("policy", unknown[0], f"unknown policy (known: {', '.join(POLICIES)}, all)")
     quantiles = _quantiles(args.goodput_quantile)
+    if args.synthetic is not None:
+        check_int("synthetic", args.synthetic, minimum=1)
+    if args.workload and args.hours is not None:
+        raise ValidationError("hours", args.hours, "sets the arrival window of a synthetic workload only; "
+                              "a --workload CSV gives its own arrival times")
     families = load_truth(args.truth, cluster, args.gpu_type)
-    workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed, hours=args.hours)
+    workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed,
+                               hours=8.0 if args.hours is None else args.hours)
     tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
                   seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours},
                   policy_options={} if q == 0.5 else {"goodput_quantile": q})

@@ -1,4 +1,4 @@
-"""Regression tests for review findings in tables, batch optimisation, allocation and ``goodput fit``."""
+"""Edge cases of tables, batch optimisation, allocation and ``goodput fit``: what a scheduler may hand them."""
 
 from __future__ import annotations
 

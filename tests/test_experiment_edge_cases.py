@@ -1,0 +1,189 @@
+"""Edge cases of the experiments: accuracy resume and options, simulator inputs, fairness of starved
+jobs, recorded settings, the simulate and compare CLIs, notebook saving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import accuracy
+from experiments.simulator.engine import Assignment, SimConfig, Simulator
+from experiments.simulator.runner import Task, load_truth, run_task, truth_settings
+from experiments.simulator.truth import ParametricFamily
+from experiments.simulator.workload import WorkloadJob, write_workload
+from goodput import Cluster
+from goodput.cli import main
+from goodput.errors import ValidationError
+from goodput.throughput import ThroughputParams
+from tests.sim_doubles import FixedPolicy
+from tests.test_accuracy import _write_layout
+
+TOY = ParametricFamily(name="toy", init_batch_size=32, max_batch_size=32, min_local_bsz=1, max_local_bsz={"t4": 64},
+                       work=1000.0, noise=((0.0, 1e9), (1.0, 1e9)), restart_cost_s=30.0,
+                       params={"t4": ThroughputParams(0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)})  # 100 s of work on 1 GPU
+
+
+class Plan:
+    """An oracle, fixed-batch policy whose allocation per job a function gives."""
+
+    name = "plan"
+    round_s = 60.0
+    oracle = True
+    adaptive_batch = False
+    pooled_model = False
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def decide(self, now, cluster, jobs):
+        return {j.name: self.plan(j) for j in jobs}
+
+
+def _toy_run(plan, jobs, **config):
+    cfg = SimConfig(cluster=Cluster.parse("t4:2x4"), step_noise=0, grad_noise=0, **config)
+    return Simulator(jobs, {"toy": TOY}, cfg, Plan(plan)).run()
+
+
+# ====================================================================== accuracy
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Path:
+    return _write_layout(tmp_path / "measured")
+
+
+def test_resume_refuses_a_folder_written_with_model_sizes_when_run_without(layout, tmp_path):
+    out = tmp_path / "res"
+    kw = dict(models=["small"], protocols=["P1"], methods=["pollux"], mlflow=False, progress=False)
+    accuracy.run(layout, out, model_sizes={"small": 1e6, "resnet": 2e6}, **kw)
+    with pytest.raises(accuracy.ResumeMismatchError, match="model_sizes"):
+        accuracy.run(layout, out, model_sizes="none", resume=True, **kw)
+    # the other way round too
+    accuracy.run(layout, out, model_sizes="none", **kw)
+    with pytest.raises(accuracy.ResumeMismatchError, match="model_sizes"):
+        accuracy.run(layout, out, model_sizes={"small": 1e6}, resume=True, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["default_gpu_type"] == "t4"  # a setting that changes results is recorded
+
+
+@pytest.mark.parametrize("option, value", [("seeds", -2), ("seeds", 0), ("p4_max_test", 0), ("p4_max_test", -1)])
+def test_accuracy_options_are_validated(tmp_path, option, value):
+    with pytest.raises(ValidationError, match=option):
+        accuracy.run(tmp_path / "not-read", tmp_path / "out", mlflow=False, progress=False, **{option: value})
+
+
+def test_cli_accuracy_rejects_a_negative_p4_max_test(layout, capsys):
+    assert main(["accuracy", str(layout), "--p4-max-test", "-1", "--protocols", "P4", "--no-mlflow", "--no-progress"]) == 2
+    assert "p4_max_test" in capsys.readouterr().err
+
+
+# ====================================================================== simulator
+
+
+def test_a_starved_job_counts_as_treated_unfairly():
+    jobs = [WorkloadJob("a", 0.0, "toy", 1, 32), WorkloadJob("b", 0.0, "toy", 1, 32)]
+    both = _toy_run(lambda j: Assignment("t4", 1, 1, ((("t4-0" if j.name == "a" else "t4-1"), 1),)), jobs, max_hours=1.0)
+    starved = _toy_run(lambda j: Assignment("t4", 1, 1, (("t4-0", 1),)) if j.name == "a" else None, jobs, max_hours=1.0)
+    assert both.summary["unfair_fraction"] == 0.0
+    assert starved.summary["unfinished"] == 1
+    assert starved.summary["unfair_fraction"] == pytest.approx(0.5)
+    assert starved.summary["ftf_rho_median"] > both.summary["ftf_rho_median"]
+
+
+def test_duplicate_job_names_are_refused():
+    jobs = [WorkloadJob("a", 0.0, "toy", 4, 32), WorkloadJob("a", 10.0, "toy", 4, 32)]
+    with pytest.raises(ValidationError, match="duplicate job name"):
+        _toy_run(lambda j: Assignment("t4", 1, 4, (("t4-0", 4),)), jobs)
+    with pytest.raises(ValidationError, match="duplicate job name"):
+        Task("w", tuple(jobs), "fifo", "t4:2x4")
+
+
+def test_cluster_types_without_ground_truth_are_refused(tmp_path, capsys):
+    cluster = Cluster.parse("t4:1x4,h100:1x8")
+    with pytest.raises(ValidationError, match="h100"):
+        Simulator([WorkloadJob("a", 0.0, "toy", 1, 32)], {"toy": TOY}, SimConfig(cluster=cluster), FixedPolicy("t4", 1))
+    with pytest.raises(ValidationError, match="h100"):
+        load_truth("catalog", cluster)
+    path = write_workload([WorkloadJob("c", 0.0, "cifar10", 1, 128)], tmp_path / "w.csv")
+    code = main(["simulate", "--workload", str(path), "--policy", "fifo", "--cluster", "t4:1x4,h100:1x8", "--processes", "1",
+                 "--no-mlflow", "--out", str(tmp_path / "out")])
+    assert code == 2 and "h100" in capsys.readouterr().err
+
+
+def test_observation_bias_keys_must_be_cluster_types():
+    with pytest.raises(ValidationError, match="v100"):
+        SimConfig(cluster=Cluster.parse("t4:1x4"), observation_bias={"v100": 2.0})
+    with pytest.raises(ValidationError, match="V100"):
+        SimConfig(cluster=Cluster.parse("t4:1x4"), observation_bias={"V100": 2.0})
+    assert SimConfig(cluster=Cluster.parse("t4:1x4"), observation_bias={"t4": 2.0}).observation_bias == {"t4": 2.0}
+
+
+def test_settings_that_change_results_are_recorded():
+    result = _toy_run(lambda j: Assignment("t4", 1, 1, (("t4-0", 1),)), [WorkloadJob("a", 0.0, "toy", 1, 32)],
+                      max_hours=2.0, bootstrap_batches=3, table_refresh=0.1, observation_bias={"t4": 1.5})
+    settings = result.settings
+    assert settings["max_hours"] == 2.0 and settings["bootstrap_batches"] == 3 and settings["table_refresh"] == 0.1
+    assert settings["observation_bias"] == {"t4": 1.5}
+    json.dumps(settings)  # summary.json takes it as is
+    task = Task("w", (WorkloadJob("c", 0.0, "cifar10", 1, 128),), "fifo", "t4:1x4", config={"max_hours": 1.0})
+    _, done = run_task(task)
+    assert done.settings["truth"] == "catalog" and "truth_gpu_type" not in done.settings
+    assert truth_settings("some/measured-dir", "a100") == {"truth": "some/measured-dir", "truth_gpu_type": "a100"}
+
+
+def test_compare_does_not_pool_runs_with_other_time_limits(tmp_path):
+    import mlflow
+
+    from experiments.simulator.compare import compare_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("limits")
+    for max_hours, jct in ((336.0, 100.0), (336.0, 300.0), (0.05, 10.0)):
+        with mlflow.start_run():
+            mlflow.log_params({"policy": "sia", "cluster": "t4:2x4", "max_hours": max_hours})
+            mlflow.log_metric("avg_jct_s", jct)
+    frame = compare_runs("limits", uri=uri).set_index("max_hours")
+    assert len(frame) == 2
+    assert frame.loc["336.0", "runs"] == 2 and frame.loc["336.0", "avg_jct_s_mean"] == pytest.approx(200.0)
+    assert frame.loc["0.05", "runs"] == 1
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_simulate_rejects_a_synthetic_count_below_one(count, capsys):
+    assert main(["simulate", "--synthetic", count, "--no-mlflow"]) == 2
+    assert "synthetic" in capsys.readouterr().err
+
+
+def test_simulate_rejects_hours_with_a_workload_file(tmp_path, capsys):
+    path = write_workload([WorkloadJob("c", 0.0, "cifar10", 1, 128)], tmp_path / "w.csv")
+    assert main(["simulate", "--workload", str(path), "--hours", "3", "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
+    assert "hours" in capsys.readouterr().err
+
+
+# ====================================================================== notebooks
+
+
+def test_notebooks_save_is_atomic(tmp_path, monkeypatch):
+    """A write that fails midway leaves the file as it was (nbformat.write truncated it first)."""
+    import nbformat
+
+    from experiments import notebooks
+
+    path = tmp_path / "demo.ipynb"
+    good = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+    nbformat.write(good, path)
+    before = path.read_text()
+    # serialises, but cannot be encoded as UTF-8: the write fails after the file was opened
+    bad = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = '" + chr(0xD800) + "'")])  # a lone surrogate
+    monkeypatch.setattr(notebooks, "NOTEBOOKS", tmp_path)
+    monkeypatch.setattr(notebooks, "execute", lambda *a, **k: bad)
+    with pytest.raises(UnicodeEncodeError):
+        notebooks.main(["demo.ipynb", "--save"])
+    assert path.read_text() == before
+    monkeypatch.setattr(notebooks, "execute", lambda *a, **k: good)
+    assert notebooks.main(["demo.ipynb", "--save"]) == 0
+    assert nbformat.read(path, as_version=4).cells[0].source == "1 + 1"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left behind
