@@ -19,9 +19,10 @@ new observations at once (an O(n²) Cholesky update) without refitting anything.
 The Pollux means, the priors and the GP hyperparameters are refitted now and
 then, lazily at the next question: after ``refit_every`` new observations
 (default: a quarter of those held at the last refit, at least 5), when an
-observation is surprising (``|z| > surprise`` under the predictive
-distribution), when a new GPU type appears, or on :meth:`JobModel.refit`. Only
-types whose data changed are refitted by Pollux's L-BFGS-B. Numerical trouble
+observation is surprising (``|z| > surprise`` under the GP's posterior
+predictive, narrower than the interval :meth:`JobModel.predict` reports),
+when a new GPU type appears, or on :meth:`JobModel.refit`. Only types whose
+data changed are refitted by Pollux's L-BFGS-B. Numerical trouble
 never raises: the GP escalates jitter, then the prediction falls back to the
 parametric one with an inflated ``std`` (:attr:`JobModel.diagnostics`).
 
