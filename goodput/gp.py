@@ -160,8 +160,7 @@ class GPHyperparameters:
         if num_tasks <= self.num_tasks:
             return replace(self, task_factor=self.task_factor[:num_tasks], task_var=self.task_var[:num_tasks], task_names=())
         extra = num_tasks - self.num_tasks
-        w = float(np.mean(self.task_factor)) if self.task_factor else 0.095
-        v = float(np.mean(self.task_var)) if self.task_var else 0.001
+        w, v = self._task_means()
         return replace(self, task_factor=self.task_factor + (w,) * extra, task_var=self.task_var + (v,) * extra, task_names=())
 
     def for_types(self, types: Any) -> GPHyperparameters:
@@ -175,12 +174,17 @@ class GPHyperparameters:
         types = tuple(str(t) for t in types)
         if not self.task_names:
             return replace(self.with_tasks(len(types)), task_names=types)
-        w_mean = float(np.mean(self.task_factor)) if self.task_factor else 0.095
-        v_mean = float(np.mean(self.task_var)) if self.task_var else 0.001
+        w_mean, v_mean = self._task_means()
         where = {name: k for k, name in enumerate(self.task_names)}
         w = tuple(self.task_factor[where[t]] if t in where else w_mean for t in types)
         v = tuple(self.task_var[where[t]] if t in where else v_mean for t in types)
         return replace(self, task_factor=w, task_var=v, task_names=types)
+
+    def _task_means(self) -> tuple[float, float]:
+        """Mean ``w`` and ``v`` of the known tasks (the defaults' without any): where a new type starts."""
+        w = float(np.mean(self.task_factor)) if self.task_factor else 0.095
+        v = float(np.mean(self.task_var)) if self.task_var else 0.001
+        return w, v
 
     def borrowed(self, tasks: Any) -> GPHyperparameters:
         """These hyperparameters with the task parameters of ``tasks`` (indices) set to the mean of the others'.

@@ -211,8 +211,7 @@ class JobModel:
             if cluster_prior is not None:
                 raise ValidationError("prior", prior, "a ClusterPrior is given twice (prior= and cluster_prior=)")
             prior, cluster_prior = None, prior
-        if cluster_prior is not None and not isinstance(cluster_prior, ClusterPrior):
-            raise ValidationError("cluster_prior", cluster_prior, "expected a ClusterPrior")
+        cluster_prior = _checked_cluster_prior(cluster_prior)
         if prior is not None and not isinstance(prior, Mapping):
             raise ValidationError("prior", prior, "expected {gpu_type: ThroughputParams or {parameter: value}} or a ClusterPrior")
         self._prior: dict[str, ThroughputParams | Mapping[str, float]] = {}
@@ -224,7 +223,7 @@ class JobModel:
                 raise ValidationError(flag, value, "expected True or False")
         self.bayesian = bayesian
         self._cluster_prior = cluster_prior
-        self._model_size = None if model_size is None else check_float("model_size", model_size, positive=True)
+        self._model_size = _checked_model_size(model_size)
         self.default_prior = default_prior
         self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
         self.surprise = check_float("surprise", surprise, positive=True)
@@ -255,9 +254,7 @@ class JobModel:
 
     @cluster_prior.setter
     def cluster_prior(self, value: ClusterPrior | None) -> None:
-        if value is not None and not isinstance(value, ClusterPrior):
-            raise ValidationError("cluster_prior", value, "expected a ClusterPrior")
-        self._cluster_prior = value
+        self._cluster_prior = _checked_cluster_prior(value)
         self._invalidate()
 
     @property
@@ -267,7 +264,7 @@ class JobModel:
 
     @model_size.setter
     def model_size(self, value: float | None) -> None:
-        self._model_size = None if value is None else check_float("model_size", value, positive=True)
+        self._model_size = _checked_model_size(value)
         self._invalidate()
 
     def _invalidate(self) -> None:
@@ -628,3 +625,12 @@ class JobModel:
         counts = ", ".join(f"{g}: {len(o)}" for g, o in self._observations.items())
         return f"JobModel(job={self.job!r}, init_batch_size={self.init_batch_size}, observations={{{counts}}})"
 
+
+def _checked_cluster_prior(value: Any) -> ClusterPrior | None:
+    if value is not None and not isinstance(value, ClusterPrior):
+        raise ValidationError("cluster_prior", value, "expected a ClusterPrior")
+    return value
+
+
+def _checked_model_size(value: Any) -> float | None:
+    return None if value is None else check_float("model_size", value, positive=True)

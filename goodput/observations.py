@@ -339,7 +339,7 @@ class Profile:
             already = Counter(writer.existing_records)
             records = []
             meta = self.meta_dict()
-            if meta and not _meta_known(writer.existing_records, meta):
+            if meta and not _meta_known(writer.existing_meta, meta):
                 records.append({"record": "meta", **meta})
             records.extend({"record": "observation", **obs.to_dict()} for obs in self.observations)
             for record in records:
@@ -387,16 +387,14 @@ class Profile:
         return loaded
 
 
-def _meta_known(existing_records: Iterable[str], meta: Mapping[str, Any]) -> bool:
-    """Whether merging ``meta`` into the meta that a file's records merge to changes nothing."""
+def _meta_known(existing_meta: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> bool:
+    """Whether merging ``meta`` into the meta that a file's meta records merge to changes nothing."""
     merged: dict[str, Any] = {"max_local_bsz": {}, "metadata": {}}
-    for text in existing_records:
-        record = json.loads(text)
-        if record.pop("record", "observation") == "meta":
-            try:
-                _merge_meta(merged, record)
-            except ValidationError:
-                return False
+    for record in existing_meta:
+        try:
+            _merge_meta(merged, record)
+        except ValidationError:
+            return False
     before = _canonical(merged)
     updated = json.loads(before)
     _merge_meta(updated, json.loads(_canonical(meta)))
@@ -488,6 +486,7 @@ class ProfileWriter:
         self.path = Path(path)
         self.existing_records: list[str] = []
         self.existing: list[Observation] = []
+        self.existing_meta: list[dict[str, Any]] = []  # the meta records already there, in order
         if self.path.exists():
             self._load_existing()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -521,7 +520,9 @@ class ProfileWriter:
         records, _ = _read_jsonl(self.path)
         for line_no, record in records:
             self.existing_records.append(_canonical(record))
-            if record.get("record", "observation") == "observation":
+            if record.get("record") == "meta":
+                self.existing_meta.append({k: v for k, v in record.items() if k != "record"})
+            elif record.get("record", "observation") == "observation":
                 body = {k: v for k, v in record.items() if k != "record"}
                 try:
                     self.existing.append(Observation.from_dict(body))

@@ -446,7 +446,7 @@ def fit_throughput(
         fixed[_G] = check_float("gamma", gamma)
         if not 1.0 <= fixed[_G] <= _GAMMA_MAX:
             raise ValidationError("gamma", gamma, f"must be in [1, {_GAMMA_MAX}]")
-    tied: set[str] = set()  # intra-node terms tied to the inter-node ones fitted (multi-node data only)
+    tied: set[int] = set()  # premiums held at 0 to tie an intra-node term to the fitted inter-node one
     if not has_inter:
         # The inter-node premium over intra-node costs: from the prior (over the intra-node
         # value fixed or in the prior), else 0.
@@ -459,12 +459,12 @@ def fit_throughput(
             fixed[_A_R] = prior_values["alpha_r"]
         else:
             fixed[_DA_N] = _TINY
-            tied.add("alpha_r")
+            tied.add(_DA_N)
         if "beta_r" in prior_values:
             fixed[_B_R] = prior_values["beta_r"]
         else:
             fixed[_DB_N] = _TINY
-            tied.add("beta_r")
+            tied.add(_DB_N)
     if not has_many:
         fixed.setdefault(_B_R, prior_values.get("beta_r", _TINY))
         fixed.setdefault(_DB_N, _premium(prior_values, "beta_n", fixed[_B_R]))
@@ -509,15 +509,10 @@ def _premium(prior_values: Mapping[str, float], inter: str, intra_value: float |
     return _TINY
 
 
-def _fixed_public_names(fixed: Mapping[int, float], tied: set[str] = frozenset()) -> tuple[str, ...]:
-    """Public names of the parameters not fitted; a premium held at 0 to tie an intra-node term names that term."""
-    names = set()
+def _fixed_public_names(fixed: Mapping[int, float], tied: set[int] = frozenset()) -> tuple[str, ...]:
+    """Public names of the parameters not fitted; a premium in ``tied`` (held at 0) names the intra-node term it ties."""
     mapping = {_A_C: "alpha_c", _B_C: "beta_c", _A_R: "alpha_r", _B_R: "beta_r", _DA_N: "alpha_n", _DB_N: "beta_n", _G: "gamma"}
-    for index in fixed:
-        name = mapping[index]
-        if index in (_DA_N, _DB_N) and ("alpha_r" if index == _DA_N else "beta_r") in tied:
-            name = "alpha_r" if index == _DA_N else "beta_r"
-        names.add(name)
+    names = {mapping[_A_R if index == _DA_N else _B_R] if index in tied else mapping[index] for index in fixed}
     return tuple(n for n in PARAM_NAMES if n in names)
 
 
