@@ -32,7 +32,8 @@ __all__ = ["NodePool", "Cluster", "Configuration"]
 
 Configuration = tuple[str, int, int]  # (gpu_type, num_nodes, num_gpus)
 
-_SPEC_ITEM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*:\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+# counts are ASCII digits only: ``\d`` would also match '٤' or '４', which int() reads as 4
+_SPEC_ITEM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*:\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class Cluster:
         for item in spec.split(","):
             match = _SPEC_ITEM.match(item)
             if not match:
-                raise ValidationError("cluster", item.strip(), "expected type:NODESxGPUS, e.g. 't4:6x4'")
+                raise ValidationError("cluster", item.strip(), "expected type:NODESxGPUS in ASCII digits, e.g. 't4:6x4'")
             gpu_type, nodes, gpus = match.groups()
             pools.append(NodePool(gpu_type, int(nodes), int(gpus)))
         return cls(tuple(pools))

@@ -46,6 +46,7 @@ from .validation import check_float, check_int
 __all__ = ["efficiency", "noise_scale", "describe_noise_scale", "noise_scale_resolved", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR"]
 
 GRAD_SQR_FLOOR = 1e-30  # |g|² estimates at or below 0 are stored as this: the gradient's mean is not resolved
+_FLOAT_TINY = float(np.finfo(float).tiny)  # smallest normal float: a quotient below it has lost precision
 
 
 def noise_scale(grad_sqr: float, grad_var: float, init_batch_size: float) -> float:
@@ -89,10 +90,16 @@ def efficiency(grad_sqr: float, grad_var: float, init_batch_size: float, batch_s
         batch_size: M, samples (>= M0); a scalar or an array.
 
     Returns:
-        A float in (0, 1] for a scalar ``batch_size``, else an array of them.
+        A float in (0, 1] for a scalar ``batch_size``, else an array of them (0 only where the
+        true value lies below the smallest float, which takes M/M0 beyond 1e308).
+
+    Computed as ``(v + s) / (v + (M/M0)·s)`` with ``v, s = grad_var, grad_sqr`` divided by
+    the larger of them: Pollux's ratio without forming φ, which overflows for extreme
+    ``grad_var / grad_sqr`` (``efficiency(1e-30, 1e290, 128, 512)`` is 1, not NaN).
     """
-    phi = noise_scale(grad_sqr, grad_var, init_batch_size)
-    m0 = float(init_batch_size)
+    grad_sqr = check_float("grad_sqr", grad_sqr, positive=True)
+    grad_var = check_float("grad_var", grad_var, nonnegative=True)
+    m0 = check_float("init_batch_size", init_batch_size, positive=True)
     if np.asarray(batch_size).dtype.kind not in "iuf":  # not bools, strings or objects
         raise ValidationError("batch_size", batch_size, "expected a number or an array of numbers")
     m = np.asarray(batch_size, dtype=float)
@@ -100,8 +107,22 @@ def efficiency(grad_sqr: float, grad_var: float, init_batch_size: float, batch_s
         raise ValidationError("batch_size", batch_size, "must be finite")
     if np.any(m < m0):
         raise ValidationError("batch_size", batch_size, f"must be >= init_batch_size ({m0:g})")
-    result = (phi + m0) / (phi + m)
+    scale = max(grad_sqr, grad_var)
+    var, sqr = grad_var / scale, grad_sqr / scale  # in [0, 1], the larger one exactly 1
+    result = (var + sqr) / (var + _batch_term(m, m0, grad_sqr, scale))
     return float(result) if result.ndim == 0 else result
+
+
+def _batch_term(m: np.ndarray, m0: float, grad_sqr: float, scale: float) -> np.ndarray:
+    """(M/M0) · grad_sqr/scale, from logs where a factor under- or overflows (inf only beyond float range)."""
+    with np.errstate(all="ignore"):
+        ratio = m / m0
+        term = ratio * (grad_sqr / scale)
+        inexact = ~np.isfinite(ratio) | (grad_sqr / scale < _FLOAT_TINY)
+        if np.any(inexact):
+            logged = np.exp(np.log(m) - math.log(m0) + math.log(grad_sqr) - math.log(scale))
+            term = np.where(inexact, logged, term)
+    return term
 
 
 def two_batch_estimates(sqr_small: Any, batch_small: Any, sqr_large: Any, batch_large: Any) -> tuple[Any, Any]:

@@ -38,7 +38,7 @@ import numpy as np
 from .errors import ValidationError
 from .observations import Observation
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
-from .validation import check_float
+from .validation import check_float, check_int
 
 __all__ = ["SyncShape", "learn_sync_shape", "SHAPE_MIN_JOBS", "SHAPE_LOG_STD"]
 
@@ -47,6 +47,10 @@ SHAPE_LOG_STD = 0.5  # prior std of log φ (a factor of 1.65): a cell few observ
 SHAPE_ROUNDS = 3  # alternations between the jobs' fits and the cells' factors
 SHAPE_RESID_FLOOR = 0.02  # smallest RMS log residual a job's fit is credited with (its observations' weight)
 _FACTOR_RANGE = (0.1, 10.0)
+# A shape is a dense grid up to its largest cell, so a cell beyond these is a corrupt record, not a
+# learned one: no job runs on more replicas, and no legitimate shape needs a larger grid (128 MiB).
+_MAX_REPLICAS = 2**17
+_MAX_GRID_CELLS = 2**24
 
 
 @dataclass(frozen=True)
@@ -65,20 +69,19 @@ class SyncShape:
     def __post_init__(self) -> None:
         clean: dict[tuple[int, int], float] = {}
         for key, value in dict(self.factors).items():
-            if not (isinstance(key, tuple) and len(key) == 2):
-                raise ValidationError("factors", key, "keys must be (num_nodes, num_replicas) pairs")
-            nodes, replicas = (int(k) for k in key)
-            if nodes < 2 or replicas < nodes:
-                raise ValidationError("factors", key, "cells need num_nodes >= 2 and num_replicas >= num_nodes")
+            nodes, replicas = _check_cell(key)
             factor = check_float(f"factors[{key!r}]", value, positive=True)
             low, high = _FACTOR_RANGE
             if not low <= factor <= high:
                 raise ValidationError(f"factors[{key!r}]", factor, f"must lie in [{low}, {high}]")
             clean[(nodes, replicas)] = factor
         object.__setattr__(self, "factors", clean)
-        object.__setattr__(self, "jobs", int(self.jobs))
+        object.__setattr__(self, "jobs", check_int("jobs", self.jobs, minimum=0))
         size_n = max((n for n, _ in clean), default=1) + 1
         size_r = max((r for _, r in clean), default=1) + 1
+        if size_n * size_r > _MAX_GRID_CELLS:
+            raise ValidationError("factors", (size_n - 1, size_r - 1),
+                                  f"a lookup grid this large takes more than {_MAX_GRID_CELLS} cells")
         grid = np.ones((size_n, size_r))
         for (n, r), factor in clean.items():
             grid[n, r] = factor
@@ -100,14 +103,30 @@ class SyncShape:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SyncShape:
+        """A saved shape (:meth:`to_dict`), checked as the constructor checks a new one: a corrupt record raises."""
         if not isinstance(data, Mapping) or not isinstance(data.get("factors"), list):
             raise ValidationError("sync_shape", data, "expected {'factors': [[num_nodes, num_replicas, factor], ...]}")
         factors = {}
         for item in data["factors"]:
             if not (isinstance(item, (list, tuple)) and len(item) == 3):
                 raise ValidationError("sync_shape.factors", item, "expected [num_nodes, num_replicas, factor]")
-            factors[(int(item[0]), int(item[1]))] = item[2]
-        return cls(factors, jobs=int(data.get("jobs", 0)))
+            factors[_check_cell(tuple(item[:2]), field="sync_shape.factors")] = item[2]
+        return cls(factors, jobs=check_int("sync_shape.jobs", data.get("jobs", 0), minimum=0))
+
+
+def _check_cell(key: Any, field: str = "factors") -> tuple[int, int]:
+    """A ``(num_nodes, num_replicas)`` cell as ints: 2 <= num_nodes <= num_replicas <= :data:`_MAX_REPLICAS`."""
+    if not (isinstance(key, tuple) and len(key) == 2):
+        raise ValidationError(field, key, "keys must be (num_nodes, num_replicas) pairs")
+    try:
+        nodes, replicas = (check_int(field, k) for k in key)
+    except ValidationError:
+        raise ValidationError(field, key, "num_nodes and num_replicas must be integers") from None
+    if nodes < 2 or replicas < nodes:
+        raise ValidationError(field, key, "cells need num_nodes >= 2 and num_replicas >= num_nodes")
+    if replicas > _MAX_REPLICAS:
+        raise ValidationError(field, key, f"num_replicas must be <= {_MAX_REPLICAS}")
+    return nodes, replicas
 
 
 def learn_sync_shape(jobs: Iterable[Sequence[Observation]], *, rounds: int = SHAPE_ROUNDS) -> SyncShape | None:
