@@ -25,13 +25,21 @@ class ValidationError(ValueError):
         self.reason = reason
         super().__init__(f"{field}={value!r}: {reason}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable across processes (a worker's error reaches the parent as itself, not as a broken pool)."""
+        return (type(self), (self.field, self.value, self.reason), self.__dict__)
+
 
 class UnknownGPUTypeError(ValidationError):
     """A GPU type that the model, table or cluster has never heard of."""
 
     def __init__(self, gpu_type: Any, known: list[str] | tuple[str, ...] = (), field: str = "gpu_type"):
         known_text = ", ".join(sorted(known)) if known else "none"
+        self.known = tuple(known)
         super().__init__(field, gpu_type, f"unknown GPU type (known: {known_text})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.value, self.known, self.field), self.__dict__)
 
 
 class DataFormatError(ValidationError):
@@ -46,3 +54,6 @@ class DataFormatError(ValidationError):
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(field, value, reason)
         self.args = (f"{where}: {field}={value!r}: {reason}",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.line, self.field, self.value, self.reason), self.__dict__)
