@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -211,6 +212,7 @@ def _check_placement(placement: Any, num_nodes: int, num_replicas: int) -> tuple
 # ====================================================================== profiles
 
 _META_KEYS = ("job", "init_batch_size", "max_batch_size", "max_local_bsz", "metadata")
+_JOB_SETTINGS = _META_KEYS[1:]  # what a job's own meta records may set, besides naming it
 
 
 @dataclass
@@ -228,6 +230,11 @@ class Profile:
             :meth:`goodput.JobModel.from_profile` takes it as the upper bound.
         metadata: free-form facts (device names, batch-size grid, seconds spent).
         load_warnings: problems tolerated by :meth:`load` (a torn last line).
+        job_meta: per job, its own settings (``init_batch_size``, ``max_batch_size``,
+            ``max_local_bsz``, ``metadata``) where the profile holds several jobs; a
+            setting a job leaves out falls back to the profile-level one.
+            :meth:`select` with ``job=`` returns a profile with that job's settings.
+            Empty for a profile of one job (its settings are the fields above).
     """
 
     observations: list[Observation] = field(default_factory=list)
@@ -237,6 +244,7 @@ class Profile:
     max_local_bsz: dict[str, int] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     load_warnings: list[str] = field(default_factory=list, compare=False, repr=False)
+    job_meta: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.observations = [self._check_observation(o, i) for i, o in enumerate(self.observations)]
@@ -255,6 +263,7 @@ class Profile:
         if not isinstance(self.metadata, Mapping):
             raise ValidationError("metadata", self.metadata, "expected a mapping")
         self.metadata = dict(self.metadata)
+        self.job_meta = _check_job_meta(self.job_meta)
 
     @staticmethod
     def _check_observation(obs: Any, index: int) -> Observation:
@@ -283,13 +292,26 @@ class Profile:
 
     @property
     def jobs(self) -> list[str]:
+        """Jobs observed, in first-seen order."""
         return list(dict.fromkeys(o.job for o in self.observations))
 
     def select(self, *, job: str | None = None, gpu_type: str | None = None) -> Profile:
-        """A profile with only the observations of one job and/or GPU type."""
+        """A profile with only the observations of one job and/or GPU type.
+
+        Selecting a job of ``job_meta`` gives that job's own settings (the
+        profile-level ones where it sets none) and names it ``job``.
+        """
         gpu = normalize_gpu_type(gpu_type) if gpu_type is not None else None
         kept = [o for o in self.observations if (job is None or o.job == job) and (gpu is None or o.gpu_type == gpu)]
+        if job is not None and job in self.job_meta:
+            return dataclasses.replace(self, observations=kept, load_warnings=[], job_meta={}, **self._settings_of(job))
         return dataclasses.replace(self, observations=kept, load_warnings=[])
+
+    def _settings_of(self, job: str) -> dict[str, Any]:
+        """``job``'s settings: the profile-level ones overridden by its own in ``job_meta``."""
+        settings = {k: copy.deepcopy(getattr(self, k)) for k in _JOB_SETTINGS}
+        _merge_meta(settings, {"job": job, **copy.deepcopy(self.job_meta.get(job, {}))})
+        return settings
 
     def meta_dict(self) -> dict[str, Any]:
         """The profile-level facts as a JSON-ready dict (``None`` and empty values left out)."""
@@ -330,17 +352,18 @@ class Profile:
         """Append this profile's records to ``path`` (JSON Lines), never rewriting old ones.
 
         Records already in the file are not written again (as a multiset: two
-        identical measurements stay two), and the meta record only if it adds
-        to the meta the file's records merge to, so saving twice, or saving a
-        profile loaded from the same file, adds nothing. Each record is flushed
-        and ``fsync``-ed before the next is written. Returns the path.
+        identical measurements stay two), and a meta record only if it adds
+        to the meta that its job's records in the file merge to, so saving
+        twice, or saving a profile loaded from the same file, adds nothing. A
+        profile of several jobs writes a meta record per job of ``job_meta``,
+        naming the job, with all of its settings (see :meth:`load`). Each
+        record is flushed and ``fsync``-ed before the next is written. Returns
+        the path.
         """
         with ProfileWriter(path) as writer:
             already = Counter(writer.existing_records)
-            records = []
-            meta = self.meta_dict()
-            if meta and not _meta_known(writer.existing_meta, meta):
-                records.append({"record": "meta", **meta})
+            records = [{"record": "meta", **meta} for meta in self._meta_records(writer.existing_meta)
+                       if not _meta_known(writer.existing_meta, meta)]
             records.extend({"record": "observation", **obs.to_dict()} for obs in self.observations)
             for record in records:
                 key = _canonical(record)
@@ -350,9 +373,33 @@ class Profile:
                     writer._append(record)
         return Path(path)
 
+    def _meta_records(self, existing_meta: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The meta records that :meth:`save` offers a file whose meta records are ``existing_meta``.
+
+        One job: :meth:`meta_dict`. Several: the profile-level settings (only
+        while the file names no job yet: a record without ``job`` belongs to
+        the job named last), then each job's settings under its name.
+        """
+        if not self.job_meta:
+            meta = self.meta_dict()
+            return [meta] if meta else []
+        records = []
+        shared = {k: v for k, v in self.meta_dict().items() if k != "job"}
+        if shared and not any(record.get("job") is not None for record in existing_meta):
+            records.append(shared)
+        records.extend(self.select(job=job).meta_dict() for job in self.job_meta)
+        return records
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
         """Read a JSON Lines profile.
+
+        Meta records merge in order, later values overriding earlier ones. A
+        meta record without ``job`` belongs to the job named last before it;
+        a file whose meta records name several jobs (two profiles appended to
+        one file) keeps each job's settings in ``job_meta`` (``job`` is then
+        ``None``; :meth:`select` picks a job), the records before the first
+        job is named being profile-level.
 
         A torn last line (a writer killed mid-record) is skipped with a
         :class:`TornRecordWarning` and noted in ``load_warnings``; a malformed
@@ -363,21 +410,21 @@ class Profile:
         if not path.exists():
             raise FileNotFoundError(f"profile not found: {path}")
         records, torn = _read_jsonl(path)
-        profile = cls()
-        meta: dict[str, Any] = {"max_local_bsz": {}, "metadata": {}}
+        observations: list[Observation] = []
+        metas: list[dict[str, Any]] = []
         for line_no, record in records:
             kind = record.pop("record", "observation")
             try:
                 if kind == "observation":
-                    profile.observations.append(Observation.from_dict(record))
+                    observations.append(Observation.from_dict(record))
                 elif kind == "meta":
-                    _merge_meta(meta, record)
+                    metas.append(_check_meta_record(record))
                 else:
                     raise ValidationError("record", kind, "expected 'observation' or 'meta'")
             except ValidationError as exc:
                 raise DataFormatError(path, line_no, exc.field, exc.value, exc.reason) from None
         try:
-            loaded = cls(profile.observations, **meta)
+            loaded = cls(observations, **_profile_meta(metas))
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
         if torn is not None:
@@ -387,27 +434,94 @@ class Profile:
         return loaded
 
 
-def _meta_known(existing_meta: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> bool:
-    """Whether merging ``meta`` into the meta that a file's meta records merge to changes nothing."""
-    merged: dict[str, Any] = {"max_local_bsz": {}, "metadata": {}}
-    for record in existing_meta:
+def _check_job_meta(job_meta: Any) -> dict[str, dict[str, Any]]:
+    """``Profile.job_meta`` checked: job name -> its settings, validated as a Profile's (empty ones left out)."""
+    if not isinstance(job_meta, Mapping):
+        raise ValidationError("job_meta", job_meta, "expected a mapping job -> settings")
+    checked: dict[str, dict[str, Any]] = {}
+    for job, settings in job_meta.items():
+        job = check_str("job_meta", job)
+        if not isinstance(settings, Mapping):
+            raise ValidationError(f"job_meta[{job!r}]", settings, "expected a mapping of the job's settings")
+        unknown = set(settings) - set(_JOB_SETTINGS)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise ValidationError(f"job_meta[{job!r}].{name}", settings[name],
+                                  f"unknown job setting (known: {', '.join(_JOB_SETTINGS)})")
         try:
-            _merge_meta(merged, record)
-        except ValidationError:
-            return False
+            own = Profile(job=job, **copy.deepcopy(dict(settings))).meta_dict()
+        except ValidationError as exc:
+            raise ValidationError(f"job_meta[{job!r}].{exc.field}", exc.value, exc.reason) from None
+        checked[job] = {k: v for k, v in own.items() if k != "job"}
+    return checked
+
+
+def _meta_by_job(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], dict[str, list[Mapping[str, Any]]], str | None]:
+    """A file's meta records split by job: ``(shared, {job: its records}, the job named last)``.
+
+    ``shared`` are the records before any names a job; a record without
+    ``job`` belongs to the job named last before it.
+    """
+    shared: list[Mapping[str, Any]] = []
+    own: dict[str, list[Mapping[str, Any]]] = {}
+    current: str | None = None
+    for record in records:
+        if record.get("job") is not None:
+            current = check_str("job", record["job"])
+        if current is None:
+            shared.append(record)
+        else:
+            own.setdefault(current, []).append(record)
+    return shared, own, current
+
+
+def _merged(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The meta that ``records`` merge to, in order (copies: the records are left as they are)."""
+    meta: dict[str, Any] = {"max_local_bsz": {}, "metadata": {}}
+    for record in records:
+        _merge_meta(meta, copy.deepcopy(record))
+    return meta
+
+
+def _profile_meta(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """:class:`Profile` keyword arguments from a file's meta records (see :meth:`Profile.load`)."""
+    shared, own, _ = _meta_by_job(records)
+    if len(own) <= 1:  # one job (or none named): every record is its
+        return _merged(records)
+    job_meta = {job: {k: v for k, v in _merged([*shared, *mine]).items() if k != "job"} for job, mine in own.items()}
+    return {**_merged(shared), "job_meta": job_meta}
+
+
+def _meta_known(existing_meta: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> bool:
+    """Whether merging ``meta`` into the meta that its job's records in a file merge to changes nothing."""
+    try:
+        shared, own, current = _meta_by_job(existing_meta)
+        job = meta.get("job", current)
+        merged = _merged([*shared, *own.get(job, [])]) if job is not None else _merged(shared)
+    except ValidationError:
+        return False
     before = _canonical(merged)
     updated = json.loads(before)
     _merge_meta(updated, json.loads(_canonical(meta)))
     return _canonical(updated) == before
 
 
-def _merge_meta(meta: dict[str, Any], record: Mapping[str, Any]) -> None:
+def _check_meta_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A meta record's fields checked (known names, mappings where expected, a job's name); returns it."""
     for key, value in record.items():
         if key not in _META_KEYS:
             raise ValidationError(key, value, f"unknown profile field (known: {', '.join(_META_KEYS)})")
+        if key in ("max_local_bsz", "metadata") and not isinstance(value, Mapping):
+            raise ValidationError(key, value, "expected a mapping")
+    if record.get("job") is not None:
+        check_str("job", record["job"])
+    return record
+
+
+def _merge_meta(meta: dict[str, Any], record: Mapping[str, Any]) -> None:
+    """Merge one meta record into ``meta``: mappings are updated, other values replaced."""
+    for key, value in _check_meta_record(dict(record)).items():
         if key in ("max_local_bsz", "metadata"):
-            if not isinstance(value, Mapping):
-                raise ValidationError(key, value, "expected a mapping")
             meta[key].update(value)
         else:
             meta[key] = value
@@ -541,7 +655,10 @@ class ProfileWriter:
         self._append({"record": "observation", **obs.to_dict()})
 
     def write_meta(self, **meta: Any) -> None:
-        """Append profile-level facts (see :class:`Profile`); later records override earlier ones."""
+        """Append profile-level facts (see :class:`Profile`); later records override earlier ones.
+
+        A record without ``job`` belongs to the job named last (see :meth:`Profile.load`).
+        """
         unknown = set(meta) - set(_META_KEYS)
         if unknown:
             name = sorted(unknown)[0]

@@ -25,7 +25,9 @@ each type over ~10 batch sizes in under 20 GPU-seconds per type):
    :meth:`goodput.JobModel.from_profile`): the memory limit when the sweep
    ended at an out-of-memory or the cap, else the largest size known to fit,
    so that a scheduler never proposes a size that was not seen to fit (the
-   summary table says which).
+   summary table says which). A rerun into the same ``out`` keeps an earlier
+   run's larger size (a narrower grid does not shrink it) unless its own sweep
+   hit out-of-memory or the cap at or below that size.
 3. **Synchronisation** (the rest of the budget): ``replicas`` DDP processes
    per replica count, at up to ``sync_sizes`` local batch sizes of the sweep
    (:mod:`profilers.sync`), each size again from the initial weights and a
@@ -289,8 +291,9 @@ def profile_job(
                 run.report.signature = signature
                 report = run.run()
                 reports[dtype.gpu_type] = report
+                limit = _max_local_bsz(previous.max_local_bsz.get(dtype.gpu_type), report)
                 sink.meta(
-                    **({"max_local_bsz": {dtype.gpu_type: report.max_local_bsz}} if report.max_local_bsz else {}),
+                    **({"max_local_bsz": {dtype.gpu_type: limit}} if limit else {}),
                     metadata={f"profiler.{dtype.gpu_type}": report.to_dict()},
                 )
     finally:
@@ -300,8 +303,9 @@ def profile_job(
     max_local = dict(previous.max_local_bsz)
     metadata = dict(previous.metadata)
     for gpu, report in reports.items():
-        if report.max_local_bsz:
-            max_local[gpu] = report.max_local_bsz
+        limit = _max_local_bsz(previous.max_local_bsz.get(gpu), report)
+        if limit:
+            max_local[gpu] = limit
         metadata[f"profiler.{gpu}"] = report.to_dict()
     metadata["profiler"] = run_settings
     metadata["num_parameters"] = num_parameters
@@ -373,12 +377,37 @@ def _refuse_in_bootstrapping_replica() -> None:
         )
 
 
+def _max_local_bsz(previous: int | None, report: TypeReport) -> int | None:
+    """A type's largest local batch known to fit after this run: ``report``'s, or ``previous`` where larger.
+
+    An earlier run's size ran, so a narrower grid (or a shorter budget) this
+    time does not shrink it; only a sweep that hit a memory limit (out of
+    memory, or the cap) at or below it makes this run's tighter size the one.
+    """
+    new = report.max_local_bsz
+    if previous is None or new is None:
+        return new if new is not None else previous
+    if report.sweep_stopped in ("oom", "memory_cap"):
+        stop = _sweep_stop_size(report)
+        if stop is None or stop <= previous:
+            return new
+    return max(previous, new)
+
+
+def _sweep_stop_size(report: TypeReport) -> int | None:
+    """The grid size the sweep stopped at (it runs the grid in order, each size measured or resumed), or None."""
+    done = len(report.measured)
+    return report.grid[done] if done < len(report.grid) else None
+
+
 def _load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
     if out is None or not Path(out).exists():
         return Profile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a torn tail is cut (and warned about) by ProfileWriter
         previous = Profile.load(out)
+    if previous.job_meta:  # a file of several jobs: this job's own settings
+        previous = previous.select(job=job)
     if previous.job is not None and previous.job != job:
         raise ValidationError("out", str(out), f"holds a profile of job {previous.job!r}, not {job!r}")
     if previous.init_batch_size is not None and previous.init_batch_size != init_batch_size:

@@ -30,14 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from goodput import JobModel, Profile
     from goodput.errors import ValidationError
 
-    profile = Profile.load(args.profile)
-    if args.job:
-        if args.job not in profile.jobs:
-            raise ValidationError("job", args.job, f"not in {args.profile} (it holds {profile.jobs})")
-        profile = profile.select(job=args.job)
-        profile.job = args.job
-    elif profile.job is None and len(profile.jobs) > 1:
-        raise ValidationError("job", None, f"{args.profile} holds jobs {profile.jobs}: choose one with --job")
+    profile = _chosen_job(Profile.load(args.profile), args)
+    _check_init_batch_size(profile, args)
     overrides = {}
     if args.init_batch_size is not None:
         overrides["init_batch_size"] = args.init_batch_size
@@ -70,3 +64,30 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out.print(f"table written to {args.out}")
     return 0
+
+
+def _chosen_job(profile, args: argparse.Namespace):
+    """The profile of the job to fit: ``--job``'s (with its own settings), or the file's only job."""
+    from goodput.errors import ValidationError
+
+    if len(profile) == 0:
+        what = "holds no observations" if profile.meta_dict() or profile.job_meta else "is empty: it holds no records"
+        raise ValidationError("profile", args.profile, f"{what}; profile the job first (goodput profile)")
+    if args.job:
+        if args.job not in profile.jobs:
+            raise ValidationError("--job", args.job, f"not in {args.profile} (it holds {profile.jobs})")
+        profile = profile.select(job=args.job)
+        profile.job = args.job
+    elif profile.job is None and len(profile.jobs) > 1:
+        raise ValidationError("--job", None, f"{args.profile} holds jobs {profile.jobs}: choose one with --job")
+    return profile
+
+
+def _check_init_batch_size(profile, args: argparse.Namespace) -> None:
+    """A reference batch size M0 is known: the profile's or ``--init-batch-size``."""
+    from goodput.errors import ValidationError
+
+    if args.init_batch_size is None and profile.init_batch_size is None:
+        raise ValidationError("--init-batch-size", None,
+                              f"{args.profile} records no init_batch_size (the job's reference batch size M0): "
+                              "pass --init-batch-size")
