@@ -326,12 +326,16 @@ def run(
     started = time.time()
     seeds = check_int("seeds", seeds, minimum=1)
     p4_max_test = check_int("p4_max_test", p4_max_test, minimum=1)
+    if Path(data_dir).is_file() and Path(data_dir).suffix != ".jsonl":
+        raise ValidationError("data_dir", str(data_dir), "is a file, not a directory (expected a folder of "
+                              "measurements or a *.jsonl profile)")
     data: Measurements = read_measurements(data_dir, default_gpu_type=default_gpu_type)
     names = sorted(data.models)
     if models:
         unknown = sorted(set(models) - set(names))
         if unknown:
-            raise ValueError(f"unknown model(s) {unknown}; {data_dir} holds {names}")
+            raise ValidationError("models", ",".join(models), f"unknown model(s) {', '.join(unknown)}; "
+                                  f"{data_dir} holds {', '.join(names) or 'none'}")
         names = [n for n in names if n in models]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -453,7 +457,8 @@ def _subset(text: str, allowed: Sequence[str], what: str) -> list[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     bad = [v for v in values if v not in allowed]
     if bad or not values:
-        raise SystemExit(f"unknown {what} {bad}; choose from {', '.join(allowed)}")
+        reason = f"unknown {', '.join(bad)}" if bad else "none given"
+        raise ValidationError(what, text, f"{reason}; choose from {', '.join(allowed)}")
     return values
 
 
@@ -477,7 +482,13 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run_from_args(args)
+    except ValidationError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

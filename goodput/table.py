@@ -17,7 +17,7 @@ of goodput (same unit); goodput is log-normal and ``goodput`` its median, so
 goodput, so its minimum over feasible rows is 1 (Sia,
 SOSP'23 §3.3: the normalized goodput matrix). Tables are written atomically as
 CSV or JSON; :func:`save_tables` / :func:`load_tables` keep several jobs' tables
-in one JSON file (the input of ``goodput allocate``).
+in one JSON file (the input of ``goodput allocate``, which also reads one table's JSON).
 """
 
 from __future__ import annotations
@@ -311,10 +311,18 @@ def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], pat
 
 
 def load_tables(path: str | os.PathLike[str]) -> dict[str, GoodputTable]:
-    """Read a file written by :func:`save_tables`: ``{job: GoodputTable}``."""
+    """Read a file written by :func:`save_tables` (``{"tables": [...]}``), or one table's JSON as
+    :meth:`GoodputTable.to_json` writes it (``goodput fit --out``): ``{job: GoodputTable}``."""
     data = read_json(path)
+    if isinstance(data, Mapping) and "tables" not in data and "job" in data and "rows" in data:
+        try:
+            table = GoodputTable.from_dict(data)
+        except ValidationError as exc:
+            raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+        return {table.job: table}
     if not isinstance(data, Mapping) or not isinstance(data.get("tables"), list):
-        raise DataFormatError(path, None, "tables", type(data).__name__, "expected {'tables': [...]}")
+        raise DataFormatError(path, None, "tables", type(data).__name__,
+                              "expected {'tables': [...]} (save_tables) or one table {'job': ..., 'rows': [...]}")
     out: dict[str, GoodputTable] = {}
     for index, entry in enumerate(data["tables"]):
         try:

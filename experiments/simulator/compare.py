@@ -11,26 +11,49 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_METRICS", "compare_runs", "save_comparison_plots", "runs_frame"]
+__all__ = ["DEFAULT_METRICS", "compare_runs", "save_comparison_plots", "runs_frame", "sqlite_path"]
 
 DEFAULT_METRICS = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_hours_per_job",
                    "restarts_per_job", "contention_mean", "unfair_fraction", "utilization_mean")
 
 
 def runs_frame(experiment: str, uri: str | None = None) -> Any:
-    """Every simulation run (those with a ``policy`` parameter) of ``experiment`` as a DataFrame."""
+    """Every simulation run (those with a ``policy`` parameter) of ``experiment`` as a DataFrame.
+
+    Only reads: a ``sqlite:///`` store that does not exist is a :class:`FileNotFoundError` (not a new,
+    empty database); a store MLflow cannot read is a :class:`~goodput.errors.ValidationError`.
+    """
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     from goodput import tracking
+    from goodput.errors import ValidationError
 
     tracking._quiet_mlflow()
-    mlflow.set_tracking_uri(tracking.tracking_uri(uri))
-    if mlflow.get_experiment_by_name(experiment) is None:
-        raise FileNotFoundError(f"no MLflow experiment named {experiment!r} in {tracking.tracking_uri(uri)}")
-    runs = mlflow.search_runs(experiment_names=[experiment], max_results=100_000)
+    uri = tracking.tracking_uri(uri)
+    store = sqlite_path(uri)
+    if store is not None and not store.is_file():  # reading only: MLflow would create an empty store there
+        raise FileNotFoundError(f"no MLflow experiment named {experiment!r}: no tracking store at {store.absolute()} ({uri})")
+    mlflow.set_tracking_uri(uri)
+    try:
+        if mlflow.get_experiment_by_name(experiment) is None:
+            raise FileNotFoundError(f"no MLflow experiment named {experiment!r} in {uri}")
+        runs = mlflow.search_runs(experiment_names=[experiment], max_results=100_000)
+    except MlflowException as exc:
+        reason = " ".join(str(exc).split()).split(". ")[0]
+        raise ValidationError("tracking_uri", uri, f"cannot read the MLflow store: {reason}") from None
     if runs.empty or "params.policy" not in runs:
         return runs.iloc[0:0]
     return runs[runs["params.policy"].notna()].reset_index(drop=True)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` tracking URI (relative to the working directory unless
+    ``sqlite:////absolute``); ``None`` for other stores and in-memory databases."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
 
 
 # runs differing in these are not pooled

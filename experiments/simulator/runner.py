@@ -17,12 +17,14 @@ from typing import Any
 
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
+from goodput.validation import check_int
 
 from .engine import SimConfig, SimResult, Simulator
 from .truth import CATALOG_PATH, Family, catalog_workload_stats, check_cluster_types, load_catalog, load_measured
 from .workload import WorkloadJob, read_workload, synthetic_workload
 
-__all__ = ["Task", "load_truth", "load_workloads", "run_task", "run_sweep", "truth_settings", "DEFAULT_CLUSTER"]
+__all__ = ["Task", "check_task", "load_truth", "load_workloads", "run_task", "run_sweep", "truth_settings",
+           "DEFAULT_CLUSTER"]
 
 DEFAULT_CLUSTER = "t4:6x4,a100:2x8,rtx2080ti:3x8"  # Sia's 64-GPU, three-type setup
 
@@ -89,14 +91,24 @@ def load_workloads(source: str | None, families: dict[str, Family], *, synthetic
              synthetic_workload(catalog_workload_stats(catalog), families, num_jobs=count, hours=hours, seed=seed))]
 
 
-def run_task(task: Task) -> tuple[Task, SimResult]:
-    """Run one simulation (in whichever process calls it)."""
+def check_task(task: Task) -> None:
+    """Raise :class:`~goodput.errors.ValidationError` for a task's policy settings (``round_s``, options) or
+    simulation settings that :func:`run_task` would refuse, without loading its truth or running it."""
+    _policy_and_config(task, Cluster.parse(task.cluster))
+
+
+def _policy_and_config(task: Task, cluster: Cluster) -> tuple[Any, SimConfig]:
     from .policies import make_policy
 
+    policy = make_policy(task.policy, round_s=task.round_s, **task.policy_options)
+    return policy, SimConfig(cluster=cluster, seed=task.seed, **task.config)
+
+
+def run_task(task: Task) -> tuple[Task, SimResult]:
+    """Run one simulation (in whichever process calls it)."""
     cluster = Cluster.parse(task.cluster)
     families = load_truth(task.truth, cluster, task.default_gpu_type)
-    policy = make_policy(task.policy, round_s=task.round_s, **task.policy_options)
-    config = SimConfig(cluster=cluster, seed=task.seed, **task.config)
+    policy, config = _policy_and_config(task, cluster)
     result = Simulator(task.jobs, families, config, policy).run()
     result.settings.update(truth_settings(task.truth, task.default_gpu_type))
     return task, result
@@ -104,7 +116,14 @@ def run_task(task: Task) -> tuple[Task, SimResult]:
 
 def run_sweep(tasks: Sequence[Task], processes: int | None = None,
               on_done: Callable[[Task, SimResult], None] | None = None) -> list[tuple[Task, SimResult]]:
-    """Run tasks in parallel worker processes; ``on_done`` sees each result as it arrives (in the parent)."""
+    """Run tasks in parallel worker processes; ``on_done`` sees each result as it arrives (in the parent).
+
+    Every task's settings are checked first (:func:`check_task`), here: a bad one fails before any runs.
+    """
+    if processes is not None:
+        processes = check_int("processes", processes, minimum=1)
+    for task in tasks:
+        check_task(task)
     processes = processes or min(len(tasks), os.cpu_count() or 1)
     results: list[tuple[Task, SimResult]] = []
     if processes <= 1 or len(tasks) == 1:

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from experiments.datasets import read_model_tables, read_validation
-from goodput.errors import ValidationError
+from goodput.errors import DataFormatError, ValidationError
+from goodput.io import read_json
 from goodput.observations import Observation, by_gpu_type
 from goodput.optimize import BatchLimits, optimize_goodput
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
@@ -196,23 +197,43 @@ def check_cluster_types(families: Mapping[str, Family], cluster: Any) -> None:
 
 
 def load_catalog(path: str | Path = CATALOG_PATH, gpu_types: list[str] | None = None) -> dict[str, ParametricFamily]:
-    """The built-in job families (or those of another catalog file written by ``build_catalog``)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    """The built-in job families (or those of another catalog file written by ``build_catalog``).
+
+    Raises :class:`~goodput.errors.DataFormatError` naming the file and the field for a file that is
+    not such a catalog (no ``families`` mapping, an entry lacking a field or holding a bad value).
+    """
+    data = read_json(path)
+    entries = data.get("families") if isinstance(data, Mapping) else None
+    if not isinstance(entries, Mapping) or not entries:
+        raise DataFormatError(path, None, "families", entries if isinstance(data, Mapping) else type(data).__name__,
+                              "expected a catalog {'families': {name: {...}}, ...} as build_catalog writes")
     families = {}
-    for name, entry in data["families"].items():
-        types = [g for g in entry["params"] if gpu_types is None or g in gpu_types]
-        families[name] = ParametricFamily(
-            name=name,
-            init_batch_size=int(entry["init_batch_size"]),
-            max_batch_size=int(entry["max_batch_size"]),
-            min_local_bsz=int(entry["min_local_bsz"]),
-            max_local_bsz={g: int(entry["max_local_bsz"][g]) for g in types},
-            work=float(entry["work"]),
-            noise=_noise_from_json(entry["noise"]),
-            restart_cost_s=float(entry.get("restart_cost_s", 30.0)),
-            params={g: ThroughputParams(**entry["params"][g]) for g in types},
-        )
+    for name, entry in entries.items():
+        try:
+            families[name] = _family_from_json(name, entry, gpu_types)
+        except ValidationError as exc:
+            raise DataFormatError(path, None, f"families.{name}: {exc.field}", exc.value, exc.reason) from None
+        except KeyError as exc:
+            raise DataFormatError(path, None, f"families.{name}.{exc.args[0]}", None, "missing") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise DataFormatError(path, None, f"families.{name}", type(entry).__name__,
+                                  f"not a catalog entry ({exc})") from None
     return families
+
+
+def _family_from_json(name: str, entry: Mapping[str, Any], gpu_types: list[str] | None) -> ParametricFamily:
+    types = [g for g in entry["params"] if gpu_types is None or g in gpu_types]
+    return ParametricFamily(
+        name=name,
+        init_batch_size=int(entry["init_batch_size"]),
+        max_batch_size=int(entry["max_batch_size"]),
+        min_local_bsz=int(entry["min_local_bsz"]),
+        max_local_bsz={g: int(entry["max_local_bsz"][g]) for g in types},
+        work=float(entry["work"]),
+        noise=_noise_from_json(entry["noise"]),
+        restart_cost_s=float(entry.get("restart_cost_s", 30.0)),
+        params={g: ThroughputParams(**entry["params"][g]) for g in types},
+    )
 
 
 def _noise_from_json(value: Any) -> Any:

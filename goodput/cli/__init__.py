@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from goodput.errors import ValidationError
+
+from ._common import check_out
 
 SUBCOMMANDS = [  # in workflow order
     "goodput.cli.demo",
@@ -51,13 +54,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_out(args)
         return int(args.func(args) or 0)
-    except (ValidationError, FileNotFoundError) as exc:
-        print(f"goodput {args.command}: error: {exc}", file=sys.stderr)
+    except (ValidationError, OSError) as exc:
+        print(f"goodput {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"goodput {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _message(exc: Exception) -> str:
+    """One line: a ValidationError's text, or an OSError's ``<strerror>: <path>`` without its errno."""
+    if isinstance(exc, OSError) and exc.strerror:
+        # os.replace(tmp, path) fails naming both: the second is the path the user gave
+        path = exc.filename2 if exc.filename2 is not None else exc.filename
+        return exc.strerror if path is None else f"{exc.strerror}: {os.fsdecode(path)}"
+    return str(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

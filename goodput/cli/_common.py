@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from goodput.cluster import Cluster
@@ -17,6 +21,48 @@ def cluster_arg(text: str) -> Cluster:
         return Cluster.parse(text)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# what each subcommand's --out names: a file it writes, or a folder it writes into
+OUT_KINDS = {"fit": "file", "profile": "file", "allocate": "file",
+             "demo": "folder", "accuracy": "folder", "simulate": "folder", "compare": "folder"}
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """Refuse an unusable ``--out`` before the work: a folder given for a file, a file for a folder, or a
+    place that cannot be created (an ancestor that is a file, or a folder without write permission)."""
+    path = getattr(args, "out", None)
+    kind = OUT_KINDS.get(getattr(args, "command", None))
+    if not path or kind is None:
+        return
+    target = Path(path)
+    if kind == "file" and target.is_dir():
+        raise ValidationError("out", path, "is a directory; expected a file")
+    if kind == "folder" and target.exists() and not target.is_dir():
+        raise ValidationError("out", path, "is a file; expected a directory")
+    _check_writable_folder(path, target.parent if kind == "file" else target)
+
+
+def _check_writable_folder(given: str, folder: Path) -> None:
+    """``folder`` exists or can be made, and files can be written in it."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValidationError("out", given, f"{existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValidationError("out", given, f"permission denied: cannot write in {existing}")
+
+
+@contextlib.contextmanager
+def writing(path: Any) -> Iterator[None]:
+    """An OSError inside names ``path`` (the user's), not the temporary file an atomic write was making."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.strerror is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
 
 
 def console() -> Any:

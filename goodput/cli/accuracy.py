@@ -17,8 +17,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("data_dir", help="measurements: <model>/placements-<gpu_type>.csv (or one model's tables directly), Pollux traces, Gavel/Zeus folder or *.jsonl profiles")
     p.add_argument("--out", default="accuracy-results", help="output folder (default: accuracy-results/)")
     p.add_argument("--models", help="comma-separated models to evaluate (default: all)")
-    p.add_argument("--protocols", default=",".join(PROTOCOLS), help=f"comma-separated subset of {','.join(PROTOCOLS)}")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--protocols", type=subset_arg("protocols", PROTOCOLS), default=",".join(PROTOCOLS),
+                   help=f"comma-separated subset of {','.join(PROTOCOLS)}")
+    p.add_argument("--methods", type=subset_arg("methods", METHODS), default=",".join(METHODS),
+                   help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--seeds", type=int, default=P4_SEEDS, help=f"random orders per type in P4 (default {P4_SEEDS})")
     p.add_argument("--p4-max-test", type=int, default=400, help="held-out observations evaluated per P4 checkpoint")
     p.add_argument("--model-sizes", metavar="FILE|auto|none", default="auto",
@@ -31,6 +33,22 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def subset_arg(field: str, allowed: tuple[str, ...]):
+    """argparse type for a comma-separated, non-empty subset of ``allowed`` (given back as text)."""
+
+    def parse(text: str) -> str:
+        from goodput.errors import ValidationError
+
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            what = f"unknown {', '.join(bad)}" if bad else "none given"
+            raise argparse.ArgumentTypeError(str(ValidationError(field, text, f"{what}; choose from {', '.join(allowed)}")))
+        return ",".join(values)
+
+    return parse
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -1,6 +1,7 @@
-"""``goodput allocate TABLES.json --cluster t4:6x4,a100:2x8``: one scheduling round, printed.
+"""``goodput allocate TABLES.json [TABLE.json ...] --cluster t4:6x4,a100:2x8``: one scheduling round, printed.
 
-Reads goodput tables written by :func:`goodput.table.save_tables`, allocates
+Reads goodput tables: files written by :func:`goodput.table.save_tables`, or
+one job's table each as ``goodput fit --out table.json`` writes it. Allocates
 GPUs with the chosen policy (Sia by default) and prints each job's
 configuration and placement, the unallocated jobs with reasons, and what the
 solver did (objective, bound, gap, time). ``--out`` saves the allocation as
@@ -12,14 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import cluster_arg, console, frame_table
+from ._common import cluster_arg, console, frame_table, writing
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "allocate", help="allocate GPUs to jobs from their goodput tables (Sia, Gavel, unaware, FIFO)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("tables", help="JSON file of goodput tables (goodput.table.save_tables)")
+    parser.add_argument("tables", nargs="+", metavar="TABLES",
+                        help="JSON files of goodput tables: several jobs' (goodput.table.save_tables) or one job's "
+                        "(goodput fit --out); a job may appear in one file only")
     parser.add_argument("--cluster", type=cluster_arg, required=True, help="cluster as type:NODESxGPUS,...")
     parser.add_argument("--policy", default="sia", choices=["sia", "gavel", "gavel-throughput", "unaware", "fifo"])
     parser.add_argument("-p", "--p", dest="p", type=float, default=-0.5, help="Sia's fairness power (default -0.5)")
@@ -39,10 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from goodput import allocate, load_tables
+    from goodput import allocate
     from goodput.allocator import Allocation
 
-    tables = load_tables(args.tables)
+    tables = read_tables(args.tables)
     options = {"policy": args.policy}
     for name in ("lam", "solver", "time_limit", "goodput_quantile"):
         if getattr(args, name) is not None:
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     current = Allocation.from_json(args.current) if args.current else None
     allocation = allocate(tables, args.cluster, current=current, p=args.p, **options)
     if args.out:
-        allocation.to_json(args.out)
+        with writing(args.out):
+            allocation.to_json(args.out)
     if args.json:
         print(json.dumps(allocation.to_dict(), indent=2))
         return 0
@@ -86,6 +90,20 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out.print(f"allocation written to {args.out}")
     return 0
+
+
+def read_tables(paths: list[str]) -> dict:
+    """``{job: GoodputTable}`` from every file; a job in two files is refused."""
+    from goodput import load_tables
+    from goodput.errors import ValidationError
+
+    tables, source = {}, {}
+    for path in paths:
+        for job, table in load_tables(path).items():
+            if job in tables:
+                raise ValidationError("tables", path, f"job {job!r} is in {source[job]} already")
+            tables[job], source[job] = table, path
+    return tables
 
 
 def _fmt(value) -> str:

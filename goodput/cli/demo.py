@@ -30,7 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="built-in jobs to profile, comma-separated: resnet, transformer, mlp (default resnet,mlp)")
     parser.add_argument("--time-budget", type=float, default=10.0,
                         help="profiling seconds per job and device type (default 10)")
-    parser.add_argument("--replicas", type=int, default=None, help="replicas for synchronisation profiling (default: 2 on a CPU host)")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="replicas for synchronisation profiling; 0 or 1: none, a single replica has nothing to "
+                        "synchronise (default: 2 on a CPU host, powers of two up to the GPUs of a CUDA type)")
     parser.add_argument("--cluster", type=cluster_arg, default=None,
                         help="cluster for the tables and the allocation (default: an example shape built from the profiled types)")
     parser.add_argument("--out", help="keep the profiles in this folder, one <job>.jsonl each (default: a temporary folder)")
@@ -45,6 +47,15 @@ def example_cluster(profiles) -> str:
         for obs in profile.observations:
             replicas[obs.gpu_type] = max(replicas.get(obs.gpu_type, 1), obs.num_replicas)
     return ",".join(f"{gpu}:2x{count}" for gpu, count in replicas.items())
+
+
+def _check_cluster_profiled(cluster, gpu_types) -> None:
+    """The cluster must hold a profiled type: its goodput tables would be empty otherwise."""
+    from goodput.errors import ValidationError
+
+    if not set(cluster.gpu_types) & set(gpu_types):
+        raise ValidationError("cluster", str(cluster), f"none of its GPU type(s) {', '.join(cluster.gpu_types)} is "
+                              f"profiled here; the demo profiles {', '.join(gpu_types)} (or omit --cluster)")
 
 
 def _params_frame(model):
@@ -62,12 +73,21 @@ def run(args: argparse.Namespace) -> int:
 
     from goodput import Cluster, JobModel, allocate
     from goodput.efficiency import describe_noise_scale, noise_scale_resolved
+    from goodput.errors import ValidationError
+    from goodput.validation import check_int
     from profilers import profile_job, zoo
+    from profilers.devices import resolve_devices
 
     out = console()
     names = [n.strip() for n in args.zoo.split(",") if n.strip()]
+    if not names:
+        raise ValidationError("zoo", args.zoo, "expected built-in jobs, comma-separated: resnet, transformer, mlp")
     workloads = [zoo.get(name) for name in names]
+    if args.replicas is not None:
+        check_int("replicas", args.replicas, minimum=0)
     replicas = None if args.replicas is None else ([] if args.replicas <= 1 else [args.replicas])
+    if args.cluster is not None:
+        _check_cluster_profiled(args.cluster, [d.gpu_type for d in resolve_devices(None)])
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.out) if args.out else Path(tmp)
         profiles, paths = [], []
@@ -87,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         tables = {}
         for work, model in zip(workloads, models):
             tables[model.job] = table = model.table(cluster)
+            _check_cluster_profiled(cluster, model.gpu_types)
             out.print(frame_table(_params_frame(model),
                                   title=f"{work.job}: fitted Pollux parameters (seconds) — from the measurements above"))
             shown = table.frame.drop(columns=["throughput", "step_time"])

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
+import sys
 from typing import Any
 
 from goodput.errors import ValidationError
@@ -64,10 +66,18 @@ def _bytes(text: str) -> int:
 
 
 def load_factory(spec: str) -> Any:
-    """Import ``module:function`` and call it; return what it returns."""
+    """Import ``module:function`` and call it; return what it returns.
+
+    The working directory goes first on ``sys.path`` (as ``python -m`` puts it, and uvicorn
+    does): the console script's ``sys.path[0]`` is its own ``bin/``, so a package beside the
+    user would not import otherwise.
+    """
     if ":" not in spec:
         raise ValidationError("factory", spec, "expected MODULE:FACTORY, e.g. mypackage.jobs:make_job")
     module_name, _, attr = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of measurement noise")
     parser.add_argument("--round", type=float, dest="round_s", help="seconds between scheduling rounds (policy default)")
     parser.add_argument("--max-hours", type=float, default=24.0 * 14, help="stop after this much simulated time")
-    parser.add_argument("--processes", type=int, help="parallel simulations (default: CPU count)")
+    parser.add_argument("--processes", type=int, help="parallel simulations, >= 1 (default: CPU count)")
     parser.add_argument("--out", default="sim-out", help="output folder (default: sim-out/)")
     parser.add_argument("--experiment", default="goodput-sim", help="MLflow experiment (default: goodput-sim)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from experiments.simulator.report import log_result, write_outputs
-    from experiments.simulator.runner import Task, load_truth, load_workloads, run_sweep
+    from experiments.simulator.runner import Task, check_task, load_truth, load_workloads, run_sweep
     from goodput import tracking
     from goodput.cluster import Cluster
     from goodput.errors import ValidationError
@@ -54,22 +54,32 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = Cluster.parse(args.cluster)
     policies = list(POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not policies:
+        raise ValidationError("policy", args.policy, f"expected one or more policies ({', '.join(POLICIES)}) or all")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValidationError("policy", unknown[0], f"unknown policy (known: {', '.join(POLICIES)}, all)")
     quantiles = _quantiles(args.goodput_quantile)
     if args.synthetic is not None:
         check_int("synthetic", args.synthetic, minimum=1)
+    if args.processes is not None:
+        check_int("processes", args.processes, minimum=1)
     if args.workload and args.hours is not None:
         raise ValidationError("hours", args.hours, "sets the arrival window of a synthetic workload only; "
                               "a --workload CSV gives its own arrival times")
+
+    def task(name: str, jobs: tuple, policy: str, q: float) -> Task:
+        return Task(name, jobs, policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
+                    seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours},
+                    policy_options={} if q == 0.5 else {"goodput_quantile": q})
+
+    for policy in policies:  # --round, --max-hours, ...: refused here, before the workload and the worker processes
+        for q in quantiles:
+            check_task(task("", (), policy, q))
     families = load_truth(args.truth, cluster, args.gpu_type)
     workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed,
                                hours=8.0 if args.hours is None else args.hours)
-    tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
-                  seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours},
-                  policy_options={} if q == 0.5 else {"goodput_quantile": q})
-             for name, jobs in workloads for policy in policies for q in quantiles]
+    tasks = [task(name, tuple(jobs), policy, q) for name, jobs in workloads for policy in policies for q in quantiles]
     out = console()
     out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) x {len(quantiles)} quantile(s) on {cluster} "
               f"({cluster.total_gpus} GPUs), truth: {args.truth}")
