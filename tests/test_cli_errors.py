@@ -128,6 +128,19 @@ def test_an_os_error_names_the_users_path_not_a_temporary_file():
     assert _message(replaced) == "Is a directory: /x/t.json"
 
 
+def test_fit_out_failing_midway_names_the_users_path(tmp_path, monkeypatch, capsys):
+    """The table's atomic write fails on its temporary file: the message names --out, not the temporary."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "t.json"
+
+    def refuse(self, path):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".t.json.x1y2.tmp"))
+
+    monkeypatch.setattr(GoodputTable, "to_json", refuse)
+    assert main(["fit", str(profile_file(tmp_path)), "--cluster", "t4:1x1", "--out", str(target)]) == 2
+    error_line(capsys, "fit", f"Permission denied: {target}")
+
+
 # ---------------------------------------------------------------- 4, 6, 7. demo's arguments
 
 

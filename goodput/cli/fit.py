@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import EXAMPLE_CLUSTER, cluster_arg, console, frame_table
+from ._common import EXAMPLE_CLUSTER, cluster_arg, console, frame_table, writing
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
                               f"{', '.join(table.missing_gpu_types)}; the profile covers {', '.join(model.gpu_types)}")
     params = {gpu: model.params(gpu).to_dict() for gpu in model.gpu_types}
     if args.out:
-        (table.to_csv if args.out.endswith(".csv") else table.to_json)(args.out)
+        with writing(args.out):
+            (table.to_csv if args.out.endswith(".csv") else table.to_json)(args.out)
     if args.json:
         print(json.dumps({"job": model.job, "params": params, "table": table.to_dict()}, indent=2))
         return 0
