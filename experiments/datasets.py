@@ -621,7 +621,7 @@ def _read_profiles(paths: list[Path]) -> Measurements:
         for job in profile.jobs:  # each job's own settings where the file holds several (Profile.job_meta)
             own = profile.select(job=job) if profile.job_meta else profile
             size = _parameter_count((own.metadata or {}).get("num_parameters"))  # recorded by profile_job
-            if size is not None and (own.job == job or profile.job_meta):
+            if size is not None and own.job == job:
                 sizes[job] = size
     return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"], sizes)
 
