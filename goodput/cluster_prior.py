@@ -263,14 +263,14 @@ class ClusterPrior:
         Each type's inter-node sync shape is learned first (:func:`~goodput.sync_shape.learn_sync_shape`),
         and the fits of that type are made with it.
         """
-        kept = {job: list(obs) for job, obs in observations.items()}
+        kept, sizes = _checked_observations(observations), _checked_sizes(sizes)
         shapes = _learn_shapes(kept)
         out = []
         for job, obs in kept.items():
             for gpu, items in sorted(by_gpu_type(obs).items()):
                 params = fit_throughput(items, sync_shape=shapes.get(gpu))
-                out.append(cls._summary(job, gpu, params, items, (sizes or {}).get(job), shapes.get(gpu)))
-        return cls(out, shapes=shapes, observations=kept, sizes=dict(sizes or {}))
+                out.append(cls._summary(job, gpu, params, items, sizes.get(job), shapes.get(gpu)))
+        return cls(out, shapes=shapes, observations=kept, sizes=sizes)
 
     @classmethod
     @single_threaded
@@ -282,10 +282,15 @@ class ClusterPrior:
         else is fitted here.
         """
         models = list(models)
+        for index, model in enumerate(models):
+            if not isinstance(getattr(model, "job", None), str) or not hasattr(model, "observations"):
+                raise ValidationError(f"models[{index}]", model, "expected a JobModel (with .job and .observations)")
         shapes = _learn_shapes({model.job: list(model.observations) for model in models})
         out = []
         for model in models:
             size = getattr(model, "model_size", None)
+            if size is not None:
+                size = check_float(f"models[{model.job!r}].model_size", size, positive=True)
             own_fit = getattr(model, "own_fit", None)
             for gpu, items in sorted(by_gpu_type(model.observations).items()):
                 shape = shapes.get(gpu)
@@ -517,8 +522,13 @@ class ClusterPrior:
             share = check_float("cluster_prior.default_share", share, nonnegative=True)
             if share > 1.0:
                 raise ValidationError("cluster_prior.default_share", share, "must be in [0, 1]")
-        return cls([JobTypeSummary.from_dict(s) for s in data["summaries"]], calibration=calibration, warm=warm, shapes=shapes,
-                   default_share=share)
+        summaries = []
+        for index, item in enumerate(data["summaries"]):
+            try:
+                summaries.append(JobTypeSummary.from_dict(item))
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise ValidationError(f"cluster_prior.summaries[{index}]", item, f"not a job summary ({type(exc).__name__}: {exc})") from None
+        return cls(summaries, calibration=calibration, warm=warm, shapes=shapes, default_share=share)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
@@ -553,6 +563,32 @@ class ClusterPrior:
         if not values:
             values = [getattr(s, key) for s in self.summaries if getattr(s, key) is not None]
         return float(np.sqrt(np.mean(np.square(values)))) if values else None
+
+
+def _checked_observations(observations: Any) -> dict[str, list[Observation]]:
+    """``{job: [Observation, ...]}`` as lists, every item checked (a ValidationError names the first bad one)."""
+    if not isinstance(observations, Mapping):
+        raise ValidationError("observations", type(observations).__name__, "expected {job: [Observation, ...]}")
+    kept: dict[str, list[Observation]] = {}
+    for job, obs in observations.items():
+        if not isinstance(job, str) or not job:
+            raise ValidationError("observations", job, "job names must be non-empty strings")
+        if isinstance(obs, (str, bytes, Observation)) or not isinstance(obs, Iterable):
+            raise ValidationError(f"observations[{job!r}]", type(obs).__name__, "expected an iterable of Observation")
+        kept[job] = list(obs)
+        for index, o in enumerate(kept[job]):
+            if not isinstance(o, Observation):
+                raise ValidationError(f"observations[{job!r}][{index}]", o, "expected an Observation")
+    return kept
+
+
+def _checked_sizes(sizes: Any) -> dict[str, float]:
+    """``{job: trainable parameters}`` (None: none known), each a positive number."""
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, Mapping):
+        raise ValidationError("sizes", type(sizes).__name__, "expected {job: trainable parameters}")
+    return {job: check_float(f"sizes[{job!r}]", value, positive=True) for job, value in sizes.items() if value is not None}
 
 
 def _learn_shapes(observations: Mapping[str, Sequence[Observation]]) -> dict[str, SyncShape]:

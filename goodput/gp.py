@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,6 +66,7 @@ import numpy as np
 import scipy.linalg
 
 from .errors import ValidationError
+from .validation import check_float
 
 __all__ = [
     "FEATURE_NAMES",
@@ -129,6 +131,20 @@ class GPHyperparameters:
     task_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # tuples of finite floats (lists from JSON or numpy arrays accepted), lengths consistent
+        for name, lower in (("lengthscale", "positive"), ("task_factor", None), ("task_var", "nonnegative")):
+            values = getattr(self, name)
+            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                raise ValidationError(name, values, "expected a sequence of numbers")
+            checked = tuple(check_float(f"{name}[{i}]", v, positive=lower == "positive", nonnegative=lower == "nonnegative")
+                            for i, v in enumerate(values))
+            object.__setattr__(self, name, checked)
+        if not self.lengthscale:
+            raise ValidationError("lengthscale", self.lengthscale, "expected one length scale per feature")
+        if len(self.task_var) != len(self.task_factor):
+            raise ValidationError("task_var", self.task_var, f"expected one per task ({len(self.task_factor)}, as task_factor)")
+        object.__setattr__(self, "noise", check_float("noise", self.noise, nonnegative=True))  # 0: exact data (ill-conditioned: the fallback)
+        object.__setattr__(self, "task_names", tuple(self.task_names))
         if self.task_names and len(self.task_names) != len(self.task_factor):
             raise ValidationError("task_names", self.task_names, f"expected one name per task ({len(self.task_factor)})")
 

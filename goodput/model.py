@@ -55,7 +55,7 @@ from .cluster import Cluster
 from .cluster_prior import ClusterPrior
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
-from .gp import GPHyperparameters, GPNumericalError
+from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
@@ -201,6 +201,8 @@ class JobModel:
         if isinstance(local_bsz_bounds, Mapping):
             for gpu, bounds in local_bsz_bounds.items():
                 name = normalize_gpu_type(gpu, "local_bsz_bounds")
+                if name in self._bounds_by_type:
+                    raise ValidationError("local_bsz_bounds", gpu, f"names GPU type {name!r} twice")
                 self._bounds_by_type[name] = check_bounds(f"local_bsz_bounds[{gpu!r}]", bounds)
         else:
             self._bounds_default = check_bounds("local_bsz_bounds", local_bsz_bounds)
@@ -217,7 +219,10 @@ class JobModel:
         self._prior: dict[str, ThroughputParams | Mapping[str, float]] = {}
         for gpu, values in (prior or {}).items():
             _prior_values(values)  # checked now, not at the first refit inside a scheduler's call
-            self._prior[normalize_gpu_type(gpu, "prior")] = values
+            name = normalize_gpu_type(gpu, "prior")
+            if name in self._prior:
+                raise ValidationError("prior", gpu, f"names GPU type {name!r} twice")
+            self._prior[name] = values
         for flag, value in (("bayesian", bayesian), ("default_prior", default_prior)):
             if not isinstance(value, bool):
                 raise ValidationError(flag, value, "expected True or False")
@@ -230,6 +235,9 @@ class JobModel:
         self.max_gp_points = check_int("max_gp_points", max_gp_points, minimum=2)
         if gp_hyperparameters is not None and not isinstance(gp_hyperparameters, GPHyperparameters):
             raise ValidationError("gp_hyperparameters", gp_hyperparameters, "expected GPHyperparameters")
+        if gp_hyperparameters is not None and len(gp_hyperparameters.lengthscale) != len(FEATURE_NAMES):
+            raise ValidationError("gp_hyperparameters.lengthscale", gp_hyperparameters.lengthscale,
+                                  f"expected one per GP feature ({len(FEATURE_NAMES)}: {', '.join(FEATURE_NAMES)})")
         self._gp_init = gp_hyperparameters
         self._observations: dict[str, list[Observation]] = {}
         self._params: dict[str, ThroughputParams] = {}  # each type's own Pollux fit
@@ -286,6 +294,10 @@ class JobModel:
         if "job" not in overrides and profile.job is None and len(profile.jobs) > 1:
             raise ValidationError("job", None, f"the profile holds jobs {sorted(profile.jobs)}; pass job= to choose one")
         job = overrides.pop("job", profile.job or (profile.jobs[0] if profile.jobs else None))
+        if profile.observations and job not in profile.jobs:
+            raise ValidationError("job", job, f"the profile holds no observation of it (jobs: {sorted(profile.jobs)})")
+        if job is not None and profile.observations:
+            profile = profile.select(job=job)  # that job's own settings (Profile.job_meta) and observations
         init = overrides.pop("init_batch_size", profile.init_batch_size)
         if init is None:
             raise ValidationError("init_batch_size", None, "the profile does not record one; pass init_batch_size=")
@@ -319,6 +331,8 @@ class JobModel:
         lazily. Observations carrying ``grad_sqr``/``grad_var`` update the
         job's gradient statistics (the latest one wins: the reporter smooths them).
         """
+        if isinstance(observations, (str, bytes)) or not isinstance(observations, (Observation, Iterable)):
+            raise ValidationError("observations", observations, "expected an Observation or an iterable of them")
         batch = [observations] if isinstance(observations, Observation) else list(observations)
         for index, obs in enumerate(batch):
             if not isinstance(obs, Observation):

@@ -149,7 +149,11 @@ def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps
         if not np.all(np.isfinite(arr)):
             raise ValidationError(name, value, "must be finite")
         arrays.append(arr)
-    nodes, replicas, bsz, accum = np.broadcast_arrays(*arrays)
+    try:
+        nodes, replicas, bsz, accum = np.broadcast_arrays(*arrays)
+    except ValueError:
+        shapes = ", ".join(f"{n} {a.shape}" for n, a in zip(("num_nodes", "num_replicas", "local_bsz", "accum_steps"), arrays))
+        raise ValidationError("num_nodes, num_replicas, local_bsz, accum_steps", shapes, "shapes do not broadcast together") from None
     if np.any(nodes < 1):
         raise ValidationError("num_nodes", num_nodes, "must be >= 1")
     if np.any(replicas < nodes):

@@ -1,0 +1,113 @@
+"""Faults a review of the job model found: each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from goodput import JobModel, Observation
+from goodput.cluster_prior import ClusterPrior
+from goodput.errors import ValidationError
+from goodput.gp import FEATURE_NAMES, GPHyperparameters
+from goodput.observations import Profile
+
+
+def _step(gpu: str, nodes: int, replicas: int, bsz: int) -> float:
+    """Pollux's form with known parameters (γ = 1.5): seconds."""
+    alpha_c, beta_c = (0.02, 0.001) if gpu == "t4" else (0.01, 0.0004)
+    compute = alpha_c + beta_c * bsz
+    extra = max(replicas - 2, 0)
+    sync = 0.0 if replicas == 1 else (0.05 + 0.01 * extra if nodes > 1 else 0.01 + 0.002 * extra)
+    return (compute**1.5 + sync**1.5) ** (1 / 1.5)
+
+
+def _obs(gpu: str, nodes: int, replicas: int, bsz: int, job: str = "j", **kw) -> Observation:
+    return Observation(job=job, gpu_type=gpu, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz,
+                       step_time=_step(gpu, nodes, replicas, bsz) * kw.pop("scale", 1.0), **kw)
+
+
+def _basic(gpu: str = "t4", job: str = "j") -> list[Observation]:
+    return [_obs(gpu, n, r, b, job) for n, r in [(1, 1), (1, 2), (1, 4), (2, 8)] for b in (32, 64, 128)]
+
+
+# ---------------------------------------------------------------- ClusterPrior inputs
+def test_cluster_prior_refuses_bad_sizes_when_built_not_at_predict():
+    others = {"a": _basic(job="a"), "b": _basic(job="b")}
+    for bad in ("big", -1e7, math.nan, 0.0, True):
+        with pytest.raises(ValidationError, match=r"sizes\['a'\]"):
+            ClusterPrior.from_observations(others, sizes={"a": bad, "b": 2e7})
+    prior = ClusterPrior.from_observations(others, sizes={"a": 1e7, "b": None})  # None: not known
+    assert prior.sizes == {"a": 1e7}
+
+
+@pytest.mark.parametrize(("observations", "field"), [
+    ([_obs("t4", 1, 1, 32)], "observations"),
+    ({"a": [1, 2]}, r"observations\['a'\]\[0\]"),
+    ({"a": _obs("t4", 1, 1, 32)}, r"observations\['a'\]"),
+])
+def test_cluster_prior_from_observations_names_a_bad_container(observations, field):
+    with pytest.raises(ValidationError, match=field):
+        ClusterPrior.from_observations(observations)
+
+
+def test_cluster_prior_from_models_and_from_dict_raise_validation_errors():
+    with pytest.raises(ValidationError, match=r"models\[0\]"):
+        ClusterPrior.from_models([1])
+    with pytest.raises(ValidationError, match=r"summaries\[0\]"):
+        ClusterPrior.from_dict({"summaries": [{"job": "a"}]})
+
+
+# ---------------------------------------------------------------- GP hyperparameters
+def test_gp_hyperparameters_are_checked_and_made_tuples():
+    h = GPHyperparameters([2.0] * 6, np.array([0.1, 0.2]), [0.001, 0.002], noise=1e-3, task_names=["t4", "v100"])
+    assert isinstance(h.lengthscale, tuple) and isinstance(h.task_factor, tuple) and h.task_names == ("t4", "v100")
+    assert h.for_types(["t4", "a100"]).task_names == ("t4", "a100")  # concatenations work on JSON's lists
+    for kwargs, field in [
+        ({"noise": math.nan}, "noise"),
+        ({"noise": -1e-3}, "noise"),
+        ({"lengthscale": (2.0, 0.0) + (2.0,) * 4}, r"lengthscale\[1\]"),
+        ({"task_var": (0.001, 0.002)}, "task_var"),
+        ({"task_factor": (math.inf,)}, r"task_factor\[0\]"),
+        ({"lengthscale": ()}, "lengthscale"),
+    ]:
+        values = {"lengthscale": (2.0,) * 6, "task_factor": (0.1,), "task_var": (0.001,), "noise": 1e-3, **kwargs}
+        with pytest.raises(ValidationError, match=field):
+            GPHyperparameters(**values)
+
+
+def test_job_model_refuses_hyperparameters_for_another_feature_count():
+    h = GPHyperparameters((2.0,) * 3, (0.1,), (0.001,), noise=1e-3)
+    with pytest.raises(ValidationError, match="lengthscale"):
+        JobModel("j", 128, gp_hyperparameters=h)
+    ok = GPHyperparameters((2.0,) * len(FEATURE_NAMES), (0.1,), (0.001,), noise=1e-3)
+    p = JobModel("j", 128, gp_hyperparameters=ok).observe(_basic()).predict("t4", 1, 2, 64)
+    assert math.isfinite(p.step_time) and 0 < p.log_std < 0.5
+
+
+# ---------------------------------------------------------------- from_profile
+def test_from_profile_takes_the_chosen_jobs_own_settings():
+    a = [_obs("t4", 1, 1, b, "a") for b in (32, 64)]
+    b = [_obs("t4", 1, 1, bs, "b") for bs in (32, 64, 128)]
+    profile = Profile(a + b, init_batch_size=64,
+                      job_meta={"b": {"init_batch_size": 256, "max_batch_size": 1024, "max_local_bsz": {"t4": 128}}})
+    model = JobModel.from_profile(profile, job="b")
+    assert (model.init_batch_size, model.max_batch_size, len(model.observations)) == (256, 1024, 3)
+    assert model.limits("t4").max_local_bsz == 128
+    assert JobModel.from_profile(profile, job="a").init_batch_size == 64  # no own settings: the profile's
+    with pytest.raises(ValidationError, match="job='typo'"):
+        JobModel.from_profile(profile, job="typo")
+
+
+# ---------------------------------------------------------------- bad arguments
+def test_observe_and_predict_raise_validation_errors_naming_the_fields():
+    model = JobModel("j", 128).observe(_basic())
+    with pytest.raises(ValidationError, match="observations"):
+        model.observe(None)
+    with pytest.raises(ValidationError, match="do not broadcast"):
+        model.predict("t4", [1, 2], [1, 2, 3], 64)
+    with pytest.raises(ValidationError, match="twice"):
+        JobModel("j", 128, local_bsz_bounds={"t4": (1, 2), "T4": (1, 4)})
+    with pytest.raises(ValidationError, match="twice"):
+        JobModel("j", 128, prior={"t4": {"alpha_n": 0.1}, "T4": {"alpha_n": 0.2}})
