@@ -331,6 +331,26 @@ class BayesState:
         self.info_id[gpu], self.cov_id[gpu] = info, cov
 
 
+def _recent_window(stamps: np.ndarray, gpu_types: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of the ``max_points`` most recent observations, each type keeping its most recent few.
+
+    A type whose observations are older than the others' keeps its
+    ``max_points // (2 × types)`` most recent ones (or all it has): without any,
+    the GP would forget its residuals, and its predictions at configurations it
+    has measured would widen to the prior's because other types' data arrived.
+    """
+    order = np.argsort(stamps, kind="stable")
+    types = np.unique(gpu_types)
+    floor = max(1, max_points // (2 * len(types)))
+    chosen = np.zeros(stamps.size, dtype=bool)
+    for gpu in types:
+        chosen[order[gpu_types[order] == gpu][-floor:]] = True
+    newest_first = order[::-1]
+    rest = newest_first[~chosen[newest_first]]  # then the most recent of the others, up to max_points
+    chosen[rest[: max(0, max_points - int(chosen.sum()))]] = True
+    return np.flatnonzero(chosen)
+
+
 def build_state(
     observations: Mapping[str, Sequence[Observation]],
     transfers: Mapping[str, TypeTransfer],
@@ -348,7 +368,7 @@ def build_state(
     if len(obs) > max_points:  # the most recent ones (each type's list is in arrival order)
         # by timestamp only when every observation has one: one without may be the newest
         stamps = np.array([o.timestamp if o.timestamp is not None else math.nan for o in obs])
-        keep = np.sort(np.argsort(stamps, kind="stable")[-max_points:]) if np.isfinite(stamps).all() else None
+        keep = _recent_window(stamps, np.array([o.gpu_type for o in obs]), max_points) if np.isfinite(stamps).all() else None
         if keep is None:
             per = {t: observations[t][-max(1, max_points * len(observations[t]) // len(obs)):] for t in types}
             obs = [o for t in types for o in per[t]]
@@ -387,13 +407,20 @@ def build_state(
     # posterior mean of a scaled-inverse-χ² with RESIDUAL_PRIOR_DOF pseudo-observations at the
     # GP's prior variance and n − p residual degrees of freedom (→ the unbiased rss/(n − p) with
     # many observations; the prior scale when the fit interpolates few, n ≤ p).
+    # A type's own fit uses all its observations, also those the GP's window left out: its parameter
+    # uncertainty and degrees of freedom are counted on all of them.
     prior_var = state.hyper.task_covariance().diagonal() + state.hyper.noise
+    truncated = state.n_fit < sum(len(observations[t]) for t in types)
     for k, gpu in enumerate(types):
         rows = design.t == k
-        s_id = design.s_id[rows]
+        s_id, resid = design.s_id[rows], y[rows]
+        if truncated and len(observations[gpu]) > int(rows.sum()):
+            whole, y_whole = state.design_observations(observations[gpu])
+            if np.all(np.isfinite(y_whole)):
+                s_id, resid = whole.s_id, y_whole
         active = np.linalg.norm(s_id, axis=0) > 1e-9
-        n, p = int(rows.sum()), int(active.sum())
-        rss = float(np.sum(y[rows] ** 2))
+        n, p = len(resid), int(active.sum())
+        rss = float(np.sum(resid**2))
         dof = max(n - p, 0)
         state.dof[gpu] = float(dof)
         if fitted and dof > 0 and informative[rows].any():

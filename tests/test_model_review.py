@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from goodput import JobModel, Observation
+from goodput.bayes import _recent_window
 from goodput.cluster_prior import ClusterPrior
 from goodput.errors import ValidationError
 from goodput.gp import FEATURE_NAMES, GPHyperparameters
@@ -111,3 +112,31 @@ def test_observe_and_predict_raise_validation_errors_naming_the_fields():
         JobModel("j", 128, local_bsz_bounds={"t4": (1, 2), "T4": (1, 4)})
     with pytest.raises(ValidationError, match="twice"):
         JobModel("j", 128, prior={"t4": {"alpha_n": 0.1}, "T4": {"alpha_n": 0.2}})
+
+
+# ---------------------------------------------------------------- the GP's window
+def test_recent_window_keeps_each_types_most_recent_few():
+    stamps = np.arange(10.0)
+    types = np.array(["old"] * 3 + ["new"] * 7)
+    keep = _recent_window(stamps, types, 4)  # floor 4 // (2 × 2) = 1 per type
+    assert keep.tolist() == [2, 7, 8, 9]
+    assert _recent_window(stamps, types, 20).tolist() == list(range(10))
+
+
+def test_a_type_outside_the_window_keeps_its_certainty():
+    """Other types' newer data must not widen a type's interval at configurations it has measured."""
+    rng = np.random.default_rng(0)
+    stamp = iter(range(1, 10_000))
+
+    def noisy(gpu, nodes, replicas, bsz):
+        return _obs(gpu, nodes, replicas, bsz, timestamp=float(next(stamp)), scale=math.exp(0.02 * rng.standard_normal()))
+
+    old = [noisy("a100", 1, r, b) for r in (1, 2, 4) for b in (32, 64)]
+    configs = [(1, 1), (1, 2), (1, 4), (2, 8)]
+    new = [noisy("t4", *configs[i % 4], (32, 64, 128)[i % 3]) for i in range(70)]
+    inside = JobModel("j", 128, max_gp_points=64).observe(old + new[:50]).predict("a100", 1, 2, 64)
+    model = JobModel("j", 128, max_gp_points=64).observe(old + new)
+    after = model.predict("a100", 1, 2, 64)
+    assert model.diagnostics["gp_points"] == 64
+    assert after.log_std < 1.5 * inside.log_std
+    assert abs(math.log(after.step_time / inside.step_time)) < 0.03
