@@ -91,7 +91,7 @@ from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
 from goodput.throughput import throughput_arrays
-from goodput.validation import check_float, check_int
+from goodput.validation import check_int, check_sizes
 
 __all__ = [
     "PROTOCOLS", "METHODS", "ResumeMismatchError", "run", "evaluate_model", "predict_model", "predict_bayes", "main",
@@ -340,7 +340,7 @@ def run(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     given = resolve_model_sizes(model_sizes, data_dir, sorted(data.models))
-    sizes = {**data.sizes, **_checked_sizes(given.sizes)}
+    sizes = {**data.sizes, **check_sizes("model_sizes", given.sizes)}
     unused = sorted(set(sizes) - set(data.models))
     sizes = {k: v for k, v in sizes.items() if k in data.models}
     settings = {"data_dir": str(Path(data_dir).resolve()), "default_gpu_type": default_gpu_type, "protocols": list(protocols),
@@ -407,14 +407,6 @@ def run(
     if mlflow:
         _log_mlflow(summary, rows, out, meta, title, reference)
     return summary
-
-
-def _checked_sizes(model_sizes: Mapping[str, float] | None) -> dict[str, float]:
-    if model_sizes is None:
-        return {}
-    if not isinstance(model_sizes, Mapping):
-        raise ValidationError("model_sizes", model_sizes, "expected a mapping model -> trainable parameters")
-    return {str(k): check_float(f"model_sizes[{k!r}]", v, positive=True) for k, v in model_sizes.items()}
 
 
 def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict[str, Any], title: str,

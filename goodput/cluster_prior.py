@@ -50,7 +50,7 @@ from .regimes import Regimes
 from .sync_shape import SyncShape, learn_sync_shape
 from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, fit_throughput, throughput_arrays
-from .validation import check_float, normalize_gpu_type
+from .validation import check_float, check_sizes, normalize_gpu_type
 
 __all__ = [
     "TRANSFER_GAMMA",
@@ -263,7 +263,7 @@ class ClusterPrior:
         Each type's inter-node sync shape is learned first (:func:`~goodput.sync_shape.learn_sync_shape`),
         and the fits of that type are made with it.
         """
-        kept, sizes = _checked_observations(observations), _checked_sizes(sizes)
+        kept, sizes = _checked_observations(observations), check_sizes("sizes", sizes, allow_unknown=True)
         shapes = _learn_shapes(kept)
         out = []
         for job, obs in kept.items():
@@ -580,15 +580,6 @@ def _checked_observations(observations: Any) -> dict[str, list[Observation]]:
             if not isinstance(o, Observation):
                 raise ValidationError(f"observations[{job!r}][{index}]", o, "expected an Observation")
     return kept
-
-
-def _checked_sizes(sizes: Any) -> dict[str, float]:
-    """``{job: trainable parameters}`` (None: none known), each a positive number."""
-    if sizes is None:
-        return {}
-    if not isinstance(sizes, Mapping):
-        raise ValidationError("sizes", type(sizes).__name__, "expected {job: trainable parameters}")
-    return {job: check_float(f"sizes[{job!r}]", value, positive=True) for job, value in sizes.items() if value is not None}
 
 
 def _learn_shapes(observations: Mapping[str, Sequence[Observation]]) -> dict[str, SyncShape]:

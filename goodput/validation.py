@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import ValidationError
@@ -101,3 +102,15 @@ def check_bounds(field: str, value: Any) -> tuple[int, int] | None:
     if low > high:
         raise ValidationError(field, value, "low must be <= high")
     return low, high
+
+
+def check_sizes(field: str, sizes: Any, *, allow_unknown: bool = False) -> dict[str, float]:
+    """``{job or model: trainable parameters}`` (``None``: none known), each a positive number.
+
+    ``allow_unknown`` leaves out entries whose value is ``None`` (a size not known).
+    """
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, Mapping):
+        raise ValidationError(field, sizes, "expected a mapping {job: trainable parameters}")
+    return {str(k): check_float(f"{field}[{k!r}]", v, positive=True) for k, v in sizes.items() if not (allow_unknown and v is None)}
