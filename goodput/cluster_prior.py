@@ -323,7 +323,11 @@ class ClusterPrior:
         others' (sync shapes relearned, fits redone; memoised). Otherwise (loaded, or from models)
         the job's summaries are dropped, and so are the sync shapes of the types it ran on several
         nodes of (they were learned with it); the other jobs' fits stay as they were made, under
-        the shapes, so such a prior is not exactly leave-one-out."""
+        the shapes, so such a prior is not exactly leave-one-out. A job the prior does not hold (a
+        new job's name) leaves it as it is: this prior itself is returned, nothing is refitted."""
+        held = self.observations.keys() if self.observations is not None else {s.job for s in self.summaries}
+        if job not in held:
+            return self
         if self.observations is None:
             taught = {s.gpu_type for s in self.summaries if s.job == job and s.regimes.has_inter}
             return ClusterPrior([s for s in self.summaries if s.job != job],

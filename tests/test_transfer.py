@@ -130,6 +130,9 @@ def test_cluster_prior_round_trip_and_exclude(tmp_path):
     assert loaded.to_dict() == prior.to_dict()
     assert loaded.find("a", "fast").size_proxy == pytest.approx(prior.find("a", "fast").size_proxy)
     assert loaded.exclude("a").jobs == ["b"] and len(loaded.exclude("a")) == 2
+    # a job the prior does not hold (a new job's name) leaves it whole, without refitting anything
+    assert loaded.exclude("new job") is loaded and prior.exclude("new job") is prior
+    assert prior.exclude("a").jobs == ["b"]
     (tmp_path / "bad.json").write_text("{\"summaries\": 3}")
     with pytest.raises(DataFormatError):
         ClusterPrior.load(tmp_path / "bad.json")
