@@ -48,7 +48,7 @@ from .accuracy import evaluate_model
 from .benchutil import parser, report
 from .datasets import read_measurements, resolve_model_sizes
 
-__all__ = ["VARIANTS", "oracle", "full_data_hyperparameters", "floor_rows", "main"]
+__all__ = ["VARIANTS", "oracle", "full_data_hyperparameters", "floor_rows", "summarise", "main"]
 
 VARIANTS = ("as is", "mean", "gp", "both")
 STAGES = ("k=5", "k=10", "k=20", "k=40", "next")
@@ -110,10 +110,13 @@ def floor_rows(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, 
     """P4's rows (``evaluate_model``'s, method ``bayes``) for every model under every variant, column ``variant`` added."""
     full = ClusterPrior.from_observations(dict(models), dict(sizes)) if len(models) > 1 else None
     frames = []
+    hypers: dict[str, GPHyperparameters] = {}  # per job, shared by "gp" and "both"
     for variant in variants:
         for name in sorted(models):
             prior = full.exclude(name) if full is not None else None
-            hyper = full_data_hyperparameters(name, models[name], prior, sizes.get(name)) if variant in ("gp", "both") else None
+            if variant in ("gp", "both") and name not in hypers:
+                hypers[name] = full_data_hyperparameters(name, models[name], prior, sizes.get(name))
+            hyper = hypers.get(name) if variant in ("gp", "both") else None
             if progress:
                 print(f"  {variant}: {name}", file=sys.stderr, flush=True)
             with warnings.catch_warnings(), oracle(variant, models[name], hyper):
