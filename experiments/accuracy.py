@@ -83,7 +83,7 @@ from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
-from goodput.cli.accuracy import METHODS, P4_SEEDS, PROTOCOLS
+from experiments.accuracy_args import METHODS, P4_SEEDS, PROTOCOLS
 from goodput.cluster_prior import ClusterPrior
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
@@ -439,7 +439,7 @@ def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from goodput.cli.accuracy import configure
+    from experiments.accuracy_args import configure
 
     return configure(argparse.ArgumentParser(prog="python -m experiments.accuracy", description=__doc__,
                                              formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -455,7 +455,7 @@ def _subset(text: str, allowed: Sequence[str], what: str) -> list[str]:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from goodput.cli._common import console
+    from experiments.benchutil import console
 
     out = console()
     summary = run(

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap
-from goodput.cli.accuracy import METHODS
+from experiments.accuracy_args import METHODS
 
 __all__ = ["P4_STEPS", "SUMMARY_COLUMNS", "summarize", "per_model", "markdown"]
 

@@ -51,6 +51,17 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def console() -> Any:
+    """A rich console; when output is not a terminal (CI logs, pipes) use a wide page, not 80 columns."""
+    import shutil
+    import sys
+
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else max(shutil.get_terminal_size((160, 24)).columns, 160)
+    return Console(width=width)
+
+
 def parser(name: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
     p.add_argument("--out-dir", default="bench-results", help="where the JSON figures go (default: bench-results/)")

@@ -12,7 +12,7 @@ import pytest
 
 from experiments import accuracy
 from experiments.datasets import KNOWN_SIZES_DIR, read_measurements, read_model_sizes, read_zeus, resolve_model_sizes
-from goodput.cli import main
+from cli import main
 from goodput.errors import DataFormatError
 from goodput.throughput import ThroughputParams, predict_compute_time, predict_step_time
 

@@ -10,7 +10,7 @@ import pytest
 from goodput import Cluster, GoodputTable, Observation, Profile, ValidationError, allocate
 from goodput.allocator import JobAllocation, JobSpec
 from goodput.allocator.placement import place
-from goodput.cli import main
+from cli import main
 from goodput.efficiency import efficiency
 from goodput.optimize import BatchLimits, candidate_batches, optimize_goodput
 

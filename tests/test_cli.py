@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from goodput import Profile
-from goodput.cli import main
+from cli import main
 from tests.test_model import observations
 
 
@@ -22,7 +22,7 @@ def test_help_lists_subcommands(capsys):
 
 
 def test_console_script_runs():
-    result = subprocess.run([sys.executable, "-m", "goodput.cli", "fit", "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "cli", "fit", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--cluster" in result.stdout
 
 
@@ -53,7 +53,7 @@ def test_fit_errors_are_clean(tmp_path, capsys):
 
 
 def test_demo_profiles_fits_allocates_and_logs_to_mlflow(tmp_path, capsys):
-    from goodput.cli.demo import example_cluster
+    from cli.demo import example_cluster
 
     out = tmp_path / "profiles"
     # 8 s per job: the sweep stops at 60% and leaves the replicas (1.5 s to spawn) room even on a busy host

@@ -10,7 +10,7 @@ import numpy as np
 
 from goodput import Cluster, save_tables
 from goodput.allocator import Allocation
-from goodput.cli import main
+from cli import main
 from tests.allocator_cases import random_tables, table
 
 CLUSTER = "t4:6x4,a100:2x8"
@@ -65,7 +65,7 @@ def test_allocate_errors_name_the_job(tmp_path, capsys):
 
 
 def test_console_script_has_allocate():
-    result = subprocess.run([sys.executable, "-m", "goodput.cli", "allocate", "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "cli", "allocate", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--policy" in result.stdout and "--current" in result.stdout
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from goodput import GoodputTable, Profile, save_tables
-from goodput.cli import main
+from cli import main
 from tests.test_model import observations
 
 
@@ -117,8 +117,8 @@ def test_unusable_out_paths_are_refused_before_the_work(tmp_path, monkeypatch, c
 
 
 def test_an_os_error_names_the_users_path_not_a_temporary_file():
-    from goodput.cli import _message
-    from goodput.cli._common import writing
+    from cli import _message
+    from cli._common import writing
 
     with pytest.raises(FileNotFoundError) as info:
         with writing("/somewhere/a.json"):

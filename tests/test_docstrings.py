@@ -8,6 +8,7 @@ import pkgutil
 
 import pytest
 
+import cli
 import experiments
 import goodput
 import profilers
@@ -15,7 +16,7 @@ import profilers
 
 def _modules_with_examples() -> list[str]:
     names = []
-    for package in (goodput, profilers, experiments):
+    for package in (goodput, profilers, experiments, cli):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             if info.name.endswith("__main__"):  # importing it runs the command line
                 continue

@@ -14,7 +14,7 @@ from experiments.simulator.runner import Task, load_truth, run_task, truth_setti
 from experiments.simulator.truth import ParametricFamily
 from experiments.simulator.workload import WorkloadJob, write_workload
 from goodput import Cluster
-from goodput.cli import main
+from cli import main
 from goodput.errors import ValidationError
 from goodput.throughput import ThroughputParams
 from tests.sim_doubles import FixedPolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from goodput import JobModel, Observation, Profile, ProfileWriter
-from goodput.cli import build_parser, main
+from cli import build_parser, main
 from goodput.errors import ValidationError
 from profilers import profile_job
 from profilers.type_run import TypeReport

@@ -8,7 +8,7 @@ import mlflow
 import pytest
 
 from goodput import Profile
-from goodput.cli import main
+from cli import main
 from profilers import log_profile, profile_job
 from profilers.tracking import metric_key
 from tests.profiler_jobs import tiny_mlp

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from goodput import Cluster, GoodputTable, JobModel, ValidationError, allocate, save_tables
-from goodput.cli import main
+from cli import main
 from goodput.lognormal import lognormal_log_std, lognormal_quantile, lognormal_std
 from tests.test_model import observations
 

@@ -11,7 +11,7 @@ from experiments.simulator.policies import POLICY_NAMES, make_policy
 from experiments.simulator.truth import load_catalog
 from experiments.simulator.workload import WorkloadJob, write_workload
 from goodput import Cluster
-from goodput.cli import main
+from cli import main
 from goodput.errors import ValidationError
 
 CLUSTER = Cluster.parse("t4:2x4,a100:1x4")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from experiments.benchutil import console  # noqa: F401  (re-exported for the subcommands)
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 
@@ -63,17 +64,6 @@ def writing(path: Any) -> Iterator[None]:
         if exc.strerror is None:
             raise
         raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
-
-
-def console() -> Any:
-    """A rich console; when output is not a terminal (CI logs, pipes) use a wide page, not 80 columns."""
-    import shutil
-    import sys
-
-    from rich.console import Console
-
-    width = None if sys.stdout.isatty() else max(shutil.get_terminal_size((160, 24)).columns, 160)
-    return Console(width=width)
 
 
 def frame_table(frame: Any, title: str | None = None, float_format: str = "{:.4g}") -> Any:

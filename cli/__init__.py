@@ -19,13 +19,13 @@ from goodput.errors import ValidationError
 from ._common import check_out
 
 SUBCOMMANDS = [  # in workflow order
-    "goodput.cli.demo",
-    "goodput.cli.profile",
-    "goodput.cli.fit",
-    "goodput.cli.accuracy",
-    "goodput.cli.allocate",
-    "goodput.cli.simulate",
-    "goodput.cli.compare",
+    "cli.demo",
+    "cli.profile",
+    "cli.fit",
+    "cli.accuracy",
+    "cli.allocate",
+    "cli.simulate",
+    "cli.compare",
 ]
 
 
