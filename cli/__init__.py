@@ -26,6 +26,8 @@ SUBCOMMANDS = [  # in workflow order
     "cli.allocate",
     "cli.simulate",
     "cli.compare",
+    "cli.serve",
+    "cli.table",
 ]
 
 

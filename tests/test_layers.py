@@ -1,4 +1,4 @@
-"""The packages stack in layers (DESIGN.md): ``goodput`` (the core) < ``profilers`` < ``experiments`` < ``cli``.
+"""The packages stack in layers (DESIGN.md): ``goodput`` (the core) < ``profilers`` < ``experiments`` < ``cli``, ``service``.
 
 A package imports only from the packages below it. Every import counts, those inside functions too:
 a lazy import is still a dependency.
@@ -17,6 +17,7 @@ FORBIDDEN = {
     "goodput": {"profilers", "experiments", "cli", "service"},
     "profilers": {"experiments", "cli", "service"},
     "experiments": {"cli", "service"},
+    "service": {"cli", "experiments"},  # the service sits beside the CLI; the CLI may start it
 }
 
 

@@ -1,0 +1,71 @@
+"""``goodput serve``: the goodput service — running jobs report, schedulers query, nothing lost.
+
+One process holds every job's model. Training jobs post observations
+(``profilers.reporter.GoodputReporter``); schedulers ask for goodput, tables
+and allocations (``goodput.client.Client``, ``goodput table --server``, the
+Kubernetes scheduler extender at ``/v1/k8s/filter`` and ``/v1/k8s/prioritize``).
+Observations are stored before they are acknowledged (``--store``, SQLite in
+WAL mode by default, any SQLAlchemy URL); models are rebuilt from the store at
+start-up while the service already answers, and refitted in the background.
+OpenAPI at ``/docs``, Prometheus metrics at ``/metrics``.
+
+Example::
+
+    goodput serve --cluster t4:6x4,a100:2x8 --token-file tokens.txt
+    goodput serve --store postgresql+psycopg://goodput@db/goodput --host 0.0.0.0
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import cluster_arg
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="run the goodput service (REST API, Kubernetes extender, metrics)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default="sqlite:///goodput.db",
+                        help="SQLAlchemy URL of the store (default sqlite:///goodput.db in the working directory; "
+                        "PostgreSQL: postgresql+psycopg://user@host/db with the 'postgres' extra)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
+    parser.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: a free one, printed)")
+    parser.add_argument("--token-file", help="file of bearer tokens, one a line: writes then need one")
+    parser.add_argument("--cluster", type=cluster_arg, default=None,
+                        help="the cluster (type:NODESxGPUS,...): default of table/allocate queries; its tables are "
+                        "computed ahead whenever a model changes")
+    parser.add_argument("--export-dir", help="keep <job>.csv there current with each job's table over --cluster "
+                        "(for a Slurm job_submit plugin or a wrapper script)")
+    parser.add_argument("--model", choices=["bayesian", "plain"], default="bayesian",
+                        help="JobModel kind: the Bayesian model (default) or the plain Pollux fit")
+    parser.add_argument("--max-body-mb", type=float, default=10.0, help="larger request bodies get 413 (default 10)")
+    parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL", "EXTRA"], default="FULL",
+                        help="SQLite's synchronous setting (default FULL: a commit survives a power cut; NORMAL "
+                        "survives a killed server only)")
+    parser.add_argument("--k8s-max-score", type=int, choices=[10, 100], default=10,
+                        help="top score of /v1/k8s/prioritize (default 10: kube-scheduler's MaxExtenderPriority)")
+    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from goodput.validation import check_float, check_int
+    from service.app import create_app
+    from service.server import serve
+    from service.store import Store
+
+    check_int("port", args.port, minimum=0)
+    if args.port > 65535:
+        from goodput.errors import ValidationError
+
+        raise ValidationError("port", args.port, "must be <= 65535")
+    max_body = int(check_float("max_body_mb", args.max_body_mb, positive=True) * 1024 * 1024)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = Store(args.store, sqlite_synchronous=args.sqlite_synchronous)
+    app = create_app(store, cluster=args.cluster, token_file=args.token_file, max_body_bytes=max_body,
+                     export_dir=args.export_dir, model_options={"bayesian": args.model == "bayesian"},
+                     k8s_max_score=args.k8s_max_score)
+    serve(app, args.host, args.port, log_level=args.log_level)
+    return 0

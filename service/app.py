@@ -1,0 +1,317 @@
+"""The FastAPI application of ``goodput serve`` (OpenAPI at ``/docs``).
+
+Endpoints (JSON bodies):
+
+- ``PUT  /v1/jobs/{job}`` — register a job or change its settings -> the job's record;
+- ``POST /v1/jobs/{job}/observations`` — ``{"observations": [...]}`` -> ``{"accepted", "total"}``,
+  answered after the records are committed; idempotent by record id;
+- ``GET  /v1/jobs`` — the registered jobs; ``GET /v1/jobs/{job}`` — settings, stored count,
+  GPU types, the model's state, last refit, diagnostics;
+- ``GET  /v1/jobs/{job}/observations?after=&limit=`` — the stored records, in order of arrival;
+- ``GET  /v1/jobs/{job}/goodput?gpu_type=&num_nodes=&num_gpus=`` — the best configuration;
+- ``GET  /v1/jobs/{job}/table?cluster=`` — the job's goodput table (Sia's configuration set);
+- ``POST /v1/allocate`` — one scheduling round -> ``Allocation.to_dict()``;
+- ``POST /v1/k8s/filter``, ``POST /v1/k8s/prioritize`` — the Kubernetes scheduler extender;
+- ``GET  /healthz``, ``GET /metrics`` (Prometheus).
+
+Errors: 401 (a write without a valid token, when tokens are set), 404 (unknown
+job), 413 (body over the limit), 422 (a bad body or query: ``detail`` names
+where, the field and the value, as FastAPI's own validation does), 503 (a
+model still being rebuilt after start-up, with ``Retry-After``; or the store
+unreachable).
+
+Example::
+
+    app = create_app("sqlite:///goodput.db", cluster="t4:6x4,a100:2x8", token_file="tokens.txt")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Body, FastAPI, Query, Request, Security
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from goodput import Cluster, Observation
+from goodput.errors import UnknownGPUTypeError, ValidationError
+
+from .auth import DEFAULT_MAX_BODY, BodyLimitMiddleware, TokenAuthMiddleware, read_tokens
+from .k8s import Extender
+from .metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
+from .registry import NotReadyError, Published, Registry, build_model
+from .schemas import (
+    JOB_PATTERN,
+    AllocateIn,
+    GoodputOut,
+    JobOut,
+    JobSettings,
+    ObservationBatch,
+    ObservationsAccepted,
+    StoredRecords,
+    TableOut,
+    json_safe,
+    validation_detail,
+)
+from .store import Store, UnknownJobError, record_id
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("goodput.service")
+
+JobName = Annotated[str, PathParam(pattern=JOB_PATTERN, description="the job's name: letters, digits, '.', '_', '-'")]
+_bearer = HTTPBearer(auto_error=False, description="with --token-file: writes need one of its tokens")
+RETRY_AFTER_S = 2
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _bytes_response(body: bytes, status: int = 200) -> Response:
+    return Response(content=body, status_code=status, media_type="application/json")
+
+
+def create_app(
+    store: str | Store = "sqlite:///goodput.db",
+    *,
+    cluster: str | Cluster | None = None,
+    token_file: str | Path | None = None,
+    tokens: tuple[str, ...] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    export_dir: str | Path | None = None,
+    model_options: Mapping[str, Any] | None = None,
+    k8s_max_score: int = 10,
+    coalesce_s: float = 0.05,
+) -> FastAPI:
+    """The service as an ASGI application; the model worker starts and stops with the app's lifespan.
+
+    Args:
+        store: a SQLAlchemy URL or a :class:`~service.store.Store`.
+        cluster: the cluster (``"t4:6x4,a100:2x8"``): default of table and allocation queries, and
+            its table is precomputed whenever a model is published.
+        token_file: a file of bearer tokens (one a line): writes then need one. ``tokens``: the same, given directly.
+        max_body_bytes: larger request bodies get 413.
+        export_dir: keep ``<job>.csv`` there current with each job's table over ``cluster`` (Slurm).
+        model_options: passed to every :class:`~goodput.JobModel` (``{"bayesian": False}`` for the plain fit).
+        k8s_max_score: the extender's top score: 10 (kube-scheduler) or 100.
+        coalesce_s: how long the model worker waits for more observations after an idle spell.
+    """
+    if isinstance(cluster, str):
+        cluster = Cluster.parse(cluster)
+    if token_file is not None:
+        tokens = (tokens or ()) + read_tokens(token_file)
+    if max_body_bytes < 1024:
+        raise ValidationError("max_body_bytes", max_body_bytes, "must be at least 1024")
+    store = store if isinstance(store, Store) else Store(store)
+    metrics = Metrics()
+    registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
+                        model_options=model_options, coalesce_s=coalesce_s)
+
+    def goodput_of(job: str, gpu: str, nodes: int, replicas: int) -> float | None:
+        try:
+            published = registry.published(job)
+            if gpu not in published.gpu_types:
+                return None
+            return float(published.goodput(gpu, nodes, replicas)["goodput"])
+        except (UnknownJobError, NotReadyError, ValidationError):
+            return None
+
+    def allowed_types(job: str) -> list[str] | None:
+        try:
+            return registry.record(job).settings.get("gpu_types")
+        except UnknownJobError:
+            return None
+
+    extender = Extender(goodput_of, allowed_types, max_score=k8s_max_score)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        registry.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(registry.close)
+
+    app = FastAPI(title="goodput", version=_version(), lifespan=lifespan,
+                  description="Jobs report observations as they train; schedulers query goodput, tables, allocations. "
+                  "Writes need a bearer token when the server was started with --token-file.")
+    app.state.registry = registry
+    app.state.metrics = metrics
+    app.state.extender = extender
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if tokens:
+        app.add_middleware(TokenAuthMiddleware, tokens=tuple(tokens))
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    writes = [Security(_bearer)]
+
+    # ------------------------------------------------------------------ errors
+    @app.exception_handler(UnknownJobError)
+    async def _unknown_job(request: Request, exc: UnknownJobError) -> JSONResponse:
+        return JSONResponse({"detail": f"unknown job {exc.value!r}: register it first (PUT /v1/jobs/{exc.value})"},
+                            status_code=404)
+
+    @app.exception_handler(NotReadyError)
+    async def _not_ready(request: Request, exc: NotReadyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "job": exc.job, "ready": exc.done, "jobs": exc.total},
+                            status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        where = "query" if request.method == "GET" else "body"
+        return JSONResponse({"detail": validation_detail(exc, (where,))}, status_code=422)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _store_down(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        log.error("goodput serve: store error: %s", exc)
+        return JSONResponse({"detail": f"the store is unavailable: {type(exc).__name__}"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    # ------------------------------------------------------------------ jobs and observations
+    @app.put("/v1/jobs/{job}", response_model=JobOut, dependencies=writes, tags=["jobs"])
+    def put_job(job: JobName, settings: JobSettings) -> Any:
+        """Register a job or change its settings (its model is then rebuilt; the old one answers meanwhile)."""
+        checked = settings.checked()
+        build_model(job, checked)  # the core's own checks of the settings, before anything is stored
+        registry.register(job, checked)
+        return JSONResponse(json_safe(registry.status(job)))
+
+    @app.post("/v1/jobs/{job}/observations", response_model=ObservationsAccepted, dependencies=writes, tags=["jobs"])
+    def post_observations(job: JobName, batch: ObservationBatch) -> Any:
+        """Store observations durably (answered after the commit); a record whose id is stored already is skipped."""
+        observations, ids = [], []
+        for index, record in enumerate(batch.observations):
+            data = record.model_dump(exclude_unset=True)
+            given_id = data.pop("id", None)
+            if data.get("job") is None:
+                data["job"] = job
+            elif data["job"] != job:
+                raise RequestValidationError([{"type": "value_error", "loc": ["body", "observations", index, "job"],
+                                               "msg": f"the URL names job {job!r}", "input": data["job"]}])
+            try:
+                observation = Observation.from_dict(data)
+            except ValidationError as exc:
+                raise RequestValidationError(validation_detail(exc, ("body", "observations", index))) from None
+            observations.append(observation)
+            ids.append(given_id if given_id is not None else record_id(observation.to_dict()))
+        result = registry.add(job, observations, ids)
+        return {"accepted": result.accepted, "total": result.total}
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    def list_jobs() -> dict[str, list[str]]:
+        """The registered jobs' names."""
+        return {"jobs": registry.jobs()}
+
+    @app.get("/v1/jobs/{job}", response_model=JobOut, tags=["jobs"])
+    def get_job(job: JobName) -> Any:
+        """Settings, observations stored, GPU types seen, the model's state and last refit, diagnostics."""
+        return JSONResponse(json_safe(registry.status(job)))
+
+    @app.get("/v1/jobs/{job}/observations", response_model=StoredRecords, tags=["jobs"])
+    def get_observations(job: JobName, after: Annotated[int, Query(ge=0)] = 0,
+                         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Any:
+        """The stored records in order of arrival, ``limit`` at a time after row ``after``."""
+        registry.record(job)
+        rows = registry.store.observations(job, after=after, limit=limit)
+        records = [{"row": r.row_id, "id": r.record_id, "received": r.received, "observation": r.data} for r in rows]
+        return _bytes_response(_json({"job": job, "records": records,
+                                      "next_after": rows[-1].row_id if len(rows) == limit else None}))
+
+    # ------------------------------------------------------------------ queries
+    @app.get("/v1/jobs/{job}/goodput", response_model=GoodputOut, tags=["queries"])
+    async def get_goodput(job: JobName, gpu_type: Annotated[str, Query(min_length=1, max_length=64)],
+                          num_gpus: Annotated[int, Query(ge=1, le=1_000_000)],
+                          num_nodes: Annotated[int, Query(ge=1, le=100_000)] = 1) -> Any:
+        """The best batch configuration of an allocation and its goodput, from the last published model."""
+        if num_gpus < num_nodes:
+            raise RequestValidationError([{"type": "value_error", "loc": ["query", "num_gpus"],
+                                           "msg": f"must be >= num_nodes ({num_nodes})", "input": num_gpus}])
+        published = registry.published(job)
+        key = ("goodput-json", gpu_type, num_nodes, num_gpus)
+        body = published.cached(key)
+        if body is None:
+            try:
+                body = await run_in_threadpool(published.answer, key, lambda _: _goodput_json(published, gpu_type,
+                                                                                              num_nodes, num_gpus))
+            except UnknownGPUTypeError as exc:
+                raise registry.not_ready_for(job, str(exc.value).strip().lower()) or exc from None
+        return _bytes_response(body)
+
+    @app.get("/v1/jobs/{job}/table", response_model=TableOut, tags=["queries"])
+    async def get_table(job: JobName, cluster: Annotated[str | None, Query(
+            description="type:NODESxGPUS,... (default: the server's --cluster)")] = None) -> Any:
+        """The job's goodput table over the cluster's configurations (Sia's set)."""
+        published = registry.published(job)
+        key = ("table-json", cluster)
+        body = published.cached(key)
+        if body is None:
+            body = await run_in_threadpool(published.answer, key, lambda _: _table_json(published, _cluster(cluster)))
+        return _bytes_response(body)
+
+    @app.post("/v1/allocate", dependencies=writes, tags=["queries"])
+    def post_allocate(request: AllocateIn) -> Any:
+        """One scheduling round (goodput.allocate) over the jobs' tables -> Allocation.to_dict()."""
+        allocation = registry.allocate(_cluster(request.cluster), request.jobs, request.current, request.policy,
+                                       request.p, request.options)
+        return _bytes_response(_json(allocation.to_dict()))
+
+    def _cluster(spec: str | None) -> Cluster:
+        if spec is None:
+            if registry.cluster is None:
+                raise ValidationError("cluster", None, "name one (type:NODESxGPUS,...): the server has no --cluster")
+            return registry.cluster
+        return Cluster.parse(spec)
+
+    # ------------------------------------------------------------------ Kubernetes
+    @app.post("/v1/k8s/filter", tags=["kubernetes"])
+    def k8s_filter(args: Annotated[dict[str, Any], Body(description="ExtenderArgs: Pod, Nodes or NodeNames")]) -> Any:
+        """kube-scheduler's filter call: ExtenderArgs -> ExtenderFilterResult."""
+        return _bytes_response(_json(extender.filter(args)))
+
+    @app.post("/v1/k8s/prioritize", tags=["kubernetes"])
+    def k8s_prioritize(args: Annotated[dict[str, Any], Body(description="ExtenderArgs: Pod, Nodes or NodeNames")]) -> Any:
+        """kube-scheduler's prioritize call: ExtenderArgs -> HostPriorityList (scores 0..10)."""
+        return _bytes_response(_json(extender.prioritize(args)))
+
+    # ------------------------------------------------------------------ operations
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> Any:
+        """Liveness and readiness: the store answers; how many jobs have a model."""
+        registry.store.ping()
+        ready, total = registry.readiness()
+        return {"status": "ok", "store": registry.store.dialect, "jobs": total, "ready": ready,
+                "rebuilding": total - ready}
+
+    @app.get("/metrics", tags=["operations"])
+    def get_metrics() -> Response:
+        """Prometheus text: requests, latencies, observations stored, model publishes and refits."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _goodput_json(published: Published, gpu_type: str, num_nodes: int, num_gpus: int) -> bytes:
+    choice = published.goodput(gpu_type, num_nodes, num_gpus)
+    return _json({"job": published.job, **choice, "model_version": published.version})
+
+
+def _table_json(published: Published, cluster: Cluster) -> bytes:
+    table = published.table(cluster)
+    data = table.to_dict()
+    return _json({"job": published.job, "cluster": str(cluster), "model_version": published.version,
+                  "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
+
+
+def _version() -> str:
+    from goodput import __version__
+
+    return __version__

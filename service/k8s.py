@@ -1,0 +1,250 @@
+"""The Kubernetes scheduler-extender protocol: filter and prioritize nodes by a pod's job's goodput.
+
+kube-scheduler POSTs an ``ExtenderArgs`` to ``<urlPrefix>/filter`` and
+``<urlPrefix>/prioritize`` (``deploy/kube-scheduler-config.yaml``). The types
+are ``k8s.io/kube-scheduler/extender/v1`` (``staging/src/k8s.io/kube-scheduler/
+extender/v1/types.go``). Since Kubernetes 1.17 their fields carry no JSON tags,
+so Go writes the field names as they are — ``Pod``, ``Nodes``, ``NodeNames``;
+``Nodes``, ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
+``Error``; ``Host``, ``Score`` — and reads keys case-insensitively (before 1.17,
+``pkg/scheduler/api/v1`` tagged them ``pod``, ``nodes``, ``nodenames``,
+``failedNodes``, ``error``, ``host``, ``score``). This module reads either
+spelling, as Go does, and writes the Go field names, which every version reads.
+The pod and nodes inside are ordinary ``v1.Pod`` / ``v1.NodeList`` objects
+(``metadata.labels``, ``items``, …).
+
+Which job a pod belongs to: the pod's label or annotation ``goodput/job``
+(:data:`JOB_KEY`). A pod without it, or of a job the service does not know or
+has not modelled yet, is not this extender's business: every node passes and
+scores 0.
+
+A node's GPU type: its label ``goodput/gpu-type`` (:data:`TYPE_LABEL`) when set,
+else ``nvidia.com/gpu.product`` (:data:`GPU_LABEL`, set by NVIDIA's GPU feature
+discovery / GPU operator, e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``),
+turned into this project's lower-case ``gpu_type`` by the profiler's own
+normalisation (:func:`profilers.devices.normalize_device_name`, dashes read
+as spaces): ``a100``, ``t4``, ``h100``, ``rtx2080ti``.
+
+Which allocation is scored: the pod's annotations ``goodput/num-nodes`` and
+``goodput/num-replicas`` when set (the job's whole shape), else one node with
+the GPUs the pod's containers request (``nvidia.com/gpu`` limits; 1 if none).
+
+Filter: nodes of a GPU type outside the job's registered ``gpu_types``, or of a
+type where no batch within the job's limits fits (goodput 0), fail — in
+``FailedAndUnresolvableNodes`` (preemption cannot help) and ``FailedNodes``
+(for schedulers older than that field). Every other node passes (types the
+model has not seen yet, nodes without a GPU label).
+
+Prioritize: each node's score is ``round(max_score × goodput / best)``, the
+job's goodput on the node's type relative to the best type among the
+candidates; 0 for unknown types. kube-scheduler's extender scores are 0–10
+(``MaxExtenderPriority``) in every version since the API's start; it multiplies
+them by the extender's ``weight`` and by 10 to reach its own 0–100 node scores.
+``max_score=100`` serves callers that want 0–100 directly.
+
+With ``nodeCacheCapable: true`` kube-scheduler sends node names only; types are
+then looked up among nodes seen in earlier calls with full node objects.
+Configure ``nodeCacheCapable: false`` (the shipped example does).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from goodput.errors import ValidationError
+from profilers.devices import normalize_device_name
+
+__all__ = ["GPU_LABEL", "TYPE_LABEL", "JOB_KEY", "NODES_KEY", "REPLICAS_KEY", "GPU_RESOURCE", "gpu_type_of_product",
+           "Extender"]
+
+GPU_LABEL = "nvidia.com/gpu.product"
+TYPE_LABEL = "goodput/gpu-type"
+JOB_KEY = "goodput/job"
+NODES_KEY = "goodput/num-nodes"
+REPLICAS_KEY = "goodput/num-replicas"
+GPU_RESOURCE = "nvidia.com/gpu"
+_NODE_CACHE_LIMIT = 100_000
+
+
+def gpu_type_of_product(product: str) -> str:
+    """``gpu_type`` of an ``nvidia.com/gpu.product`` label value (``"NVIDIA-A100-SXM4-80GB"`` -> ``"a100"``)."""
+    return normalize_device_name(str(product).replace("-", " ").replace("_", " "))
+
+
+def _get(mapping: Any, name: str) -> Any:
+    """``mapping[name]`` with Go's case-insensitive key match (exact match first)."""
+    if not isinstance(mapping, Mapping):
+        return None
+    if name in mapping:
+        return mapping[name]
+    lowered = name.lower()
+    for key, value in mapping.items():
+        if isinstance(key, str) and key.lower() == lowered:
+            return value
+    return None
+
+
+def _metadata(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _strings(mapping: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, Mapping) else {}
+
+
+def _positive_int(text: Any, what: str) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValidationError(what, text, "expected a positive integer") from None
+    if value < 1:
+        raise ValidationError(what, text, "expected a positive integer")
+    return value
+
+
+class _Pod:
+    """What the extender reads from a ``v1.Pod``: its job and the allocation to score."""
+
+    def __init__(self, pod: Any) -> None:
+        meta = _metadata(pod)
+        labels, annotations = _strings(meta.get("labels")), _strings(meta.get("annotations"))
+        self.name = str(meta.get("name", ""))
+        self.job = labels.get(JOB_KEY) or annotations.get(JOB_KEY)
+        gpus = 0
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        for container in (spec or {}).get("containers") or []:
+            resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
+            amount = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
+            if amount is not None:
+                gpus += _positive_int(amount, f"{self.name}: {GPU_RESOURCE}")
+        nodes = annotations.get(NODES_KEY)
+        replicas = annotations.get(REPLICAS_KEY)
+        self.num_nodes = _positive_int(nodes, NODES_KEY) if nodes is not None else 1
+        self.num_replicas = _positive_int(replicas, REPLICAS_KEY) if replicas is not None else max(gpus, 1) * self.num_nodes
+        if self.num_replicas < self.num_nodes:
+            raise ValidationError(REPLICAS_KEY, self.num_replicas, f"must be >= {NODES_KEY} ({self.num_nodes})")
+
+
+class Extender:
+    """Filter and prioritize for kube-scheduler (see the module docstring).
+
+    Args:
+        goodput_of: ``goodput_of(job, gpu_type, num_nodes, num_replicas)`` -> goodput (samples/s),
+            ``None`` when unknown (job not modelled, type not seen); raises nothing.
+        allowed_types: ``allowed_types(job)`` -> the job's registered ``gpu_types`` or ``None``.
+        max_score: the top score (10, kube-scheduler's ``MaxExtenderPriority``).
+    """
+
+    def __init__(self, goodput_of: Callable[[str, str, int, int], float | None],
+                 allowed_types: Callable[[str], list[str] | None], max_score: int = 10) -> None:
+        if max_score not in (10, 100):
+            raise ValidationError("max_score", max_score, "expected 10 (kube-scheduler) or 100")
+        self.goodput_of = goodput_of
+        self.allowed_types = allowed_types
+        self.max_score = max_score
+        self._node_types: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading ExtenderArgs
+    def _candidates(self, args: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], bool]:
+        """``[(node name, node object or None)]`` and whether they came as full objects (``Nodes``)."""
+        if not isinstance(args, Mapping):
+            raise ValidationError("ExtenderArgs", type(args).__name__, "expected a JSON object")
+        nodes = _get(args, "Nodes")
+        if nodes is not None:
+            items = _get(nodes, "items")
+            if not isinstance(items, list):
+                raise ValidationError("Nodes.items", items, "expected a list of v1.Node objects")
+            out = []
+            for index, node in enumerate(items):
+                name = _metadata(node).get("name")
+                if not isinstance(name, str) or not name:
+                    raise ValidationError(f"Nodes.items[{index}].metadata.name", name, "expected the node's name")
+                out.append((name, node))
+            self._remember(out)
+            return out, True
+        names = _get(args, "NodeNames")
+        if names is None:
+            return [], False
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValidationError("NodeNames", names, "expected a list of node names")
+        return [(n, None) for n in names], False
+
+    def _remember(self, nodes: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            if len(self._node_types) > _NODE_CACHE_LIMIT:
+                self._node_types.clear()
+            for name, node in nodes:
+                self._node_types[name] = self._type_of(node)
+
+    @staticmethod
+    def _type_of(node: Any) -> str | None:
+        labels = _strings(_metadata(node).get("labels"))
+        if labels.get(TYPE_LABEL):
+            return normalize_device_name(labels[TYPE_LABEL])
+        if labels.get(GPU_LABEL):
+            return gpu_type_of_product(labels[GPU_LABEL])
+        return None
+
+    def node_type(self, name: str, node: Any) -> str | None:
+        if node is not None:
+            return self._type_of(node)
+        with self._lock:
+            return self._node_types.get(name)
+
+    def _pod(self, args: Mapping[str, Any]) -> _Pod:
+        pod = _get(args, "Pod")
+        if not isinstance(pod, Mapping):
+            raise ValidationError("Pod", pod, "expected the v1.Pod being scheduled")
+        return _Pod(pod)
+
+    # ------------------------------------------------------------------ the two verbs
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """An ``ExtenderFilterResult`` for ``args`` (an ``ExtenderArgs``)."""
+        candidates, full = self._candidates(args)
+        pod = self._pod(args)
+        failed: dict[str, str] = {}
+        if pod.job is not None:
+            allowed = self.allowed_types(pod.job)
+            goodputs: dict[str, float | None] = {}
+            for name, node in candidates:
+                gpu = self.node_type(name, node)
+                if gpu is None:
+                    continue
+                if allowed and gpu not in allowed:
+                    failed[name] = f"goodput: job {pod.job} may run on {', '.join(allowed)} only; node has {gpu}"
+                    continue
+                if gpu not in goodputs:
+                    goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_replicas)
+                if goodputs[gpu] is not None and goodputs[gpu] <= 0:
+                    failed[name] = (f"goodput: no batch size within job {pod.job}'s limits fits "
+                                    f"{pod.num_replicas} {gpu} GPU(s) on {pod.num_nodes} node(s)")
+        kept = [(name, node) for name, node in candidates if name not in failed]
+        return {
+            "Nodes": {"apiVersion": "v1", "kind": "NodeList", "items": [node for _, node in kept]} if full else None,
+            "NodeNames": None if full else [name for name, _ in kept],
+            "FailedNodes": dict(failed),
+            "FailedAndUnresolvableNodes": dict(failed),
+            "Error": "",
+        }
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A ``HostPriorityList`` for ``args``: every candidate node with a score in 0..max_score."""
+        candidates, _ = self._candidates(args)
+        pod = self._pod(args)
+        scores = dict.fromkeys((name for name, _ in candidates), 0)
+        if pod.job is not None:
+            goodputs: dict[str, float | None] = {}
+            types = {name: self.node_type(name, node) for name, node in candidates}
+            for gpu in {t for t in types.values() if t is not None}:
+                goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_replicas)
+            best = max((g for g in goodputs.values() if g is not None), default=0.0)
+            if best > 0:
+                for name, gpu in types.items():
+                    value = goodputs.get(gpu) if gpu is not None else None
+                    if value is not None and value > 0:
+                        scores[name] = int(round(self.max_score * value / best))
+        return [{"Host": name, "Score": score} for name, score in scores.items()]

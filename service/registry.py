@@ -1,0 +1,483 @@
+"""Every job's model, kept current by one background worker; queries read published snapshots.
+
+Concurrency (``JobModel`` is not thread-safe, and a refit takes up to seconds):
+
+- The **worker thread** owns a private working model per job. It builds it from
+  the store (at start-up, or after the job's settings change), conditions it on
+  newly stored observations, lets it refit when its own policy says a refit is
+  due (``JobModel.diagnostics`` runs a due refit), then **publishes** a copy: an
+  immutable :class:`Published` snapshot with a version number. The copy shares
+  the (frozen) observations, so it costs well under a millisecond.
+- **Queries** read the job's current snapshot and never wait on a refit: they
+  answer from the last published model. Each snapshot caches its answers
+  (goodput per configuration, tables per cluster; the server's ``--cluster``
+  table is computed by the worker when it publishes), and computes a missing
+  one under the snapshot's own lock, so the model is never used by two threads at once.
+- **Writes** go to the store first; once committed, the new rows are queued for
+  the worker (inside the store's write lock, so the queue is in row order). A
+  rebuild reads the store up to a row id (its watermark) and drops queued rows
+  at or below it: nothing is counted twice and nothing is missed.
+
+At start-up every job is queued for a rebuild and the service answers at once:
+job records, observation counts and writes work immediately; a goodput, table
+or allocation query for a job whose model is not built yet raises
+:class:`NotReadyError` (HTTP 503 with ``Retry-After``) and moves that job to the
+front of the rebuild queue. A failed rebuild or update (a bug, a record the
+current code cannot read) is recorded in the job's status and the metrics; the
+last good model keeps answering.
+
+Example::
+
+    registry = Registry(Store("sqlite:///goodput.db"), cluster=Cluster.parse("t4:6x4"))
+    registry.start()
+    registry.register("cifar10", {"init_batch_size": 128})
+    registry.add("cifar10", observations, ids)
+    registry.published("cifar10").goodput("t4", 1, 4)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from goodput import Allocation, Cluster, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
+from goodput.errors import ValidationError
+from goodput.validation import normalize_gpu_type
+
+from .metrics import Metrics
+from .schemas import json_safe
+from .store import AddResult, JobRecord, Store, UnknownJobError
+
+__all__ = ["Registry", "Published", "NotReadyError", "build_model"]
+
+log = logging.getLogger("goodput.service")
+
+CACHE_LIMIT = 20_000  # cached answers per published model
+
+
+class NotReadyError(Exception):
+    """The job's model is not built yet (start-up or a settings change); retry shortly."""
+
+    def __init__(self, job: str, done: int, total: int, error: str | None = None, what: str | None = None) -> None:
+        self.job, self.done, self.total, self.error = job, done, total, error
+        what = what or f"the model of job {job!r} is being rebuilt from the store ({done} of {total} jobs ready)"
+        super().__init__(what if error is None else f"{what}; its last rebuild failed: {error}")
+
+
+def build_model(job: str, settings: Mapping[str, Any], **options: Any) -> JobModel:
+    """A fresh :class:`JobModel` of ``job`` with the stored ``settings`` (and model ``options``, e.g. ``bayesian``)."""
+    bounds = settings.get("local_bsz_bounds")
+    if isinstance(bounds, Mapping):
+        bounds = {gpu: tuple(pair) for gpu, pair in bounds.items()}
+    elif bounds is not None:
+        bounds = tuple(bounds)
+    return JobModel(job, settings["init_batch_size"], settings.get("max_batch_size"), bounds, **options)
+
+
+class Published:
+    """An immutable snapshot of one job's model, with its answers cached.
+
+    Attributes:
+        job, version: the job and the snapshot's version (1, 2, … since the server started).
+        observations: observations in the model.
+        gpu_types: GPU types the model has seen.
+        refits: the model's refits so far; refit_at: Unix time of this snapshot.
+        diagnostics: ``JobModel.diagnostics`` (JSON-safe).
+    """
+
+    def __init__(self, job: str, version: int, model: JobModel, diagnostics: dict[str, Any], refits: int) -> None:
+        self.job = job
+        self.version = version
+        self._model = model
+        self.observations = len(model.observations)
+        self.gpu_types = list(model.gpu_types)
+        self.refits = refits
+        self.refit_at = time.time()
+        self.diagnostics = diagnostics
+        self._cache: dict[Any, Any] = {}
+        self._lock = threading.RLock()  # an answer may be built from another (a table's JSON from the table)
+
+    def cached(self, key: Any) -> Any:
+        """A cached answer or ``None`` (lock-free: a dict read)."""
+        return self._cache.get(key)
+
+    def answer(self, key: Any, compute: Callable[[JobModel], Any]) -> Any:
+        """The cached answer for ``key``, else ``compute(model)`` under the snapshot's lock, cached."""
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is None:
+                hit = compute(self._model)
+                if len(self._cache) < CACHE_LIMIT:
+                    self._cache[key] = hit
+        return hit
+
+    def goodput(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any]:
+        """The best configuration of an allocation (``JobModel.goodput``) as a JSON-ready dict."""
+        gpu = normalize_gpu_type(gpu_type)
+        return self.answer(("goodput", gpu, num_nodes, num_gpus), lambda m: _choice_dict(m.goodput(gpu, num_nodes, num_gpus)))
+
+    def table(self, cluster: Cluster) -> GoodputTable:
+        """The goodput table over ``cluster``'s configuration set (``JobModel.table``)."""
+        return self.answer(("table", str(cluster)), lambda m: m.table(cluster))
+
+
+def _choice_dict(choice: Any) -> dict[str, Any]:
+    return {"gpu_type": choice.gpu_type, "num_nodes": choice.num_nodes, "num_gpus": choice.num_replicas,
+            "goodput": choice.goodput, "std": choice.std, "batch_size": choice.batch_size,
+            "local_bsz": choice.local_bsz, "accum_steps": choice.accum_steps, "throughput": choice.throughput,
+            "efficiency": choice.efficiency, "step_time": choice.step_time}
+
+
+_ROW_KEYS = ("goodput", "std", "batch_size", "local_bsz", "accum_steps", "throughput", "efficiency", "step_time")
+
+
+@dataclass
+class _JobState:
+    record: JobRecord
+    published: Published | None = None
+    state: str = "rebuilding"
+    error: str | None = None
+    unreadable: int = 0
+    version: int = 0
+    pending_types: set[str] = field(default_factory=set)  # GPU types stored but not in the published model yet
+
+
+@dataclass
+class _Working:
+    """The worker's private model of one job and the last store row it holds."""
+
+    model: JobModel
+    watermark: int
+    unreadable: int = 0
+    first_unreadable: str | None = None
+    refits_seen: int = 0
+    pending: list[Observation] = field(default_factory=list)
+
+
+class Registry:
+    """The jobs' published models and the worker that keeps them current (see the module docstring).
+
+    Args:
+        store: the durable store.
+        cluster: the server's cluster: its table is computed at every publish (cached) and is the
+            default of table and allocation queries that name none.
+        export_dir: if given, ``<job>.csv`` there is rewritten (atomically) with the job's table over
+            ``cluster`` at every publish: a file a Slurm ``job_submit`` plugin or a wrapper can read.
+        metrics: the service's :class:`~service.metrics.Metrics`.
+        model_options: passed to every :class:`JobModel` (e.g. ``{"bayesian": False}``).
+        coalesce_s: after an idle wait the worker waits this long for more observations before updating.
+    """
+
+    def __init__(self, store: Store, *, cluster: Cluster | None = None, export_dir: str | Path | None = None,
+                 metrics: Metrics | None = None, model_options: Mapping[str, Any] | None = None,
+                 coalesce_s: float = 0.05) -> None:
+        if export_dir is not None and cluster is None:
+            raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
+        self.store = store
+        self.cluster = cluster
+        self.export_dir = Path(export_dir) if export_dir is not None else None
+        self.metrics = metrics or Metrics()
+        self.model_options = dict(model_options or {})
+        build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
+        self.coalesce_s = coalesce_s
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._jobs: dict[str, _JobState] = {}
+        self._pending: dict[str, list[tuple[int, Observation]]] = {}
+        self._rebuild: dict[str, None] = {}  # ordered sets of job names
+        self._dirty: dict[str, None] = {}
+        self._working: dict[str, _Working] = {}  # the worker thread's alone
+        self._busy: str | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> Registry:
+        """Queue every stored job for a rebuild and start the worker; returns at once."""
+        records = self.store.jobs()
+        with self._lock:
+            for record in records:
+                self._jobs[record.name] = _JobState(record)
+                self._rebuild[record.name] = None
+            self._gauges()
+        self._thread = threading.Thread(target=self._run, name="goodput-model-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the worker (after the update it is in) and close the store."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.store.close()
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Block until the worker has nothing queued (tests, benchmarks, the demo); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._rebuild and not self._dirty and self._busy is None:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    # ------------------------------------------------------------------ writes
+    def register(self, job: str, settings: Mapping[str, Any]) -> JobRecord:
+        """Register ``job`` or change its settings (then its model is rebuilt; the old one answers meanwhile)."""
+        record = self.store.put_job(job, settings)
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                self._jobs[job] = _JobState(record)
+            else:
+                state.record = record
+            if record.changed or state is None:
+                self._rebuild[job] = None
+                self._wake.notify_all()
+            self._gauges()
+        return record
+
+    def add(self, job: str, observations: Sequence[Observation], ids: Sequence[str]) -> AddResult:
+        """Store the observations durably (skipping ids stored already), then queue them for the model."""
+        by_id = dict(zip(ids, observations))
+
+        def queue(inserted: list[tuple[int, str]]) -> None:
+            with self._lock:
+                self._pending.setdefault(job, []).extend((row, by_id[rid]) for row, rid in inserted)
+                state = self._jobs.get(job)
+                if state is not None:
+                    state.pending_types.update(by_id[rid].gpu_type for _, rid in inserted)
+                self._dirty[job] = None
+                self._wake.notify_all()
+
+        result = self.store.add_observations(job, [(rid, o.to_dict()) for rid, o in zip(ids, observations)],
+                                             after_commit=queue)
+        self.metrics.stored.inc(result.accepted)
+        self.metrics.duplicates.inc(len(by_id) - result.accepted + (len(ids) - len(by_id)))
+        return result
+
+    # ------------------------------------------------------------------ reads
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def record(self, job: str) -> JobRecord:
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                raise UnknownJobError(job)
+            return state.record
+
+    def published(self, job: str) -> Published:
+        """The job's current snapshot.
+
+        Raises:
+            UnknownJobError: the job is not registered.
+            NotReadyError: its model is not built yet (the job moves to the front of the rebuild queue).
+        """
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                raise UnknownJobError(job)
+            if state.published is not None:
+                return state.published
+            if job in self._rebuild and next(iter(self._rebuild)) != job:
+                del self._rebuild[job]
+                self._rebuild = {job: None, **self._rebuild}
+            done = sum(s.published is not None for s in self._jobs.values())
+            raise NotReadyError(job, done, len(self._jobs), state.error)
+
+    def not_ready_for(self, job: str, gpu_type: str) -> NotReadyError | None:
+        """A :class:`NotReadyError` when ``gpu_type``'s first observations of ``job`` are stored but not modelled yet."""
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None or gpu_type not in state.pending_types:
+                return None
+            done = sum(s.published is not None for s in self._jobs.values())
+            return NotReadyError(job, done, len(self._jobs), state.error,
+                                 what=f"the first observations of job {job!r} on {gpu_type} are being fitted")
+
+    def readiness(self) -> tuple[int, int]:
+        """(jobs with a published model, registered jobs)."""
+        with self._lock:
+            return sum(s.published is not None for s in self._jobs.values()), len(self._jobs)
+
+    def status(self, job: str) -> dict[str, Any]:
+        """What ``GET /v1/jobs/{job}`` shows: settings, stored count, the published model's state and diagnostics."""
+        with self._lock:
+            state = self._jobs.get(job)
+            if state is None:
+                raise UnknownJobError(job)
+            published, record = state.published, state.record
+            model_state = "ready" if published is not None and job not in self._rebuild else state.state
+            error, unreadable = state.error, state.unreadable
+        return {
+            "job": job, "settings": record.settings, "created": record.created, "updated": record.updated,
+            "observations": self.store.count(job),
+            "gpu_types": published.gpu_types if published else [],
+            "model": {"state": model_state, "version": published.version if published else 0,
+                      "observations": published.observations if published else 0,
+                      "refits": published.refits if published else 0,
+                      "last_refit": published.refit_at if published else None,
+                      "error": error, "unreadable": unreadable},
+            "diagnostics": published.diagnostics if published else None,
+        }
+
+    def allocate(self, cluster: Cluster, jobs: Sequence[str] | None = None,
+                 current: Mapping[str, Mapping[str, Any] | None] | None = None, policy: str = "sia", p: float = -0.5,
+                 options: Mapping[str, Any] | None = None) -> Allocation:
+        """One scheduling round (:func:`goodput.allocate`) over the jobs' published tables.
+
+        ``jobs`` defaults to every job whose model holds observations; each job's registered
+        ``gpu_types`` become its :class:`~goodput.JobSpec` limit.
+        """
+        options = dict(options or {})
+        for reserved in ("policy", "jobs", "p", "current"):
+            if reserved in options:
+                raise ValidationError(f"options.{reserved}", options[reserved], "is a field of the request itself")
+        if jobs is None:
+            with self._lock:
+                names = [j for j, s in self._jobs.items() if s.published is not None and s.published.observations]
+        else:
+            names = list(dict.fromkeys(jobs))
+        tables, specs = {}, {}
+        for job in names:
+            published = self.published(job)
+            tables[job] = published.table(cluster)
+            allowed = self.record(job).settings.get("gpu_types")
+            if allowed:
+                specs[job] = JobSpec(gpu_types=tuple(allowed))
+        last = {}
+        for job, value in (current or {}).items():
+            try:
+                last[job] = None if value is None else JobAllocation.from_dict(value)
+            except ValidationError as exc:
+                raise ValidationError(f"current.{job}.{exc.field}", exc.value, exc.reason) from None
+        return allocate(tables, cluster, current=last, p=p, policy=policy, jobs=specs, **options)
+
+    # ------------------------------------------------------------------ the worker
+    def _gauges(self) -> None:
+        self.metrics.jobs.set(len(self._jobs))
+        self.metrics.rebuilding.set(sum(s.published is None for s in self._jobs.values()))
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                waited = False
+                while not self._stop and not self._rebuild and not self._dirty:
+                    self._wake.wait()
+                    waited = True
+                if self._stop:
+                    return
+            if waited and self.coalesce_s > 0:
+                time.sleep(self.coalesce_s)  # let the batches of a burst arrive: one update for all of them
+            with self._lock:
+                if self._rebuild:
+                    job = next(iter(self._rebuild))
+                    del self._rebuild[job]
+                    self._dirty.pop(job, None)
+                    full = True
+                elif self._dirty:
+                    job = next(iter(self._dirty))
+                    del self._dirty[job]
+                    full = False
+                else:
+                    continue
+                self._busy = job
+            try:
+                self._update(job, full)
+            finally:
+                with self._lock:
+                    self._busy = None
+                    self._gauges()
+
+    def _update(self, job: str, full: bool) -> None:
+        started = time.perf_counter()
+        try:
+            working = None if full else self._working.get(job)
+            if working is None:
+                working = self._build(job)
+                self._working[job] = working
+            with self._lock:
+                queued = self._pending.pop(job, [])
+            fresh = [(row, obs) for row, obs in queued if row > working.watermark]
+            if fresh:
+                working.model.observe([obs for _, obs in fresh])
+                working.watermark = max(row for row, _ in fresh)
+            model = working.model
+            diagnostics = json_safe(model.diagnostics) if model.observations else {"observations": 0}
+            # the copy shares the frozen observations; everything else (fits, GP state) is its own
+            snapshot = copy.deepcopy(model, {id(o): o for o in model.observations})
+            with self._lock:
+                state = self._jobs[job]
+                state.version += 1
+                version = state.version
+            published = Published(job, version, snapshot, diagnostics, model.refits)
+            self._precompute(published)
+        except Exception as exc:  # the last good model keeps answering; the next update rebuilds from the store
+            self._working.pop(job, None)
+            self.metrics.failures.inc()
+            log.exception("goodput serve: updating the model of job %r failed", job)
+            with self._lock:
+                state = self._jobs.get(job)
+                if state is not None:
+                    state.state = "failed"
+                    state.error = f"{type(exc).__name__}: {exc}"
+            return
+        self.metrics.publishes.inc()
+        self.metrics.refits.inc(max(0, model.refits - working.refits_seen))
+        working.refits_seen = model.refits
+        self.metrics.update_seconds.observe(time.perf_counter() - started)
+        with self._lock:
+            state = self._jobs[job]
+            state.published = published
+            state.state, state.error = "ready", None
+            state.pending_types.difference_update(published.gpu_types)
+            state.unreadable = working.unreadable
+            if working.first_unreadable:
+                state.error = f"{working.unreadable} stored record(s) unreadable, left out; first: {working.first_unreadable}"
+
+    def _build(self, job: str) -> _Working:
+        """A working model from the store: the job's settings and every stored observation, in order."""
+        record = self.store.get_job(job)
+        if record is None:
+            raise UnknownJobError(job)
+        with self._lock:
+            self._jobs[job].record = record
+        model = build_model(job, record.settings, **self.model_options)
+        observations, watermark, unreadable, first = [], 0, 0, None
+        for row in self.store.iter_observations(job):
+            try:
+                observations.append(Observation.from_dict(row.data))
+            except (ValidationError, TypeError) as exc:  # e.g. a field this version's Observation does not know
+                unreadable += 1
+                first = first or f"record {row.record_id}: {exc}"
+            watermark = row.row_id
+        if observations:
+            model.observe(observations)
+        return _Working(model, watermark, unreadable, first, model.refits)
+
+    def _precompute(self, published: Published) -> None:
+        """The server cluster's table and its rows' goodput answers, computed now (off the request path)."""
+        if self.cluster is None or not published.observations:
+            return
+        table = published.table(self.cluster)
+        for row in table.frame.to_dict("records"):
+            key = ("goodput", row["gpu_type"], int(row["num_nodes"]), int(row["num_gpus"]))
+            published._cache.setdefault(key, {"gpu_type": row["gpu_type"], "num_nodes": int(row["num_nodes"]),
+                                              "num_gpus": int(row["num_gpus"]),
+                                              **{k: json_safe(row[k]) for k in _ROW_KEYS}})
+        if self.export_dir is not None:
+            self.export_dir.mkdir(parents=True, exist_ok=True)
+            table.to_csv(self.export_dir / f"{published.job}.csv")

@@ -1,0 +1,306 @@
+"""The service's durable store: jobs and their observations, in any SQLAlchemy database.
+
+Observations are the source of truth: a job's model is a function of them, and
+the service rebuilds every model from the store when it starts. Two tables:
+
+- ``goodput_jobs`` — one row per job: its settings as JSON (``init_batch_size``,
+  ``max_batch_size``, ``local_bsz_bounds``, ``gpu_types``), created/updated times;
+- ``goodput_observations`` — one row per observation: the job, a ``record_id``,
+  the record as JSON (:meth:`goodput.Observation.to_dict`), the time it was
+  received. ``(job, record_id)`` is unique, which makes posting idempotent: a
+  record sent twice is stored once. The id is the one the sender gave, else
+  the SHA-256 of the record's canonical JSON (:func:`record_id`). The
+  auto-increment ``id`` gives the order of arrival.
+
+Durability. :meth:`Store.add_observations` returns only after its transaction
+has committed. The default store is ``sqlite:///goodput.db`` in the working
+directory, in WAL mode with ``synchronous=FULL``: every commit waits for an
+``fsync`` of the write-ahead log, so a commit survives a kill -9 of the server
+and also a power cut or kernel crash (as far as the disk honours ``fsync``).
+``synchronous=NORMAL`` (``Store(url, sqlite_synchronous="NORMAL")``) would
+still survive a kill -9 (the WAL is in the OS's page cache) but could lose the
+last commits on a power cut; FULL costs one ``fsync`` per POST, which the
+service's batches make cheap (``experiments/bench_service.py``). PostgreSQL
+(``postgresql+psycopg://user@host/db``, the ``postgres`` extra) commits
+durably with its defaults (``synchronous_commit=on``).
+
+Writes are serialised within the process (SQLite allows one writer; it also
+keeps the ``id`` order equal to the commit order, which the registry's
+watermark relies on). One server process per store: two servers on one
+PostgreSQL database would each hold models of only what they received.
+
+No pickle: records are JSON text.
+
+Example::
+
+    store = Store("sqlite:///goodput.db")
+    store.put_job("cifar10", {"init_batch_size": 128})
+    added = store.add_observations("cifar10", [(record_id(rec), rec) for rec in records])
+    added.inserted, added.total
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from goodput.errors import ValidationError
+
+__all__ = ["Store", "JobRecord", "StoredObservation", "AddResult", "UnknownJobError", "record_id", "canonical_json",
+           "SQLITE_SYNCHRONOUS"]
+
+SQLITE_SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")
+MAX_NAME = 128  # job names and record ids, characters
+
+metadata = sa.MetaData()
+jobs_table = sa.Table(
+    "goodput_jobs", metadata,
+    sa.Column("name", sa.String(MAX_NAME), primary_key=True),
+    sa.Column("settings", sa.Text, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.Column("updated", sa.Float, nullable=False),
+)
+observations_table = sa.Table(
+    "goodput_observations", metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(MAX_NAME), nullable=False),
+    sa.Column("record_id", sa.String(MAX_NAME), nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("received", sa.Float, nullable=False),
+    sa.UniqueConstraint("job", "record_id", name="uq_goodput_observation_record"),
+    sa.Index("ix_goodput_observation_job_id", "job", "id"),
+)
+
+
+class UnknownJobError(ValidationError):
+    """A job the store does not hold (register it first: ``PUT /v1/jobs/{job}``)."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__("job", job, "unknown job: register it first (PUT /v1/jobs/{job})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.value,), self.__dict__)
+
+
+def canonical_json(record: Mapping[str, Any]) -> str:
+    """The record as compact JSON with sorted keys (what is stored and what :func:`record_id` hashes)."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def record_id(record: Mapping[str, Any]) -> str:
+    """The id of a record sent without one: ``sha256:`` + the SHA-256 of its canonical JSON."""
+    return "sha256:" + hashlib.sha256(canonical_json(record).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A registered job: its settings (JSON-ready) and when it was created and last changed (Unix seconds)."""
+
+    name: str
+    settings: dict[str, Any]
+    created: float
+    updated: float
+    changed: bool = False  # set by put_job: whether the settings differ from the stored ones
+
+
+@dataclass(frozen=True)
+class StoredObservation:
+    """One stored record: its row id (order of arrival), record id, the record, when it was received."""
+
+    row_id: int
+    record_id: str
+    data: dict[str, Any]
+    received: float
+
+
+@dataclass(frozen=True)
+class AddResult:
+    """What :meth:`Store.add_observations` stored: ``(row_id, record_id)`` of each new record, and the job's total."""
+
+    inserted: list[tuple[int, str]]
+    total: int
+
+    @property
+    def accepted(self) -> int:
+        return len(self.inserted)
+
+
+class Store:
+    """Jobs and observations in a SQLAlchemy database (see the module docstring).
+
+    Args:
+        url: any SQLAlchemy URL; ``sqlite:///goodput.db`` (relative to the working directory) by default.
+        sqlite_synchronous: SQLite's ``synchronous`` setting in WAL mode: ``"FULL"`` (default; durable
+            across power cuts), ``"NORMAL"`` (durable across a killed process only) or ``"EXTRA"``.
+    """
+
+    def __init__(self, url: str = "sqlite:///goodput.db", *, sqlite_synchronous: str = "FULL") -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise ValidationError("store", url, "expected a SQLAlchemy URL, e.g. sqlite:///goodput.db")
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError as exc:
+            raise ValidationError("store", url, f"not a SQLAlchemy URL ({exc})") from None
+        synchronous = str(sqlite_synchronous).upper()
+        if synchronous not in SQLITE_SYNCHRONOUS:
+            raise ValidationError("sqlite_synchronous", sqlite_synchronous, f"expected one of {SQLITE_SYNCHRONOUS}")
+        self.url = parsed
+        self.dialect = parsed.get_backend_name()
+        options: dict[str, Any] = {}
+        if self.dialect == "sqlite":
+            if parsed.database in (None, "", ":memory:"):
+                raise ValidationError("store", url, "an in-memory SQLite store would lose everything; name a file")
+            options["connect_args"] = {"timeout": 30.0}
+        else:
+            options.update(pool_pre_ping=True, pool_size=8, max_overflow=8)
+        try:
+            self.engine = sa.create_engine(parsed, **options)
+        except (ImportError, sa.exc.NoSuchModuleError) as exc:
+            raise ValidationError("store", url, f"no driver for it ({exc}); for PostgreSQL install the "
+                                  "'postgres' extra: pip install 'goodput[postgres]'") from None
+        if self.dialect == "sqlite":
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+                cursor = dbapi_connection.cursor()
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute(f"PRAGMA synchronous={synchronous}")
+                cursor.execute("PRAGMA busy_timeout=30000")
+                cursor.close()
+        self.sqlite_synchronous = synchronous if self.dialect == "sqlite" else None
+        self._write_lock = threading.Lock()
+        metadata.create_all(self.engine)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url.render_as_string(hide_password=True)!r})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ jobs
+    def put_job(self, name: str, settings: Mapping[str, Any]) -> JobRecord:
+        """Register ``name`` or replace its settings; ``changed`` says whether they differ from the stored ones."""
+        text = canonical_json(settings)
+        now = time.time()
+        with self._write_lock, self.engine.begin() as conn:
+            row = conn.execute(sa.select(jobs_table).where(jobs_table.c.name == name)).first()
+            if row is None:
+                conn.execute(jobs_table.insert().values(name=name, settings=text, created=now, updated=now))
+                return JobRecord(name, json.loads(text), now, now, changed=True)
+            if row.settings == text:
+                return JobRecord(name, json.loads(text), row.created, row.updated, changed=False)
+            conn.execute(jobs_table.update().where(jobs_table.c.name == name).values(settings=text, updated=now))
+            return JobRecord(name, json.loads(text), row.created, now, changed=True)
+
+    def get_job(self, name: str) -> JobRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(jobs_table).where(jobs_table.c.name == name)).first()
+        return None if row is None else JobRecord(row.name, json.loads(row.settings), row.created, row.updated)
+
+    def jobs(self) -> list[JobRecord]:
+        """Every registered job, by name."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(jobs_table).order_by(jobs_table.c.name)).all()
+        return [JobRecord(r.name, json.loads(r.settings), r.created, r.updated) for r in rows]
+
+    # ------------------------------------------------------------------ observations
+    def add_observations(
+        self,
+        job: str,
+        records: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        after_commit: Callable[[list[tuple[int, str]]], None] | None = None,
+    ) -> AddResult:
+        """Store ``(record_id, record)`` pairs of ``job`` that are not stored yet; return after the commit.
+
+        Records whose id is stored already (or repeated within ``records``) are skipped.
+        ``after_commit(inserted)`` runs after the commit, still inside the store's write
+        lock: anything it queues is ordered as the rows are.
+
+        Raises:
+            UnknownJobError: ``job`` is not registered.
+        """
+        unique: dict[str, str] = {}
+        for rid, record in records:
+            unique.setdefault(rid, canonical_json(record))
+        now = time.time()
+        with self._write_lock:
+            with self.engine.begin() as conn:
+                if conn.execute(sa.select(jobs_table.c.name).where(jobs_table.c.name == job)).first() is None:
+                    raise UnknownJobError(job)
+                inserted = self._insert_new(conn, job, unique, now) if unique else []
+                total = conn.execute(sa.select(sa.func.count()).select_from(observations_table)
+                                     .where(observations_table.c.job == job)).scalar_one()
+            inserted.sort()
+            if after_commit is not None and inserted:
+                after_commit(inserted)
+        return AddResult(inserted, int(total))
+
+    def _insert_new(self, conn: sa.Connection, job: str, records: dict[str, str], now: float) -> list[tuple[int, str]]:
+        rows = [{"job": job, "record_id": rid, "data": data, "received": now} for rid, data in records.items()]
+        if self.dialect in ("sqlite", "postgresql"):
+            if self.dialect == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert
+            else:
+                from sqlalchemy.dialects.postgresql import insert
+            statement = (insert(observations_table)
+                         .on_conflict_do_nothing(index_elements=["job", "record_id"])
+                         .returning(observations_table.c.id, observations_table.c.record_id))
+            return [(int(r.id), r.record_id) for r in conn.execute(statement, rows)]
+        # other databases: skip the ids stored already, insert the rest (writes are serialised in this process)
+        stored = set()
+        ids = list(records)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            stored.update(conn.execute(sa.select(observations_table.c.record_id).where(
+                observations_table.c.job == job, observations_table.c.record_id.in_(chunk))).scalars())
+        fresh = [row for row in rows if row["record_id"] not in stored]
+        if not fresh:
+            return []
+        conn.execute(observations_table.insert(), fresh)
+        new_ids = [row["record_id"] for row in fresh]
+        found = conn.execute(sa.select(observations_table.c.id, observations_table.c.record_id).where(
+            observations_table.c.job == job, observations_table.c.record_id.in_(new_ids))).all()
+        return [(int(r.id), r.record_id) for r in found]
+
+    def count(self, job: str) -> int:
+        """Observations stored for ``job``."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(observations_table)
+                                    .where(observations_table.c.job == job)).scalar_one())
+
+    def observations(self, job: str, *, after: int = 0, limit: int | None = None) -> list[StoredObservation]:
+        """``job``'s records with row id > ``after``, in order of arrival (at most ``limit``)."""
+        return list(self.iter_observations(job, after=after, limit=limit))
+
+    def iter_observations(self, job: str, *, after: int = 0, limit: int | None = None,
+                          chunk: int = 5000) -> Iterator[StoredObservation]:
+        """Like :meth:`observations`, read ``chunk`` rows at a time."""
+        remaining = limit
+        while remaining is None or remaining > 0:
+            size = chunk if remaining is None else min(chunk, remaining)
+            query = (sa.select(observations_table.c.id, observations_table.c.record_id, observations_table.c.data,
+                               observations_table.c.received)
+                     .where(observations_table.c.job == job, observations_table.c.id > after)
+                     .order_by(observations_table.c.id).limit(size))
+            with self.engine.connect() as conn:
+                rows = conn.execute(query).all()
+            for row in rows:
+                yield StoredObservation(int(row.id), row.record_id, json.loads(row.data), float(row.received))
+            if len(rows) < size:
+                return
+            after = int(rows[-1].id)
+            if remaining is not None:
+                remaining -= len(rows)
+
+    def ping(self) -> None:
+        """Raise if the database cannot be reached."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
