@@ -1,0 +1,506 @@
+"""Report a running training job's own step times to ``goodput serve`` as it trains.
+
+:class:`GoodputReporter` times real optimizer steps (CUDA events on a GPU,
+``time.perf_counter`` on the CPU), groups them by configuration (nodes,
+replicas, local batch, accumulation steps) and, every ``flush_interval``
+seconds, turns each group into one :class:`~goodput.Observation` (the median
+step time and its spread; ``source="training"``) that a background thread posts
+to the service. With a DistributedDataParallel model attached
+(:meth:`GoodputReporter.attach`), a communication hook also measures the
+gradient noise the way Pollux does — this replica's local gradient against
+the all-reduced one, two batch sizes, folded into the existing
+:class:`~goodput.efficiency.GradientNoiseTracker` — and the observations carry
+``grad_sqr``/``grad_var``.
+
+Guarantees:
+
+- **Cheap**: a step costs two clock reads (or two CUDA event records) and an
+  append; aggregation, JSON and HTTP happen on the background thread. The
+  measured cost is in ``experiments/bench_service.py`` (target: under 1% of a
+  step).
+- **Never raises into the training loop**: the reporter's own faults are logged
+  (``goodput.reporter``, at most once a minute per kind) and swallowed; an
+  exception from the training code inside ``with reporter.step(...)`` passes
+  through unchanged (that step is not recorded).
+- **Nothing lost**: every observation is appended (with ``fsync``) to a local
+  JSON Lines buffer before it is sent and removed only once the service has
+  acknowledged it (the service acknowledges after its commit). While the
+  service is down the buffer grows; it is sent when the service is back, also
+  by a later run of the job (same ``job``, ``rank`` and ``buffer_dir``). Every
+  record has a UUID, so one sent twice is stored once. Records the service
+  refuses as invalid (422) go to ``<buffer>.rejected.jsonl``.
+
+Only one replica reports (``report_rank``, rank 0 by default): data-parallel
+replicas run the same steps. ``num_nodes``/``num_replicas`` come from
+``torch.distributed`` (world size) and torchrun's ``LOCAL_WORLD_SIZE`` (or
+Slurm's ``SLURM_JOB_NUM_NODES``) unless given.
+
+Example::
+
+    reporter = GoodputReporter("cifar10", "http://goodput:8470", init_batch_size=128, token=token)
+    reporter.attach(ddp_model)                  # optional: gradient noise from DDP's all-reduce
+    for batch in loader:
+        with reporter.step(local_bsz=64, accum_steps=0):
+            loss = loss_fn(ddp_model(batch.x), batch.y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    reporter.close()                            # final flush (also at interpreter exit)
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from goodput.errors import ValidationError
+from goodput.io import atomic_write_text
+from goodput.validation import check_float, check_int, check_str
+
+__all__ = ["GoodputReporter", "default_buffer_dir"]
+
+log = logging.getLogger("goodput.reporter")
+
+SEND_CHUNK = 500  # records per POST
+_WARN_EVERY_S = 60.0
+
+
+def default_buffer_dir() -> Path:
+    """``$GOODPUT_REPORTER_DIR``, else ``~/.cache/goodput/reporter``."""
+    env = os.environ.get("GOODPUT_REPORTER_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "goodput" / "reporter"
+
+
+class _Step:
+    """``with reporter.step(...)``: times the block; records it only if the block finished without an exception."""
+
+    __slots__ = ("reporter", "key", "start")
+
+    def __init__(self, reporter: GoodputReporter, key: tuple[int, int, int, int] | None) -> None:
+        self.reporter = reporter
+        self.key = key
+        self.start: Any = None
+
+    def __enter__(self) -> _Step:
+        if self.key is not None:
+            try:
+                self.start = self.reporter._clock_start()
+            except Exception as exc:  # noqa: BLE001 - never into the training loop
+                self.reporter._fault("timing", exc)
+                self.key = None
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        try:
+            if self.key is not None and exc_type is None:
+                self.reporter._record(self.key, self.start)
+            elif self.reporter._bucket_sums:  # a warm-up or failed step: its gradients are not a sample
+                with self.reporter._bucket_lock:
+                    self.reporter._bucket_sums = []
+        except Exception as error:  # noqa: BLE001
+            self.reporter._fault("timing", error)
+        return False  # the training code's own exceptions pass through
+
+
+class GoodputReporter:
+    """Times a training job's steps and posts them to ``goodput serve`` (see the module docstring).
+
+    Args:
+        job: the job's name on the service.
+        url: the service, e.g. ``http://goodput:8470``.
+        token: bearer token for writes (the server's ``--token-file``).
+        init_batch_size, max_batch_size, local_bsz_bounds: when ``init_batch_size`` is given, the
+            job is registered (``PUT``) with these settings if the service does not know it yet;
+            ``init_batch_size`` is also the reference batch M0 of the gradient-noise statistics
+            (else it is read from the service's record of the job).
+        gpu_type: the device type (default: the CUDA device's normalised name, or ``"cpu"``).
+        num_nodes, num_replicas: the allocation (default: from ``torch.distributed`` and the launcher).
+        device: the device whose work is timed (default: the current CUDA device if CUDA is in use, else CPU).
+        rank: this process's rank (default: ``torch.distributed``'s, else ``$RANK``, else 0).
+        report_rank: the rank that reports (default 0); the others' reporters do nothing.
+        flush_interval: seconds between posts (default 5).
+        warmup_steps: steps of each new configuration not recorded (allocation, autotuning; default 3).
+        buffer_dir: where the JSON Lines buffer lives (default :func:`default_buffer_dir`).
+        timeout: seconds per HTTP request.
+        transport: an httpx transport for the client (tests, proxies).
+    """
+
+    def __init__(self, job: str, url: str, *, token: str | None = None, init_batch_size: int | None = None,
+                 max_batch_size: int | None = None, local_bsz_bounds: Any = None, gpu_type: str | None = None,
+                 num_nodes: int | None = None, num_replicas: int | None = None, device: Any = None,
+                 rank: int | None = None, report_rank: int = 0, flush_interval: float = 5.0, warmup_steps: int = 3,
+                 buffer_dir: str | os.PathLike[str] | None = None, timeout: float = 10.0,
+                 transport: Any = None) -> None:
+        from goodput.client import Client
+
+        self.job = check_str("job", job)
+        self.init_batch_size = None if init_batch_size is None else check_int("init_batch_size", init_batch_size, minimum=1)
+        self._settings = None if init_batch_size is None else {
+            "init_batch_size": self.init_batch_size, "max_batch_size": max_batch_size, "local_bsz_bounds": local_bsz_bounds}
+        self.flush_interval = check_float("flush_interval", flush_interval, positive=True)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
+        self.device = _default_device() if device is None else device
+        self.cuda = str(self.device).startswith("cuda")
+        self.gpu_type = _device_type(self.device) if gpu_type is None else gpu_type
+        self.rank = _rank() if rank is None else check_int("rank", rank, minimum=0)
+        self.active = self.rank == check_int("report_rank", report_rank, minimum=0)
+        replicas, nodes = _world()
+        self.num_replicas = check_int("num_replicas", num_replicas if num_replicas is not None else replicas, minimum=1)
+        self.num_nodes = check_int("num_nodes", num_nodes if num_nodes is not None else nodes, minimum=1)
+        if self.num_replicas < self.num_nodes:
+            raise ValidationError("num_replicas", self.num_replicas, f"must be >= num_nodes ({self.num_nodes})")
+        self.buffer_path = Path(buffer_dir if buffer_dir is not None else default_buffer_dir()) / f"{self.job}.rank{self.rank}.jsonl"
+        self.client = Client(url, token=token, timeout=timeout, transport=transport)
+        self.sent = 0  # records the service acknowledged
+        self.faults: collections.Counter[str] = collections.Counter()
+        self._samples: collections.deque[tuple[tuple[int, int, int, int], Any, float]] = collections.deque()
+        self._grads: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self._bucket_sums: list[Any] = []  # the current step's (local, total) squared norms per bucket
+        self._bucket_lock = threading.Lock()
+        self._seen: dict[tuple[int, int, int, int], int] = {}
+        self._last_warning: dict[str, float] = {}
+        self._tracker: Any = None
+        self._registered = False
+        self._unsent: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._io_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        if self.active:
+            self._unsent = self._read_buffer()
+            self._thread = threading.Thread(target=self._run, name=f"goodput-reporter-{self.job}", daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
+
+    # ------------------------------------------------------------------ the training loop's side
+    def step(self, local_bsz: int, accum_steps: int = 0) -> _Step:
+        """``with reporter.step(local_bsz=..., accum_steps=...):`` around one optimizer step (all its micro-batches)."""
+        if not self.active:
+            return _Step(self, None)
+        if type(local_bsz) is not int or type(accum_steps) is not int or local_bsz < 1 or accum_steps < 0:
+            self._fault("arguments", ValidationError("local_bsz/accum_steps", (local_bsz, accum_steps),
+                                                     "expected an int >= 1 and an int >= 0; step not recorded"))
+            return _Step(self, None)
+        key = (self.num_nodes, self.num_replicas, local_bsz, accum_steps)
+        seen = self._seen.get(key, 0)
+        self._seen[key] = seen + 1
+        return _Step(self, key if seen >= self.warmup_steps else None)
+
+    def on_step(self, local_bsz: int, accum_steps: int = 0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator form: ``reporter.on_step(64)(train_step)`` times every call of ``train_step``."""
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                with self.step(local_bsz, accum_steps):
+                    return fn(*args, **kwargs)
+            return timed
+        return wrap
+
+    def reconfigure(self, *, num_nodes: int | None = None, num_replicas: int | None = None) -> None:
+        """The allocation changed (an elastic job rescaled): later steps are observations of the new one."""
+        nodes = self.num_nodes if num_nodes is None else check_int("num_nodes", num_nodes, minimum=1)
+        replicas = self.num_replicas if num_replicas is None else check_int("num_replicas", num_replicas, minimum=1)
+        if replicas < nodes:
+            raise ValidationError("num_replicas", replicas, f"must be >= num_nodes ({nodes})")
+        self.num_nodes, self.num_replicas = nodes, replicas
+
+    def attach(self, ddp_model: Any, process_group: Any = None) -> GoodputReporter:
+        """Measure gradient noise through ``ddp_model``'s all-reduce (a DDP communication hook; call it on every rank).
+
+        The hook does DDP's default averaging all-reduce and, around it, takes the squared
+        norm of this replica's gradient and of the averaged one: two batch sizes of one
+        step (Pollux, OSDI'21 §3.1; McCandlish et al. 2018, App. A.1). Needs 2+ replicas.
+        """
+        import torch.distributed as dist
+
+        group = process_group if process_group is not None else dist.group.WORLD
+        world = dist.get_world_size(group)
+        reporter = self
+
+        def hook(state: Any, bucket: Any) -> Any:
+            tensor = bucket.buffer()
+            local = tensor.detach().pow(2).sum()
+            tensor.div_(world)
+            future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+            def reduced(fut: Any) -> Any:
+                averaged = fut.value()[0]
+                if reporter.active:
+                    total = averaged.detach().pow(2).sum()
+                    with reporter._bucket_lock:
+                        reporter._bucket_sums.append((local, total))
+                return averaged
+
+            return future.then(reduced)
+
+        ddp_model.register_comm_hook(None, hook)
+        return self
+
+    # ------------------------------------------------------------------ internals of the hot path
+    def _clock_start(self) -> Any:
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _record(self, key: tuple[int, int, int, int], start: Any) -> None:
+        if self.cuda:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._samples.append((key, (start, end), time.time()))
+        else:
+            self._samples.append((key, time.perf_counter() - start, time.time()))
+        if self._bucket_sums:
+            with self._bucket_lock:
+                sums, self._bucket_sums = self._bucket_sums, []
+            local_batch = key[2] * (key[3] + 1)
+            self._grads.append((sum(s[0] for s in sums), sum(s[1] for s in sums), local_batch, local_batch * key[1]))
+
+    def _fault(self, kind: str, exc: BaseException) -> None:
+        self.faults[kind] += 1
+        now = time.monotonic()
+        if now - self._last_warning.get(kind, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            self._last_warning[kind] = now
+            log.warning("goodput reporter (%s, %s): %s: %s (%d so far; training goes on)", self.job, kind,
+                        type(exc).__name__, exc, self.faults[kind])
+
+    # ------------------------------------------------------------------ the background thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self.flush(final=False)
+
+    def flush(self, final: bool = True) -> int:
+        """Aggregate the steps timed so far, buffer them, send everything unsent; the records still unsent.
+
+        Called by the background thread every ``flush_interval``; ``final=True`` (``close``) also turns
+        configurations with a single timed step into observations. Never raises.
+        """
+        with self._io_lock:
+            try:
+                self._fold_gradients()
+                records = self._aggregate(final)
+                if records:
+                    self._append_buffer(records)
+                    self._unsent.extend(records)
+            except Exception as exc:  # noqa: BLE001
+                self._fault("aggregate", exc)
+            try:
+                self._send()
+            except Exception as exc:  # noqa: BLE001
+                self._fault("send", exc)
+            return len(self._unsent)
+
+    def _fold_gradients(self) -> None:
+        if not self._grads:
+            return
+        if self._tracker is None:
+            if self.init_batch_size is None:
+                self.init_batch_size = int(self.client.job(self.job)["settings"]["init_batch_size"])
+            from goodput.efficiency import GradientNoiseTracker
+
+            self._tracker = GradientNoiseTracker(self.init_batch_size)
+        while self._grads:
+            local, total, small, large = self._grads.popleft()
+            if large > small:  # one replica: the two batches coincide, nothing to learn
+                self._tracker.update_two_batches(float(local), small, float(total), large)
+
+    def _aggregate(self, final: bool) -> list[dict[str, Any]]:
+        from goodput import Observation
+
+        groups: dict[tuple[int, int, int, int], list[float]] = {}
+        taken: list[tuple[tuple[int, int, int, int], Any, float]] = []
+        while self._samples:
+            taken.append(self._samples.popleft())
+        for key, sample, _ in taken:
+            if isinstance(sample, tuple):  # CUDA events: wait for the end on this thread, not the training one
+                start, end = sample
+                end.synchronize()
+                sample = start.elapsed_time(end) / 1000.0
+            groups.setdefault(key, []).append(float(sample))
+        grads = {}
+        if self._tracker is not None and self._tracker.updates:
+            grads = {"grad_sqr": self._tracker.grad_sqr, "grad_var": self._tracker.grad_var}
+        records = []
+        now = time.time()
+        for (nodes, replicas, bsz, accum), times in groups.items():
+            if len(times) < 2 and not final:  # one step is a noisy estimate: wait for the next window's
+                self._samples.extend(((nodes, replicas, bsz, accum), t, now) for t in times)
+                continue
+            observation = Observation(
+                job=self.job, gpu_type=self.gpu_type, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz,
+                accum_steps=accum, step_time=statistics.median(times),
+                step_time_std=statistics.stdev(times) if len(times) > 1 else None,
+                source="training", timestamp=now, **grads)
+            records.append({**observation.to_dict(), "id": uuid.uuid4().hex})
+        return records
+
+    # ------------------------------------------------------------------ the buffer and the service
+    def _read_buffer(self) -> list[dict[str, Any]]:
+        """Records a previous run left unsent (a torn last line, from a crash mid-write, is skipped)."""
+        try:
+            lines = self.buffer_path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self._fault("buffer", exc)
+            return []
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("id"):
+                records.append(record)
+        return records
+
+    def _append_buffer(self, records: list[dict[str, Any]]) -> None:
+        self.buffer_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.buffer_path, "a", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _rewrite_buffer(self) -> None:
+        if self._unsent:
+            atomic_write_text(self.buffer_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self._unsent))
+        else:
+            try:
+                self.buffer_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _send(self) -> None:
+        from goodput.client import ServiceValidationError, UnknownJobError
+
+        if not self._unsent:
+            return
+        changed = False
+        try:
+            while self._unsent:
+                chunk = self._unsent[:SEND_CHUNK]
+                try:
+                    self.client.post_observations(self.job, chunk)
+                except UnknownJobError:
+                    if self._settings is None or self._registered:
+                        raise
+                    self._register()
+                    continue
+                except ServiceValidationError as exc:
+                    self._reject(chunk, exc)
+                else:
+                    self.sent += len(chunk)
+                del self._unsent[:len(chunk)]
+                changed = True
+        finally:
+            if changed:
+                self._rewrite_buffer()
+
+    def _register(self) -> None:
+        settings = {k: v for k, v in (self._settings or {}).items() if v is not None}
+        self.client.put_job(self.job, **settings)
+        self._registered = True
+
+    def _reject(self, chunk: list[dict[str, Any]], exc: Exception) -> None:
+        path = self.buffer_path.with_suffix(".rejected.jsonl")
+        with open(path, "a", encoding="utf-8") as f:
+            for record in chunk:
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._fault("rejected", RuntimeError(f"the service refused {len(chunk)} record(s), kept in {path}: {exc}"))
+
+    def close(self, timeout: float = 30.0) -> int:
+        """Stop the background thread after a last flush; the records left unsent (kept in the buffer file)."""
+        if self._thread is None:
+            return 0
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        left = self.flush(final=True)
+        self._thread = None
+        self.client.close()
+        try:
+            atexit.unregister(self.close)
+        except Exception:  # noqa: BLE001
+            pass
+        return left
+
+    def __enter__(self) -> GoodputReporter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- the environment
+def _default_device() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return f"cuda:{torch.cuda.current_device()}"
+    except ImportError:  # pragma: no cover
+        pass
+    return "cpu"
+
+
+def _device_type(device: Any) -> str:
+    if not str(device).startswith("cuda"):
+        return "cpu"
+    import torch
+
+    from .devices import normalize_device_name
+
+    return normalize_device_name(torch.cuda.get_device_name(torch.device(device)))
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:  # pragma: no cover
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _world() -> tuple[int, int]:
+    """(replicas, nodes): torch.distributed's world size and the launcher's node count (1 without either)."""
+    replicas = 1
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            replicas = int(dist.get_world_size())
+    except ImportError:  # pragma: no cover
+        pass
+    if replicas == 1:
+        replicas = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and int(local) > 0:
+        return replicas, max(1, replicas // int(local))
+    slurm = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
+    if slurm:
+        return replicas, max(1, min(replicas, int(slurm)))
+    return replicas, 1
