@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.datasets import default_data_dir
+from tests.service_helpers import postgres_server, store_url  # noqa: F401  (fixtures: a real PostgreSQL server, both stores)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,257 @@
+"""Every endpoint of goodput serve, good and bad input, with auth on and off, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from goodput import Cluster, JobModel, allocate
+from goodput.client import Client, NotReadyError, ServiceError, ServiceValidationError, UnknownJobError
+from service import create_app
+from service.registry import Registry
+from service.server import BackgroundServer
+from service.store import Store
+from tests.service_helpers import live_server, profile, wait_for
+
+TOKEN = "test-token-0123456789abcdef"
+CLUSTER = "cpu:2x4"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server with tokens, the plain model, a 100 KB body limit and a cluster; two measured jobs registered."""
+    folder = tmp_path_factory.mktemp("service")
+    tokens = folder / "tokens.txt"
+    tokens.write_text(f"# one a line\n{TOKEN}\n")
+    with live_server(f"sqlite:///{folder / 'goodput.db'}", token_file=tokens, cluster=CLUSTER,
+                     max_body_bytes=100_000, model_options={"bayesian": False}, export_dir=folder / "export") as (url, _):
+        client = Client(url, token=TOKEN)
+        for name in ("mlp", "resnet"):
+            prof = profile(name)
+            client.put_job(prof.job, prof.init_batch_size, prof.max_batch_size, {"cpu": [1, prof.max_local_bsz["cpu"]]})
+            client.post_observations(prof.job, prof.observations)
+        for name in ("mlp", "resnet"):
+            wait_for(lambda: client.goodput(f"zoo-{name}", "cpu", 1, 1))
+        yield url, client, folder
+        client.close()
+
+
+def _model(name: str) -> JobModel:
+    prof = profile(name)
+    return JobModel(prof.job, prof.init_batch_size, prof.max_batch_size, {"cpu": (1, prof.max_local_bsz["cpu"])},
+                    bayesian=False).observe(prof.observations)
+
+
+def test_put_job_registers_and_refuses_bad_settings(server):
+    url, client, _ = server
+    record = client.put_job("new-job_1.a", 32, 256, (2, 64), gpu_types=["T4", "a100"])
+    assert record["settings"] == {"init_batch_size": 32, "max_batch_size": 256, "local_bsz_bounds": [2, 64],
+                                  "gpu_types": ["t4", "a100"]}
+    assert record["observations"] == 0 and record["model"]["state"] in ("rebuilding", "ready")
+    bad = [({"init_batch_size": 0}, "init_batch_size", 0),
+           ({"init_batch_size": 64, "max_batch_size": 32}, "max_batch_size", 32),
+           ({"init_batch_size": 64, "local_bsz_bounds": [9, 3]}, "local_bsz_bounds", [9, 3]),
+           ({"init_batch_size": "64"}, "init_batch_size", "64"),
+           ({"init_batch_size": 64, "gpu_types": []}, "gpu_types", []),
+           ({"init_batch_size": 64, "colour": "red"}, "colour", "red")]
+    for body, field, value in bad:
+        response = httpx.put(f"{url}/v1/jobs/x", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 422, body
+        detail = response.json()["detail"][0]
+        assert detail["loc"][:2] == ["body", field] and detail["input"] == value, detail
+    for name in ("-starts-with-dash", "has space", "x" * 129):
+        response = httpx.put(f"{url}/v1/jobs/{name}", json={"init_batch_size": 1}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["path", "job"], name
+
+
+def test_writes_need_the_token_reads_and_the_extender_do_not(server):
+    url, _, _ = server
+    body = {"init_batch_size": 8}
+    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": "Bearer"}):
+        response = httpx.put(f"{url}/v1/jobs/auth", json=body, headers=headers)
+        assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer"), headers
+        response = httpx.post(f"{url}/v1/jobs/zoo-mlp/observations", json={"observations": []}, headers=headers)
+        assert response.status_code == 401
+        assert httpx.post(f"{url}/v1/allocate", json={}, headers=headers).status_code == 401
+    assert httpx.put(f"{url}/v1/jobs/auth", json=body, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert httpx.get(f"{url}/v1/jobs/auth").status_code == 200
+    assert httpx.post(f"{url}/v1/k8s/filter", json={"Pod": {}, "NodeNames": []}).status_code == 200
+    with pytest.raises(ServiceError) as caught:
+        Client(url).put_job("auth", 8)
+    assert caught.value.status == 401
+
+
+def test_observations_are_acknowledged_once_and_bad_records_named(server):
+    url, client, _ = server
+    prof = profile("transformer")
+    client.put_job(prof.job, prof.init_batch_size)
+    records = [o.to_dict() for o in prof.observations]
+    assert client.post_observations(prof.job, records) == {"accepted": len(records), "total": len(records)}
+    # the same records (same timestamps) again, and again with the job left out: stored once
+    assert client.post_observations(prof.job, records) == {"accepted": 0, "total": len(records)}
+    bare = [{k: v for k, v in r.items() if k != "job"} for r in records]
+    assert client.post_observations(prof.job, bare)["accepted"] == 0
+    with_ids = [{**r, "id": f"run-7:{i}"} for i, r in enumerate(records[:3])]
+    assert client.post_observations(prof.job, with_ids)["accepted"] == 3
+    assert client.post_observations(prof.job, with_ids)["accepted"] == 0
+    assert client.job(prof.job)["observations"] == len(records) + 3
+
+    cases = [({**records[2], "step_time": -1.0}, ["body", "observations", 2, "step_time"], -1.0),
+             ({**records[2], "num_replicas": 0}, ["body", "observations", 2, "num_replicas"], 0),
+             ({**records[2], "sync_time": 99.0}, ["body", "observations", 2, "sync_time"], 99.0),
+             ({**records[2], "gpu_typ": "t4"}, ["body", "observations", 2, "gpu_typ"], "t4"),
+             ({**records[2], "local_bsz": "64"}, ["body", "observations", 2, "local_bsz"], "64"),
+             ({**records[2], "job": "someone-else"}, ["body", "observations", 2, "job"], "someone-else"),
+             ({**records[2], "id": "has space"}, ["body", "observations", 2, "id"], "has space")]
+    for bad, loc, value in cases:
+        batch = [records[0], records[1], bad]
+        response = httpx.post(f"{url}/v1/jobs/{prof.job}/observations", json={"observations": batch},
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 422, bad
+        detail = response.json()["detail"][0]
+        assert detail["loc"] == loc and detail["input"] == value, detail
+    with pytest.raises(ServiceValidationError) as caught:
+        client.post_observations(prof.job, [{**records[0], "step_time": -2.0}])
+    assert caught.value.field == "observations.0.step_time" and caught.value.value == -2.0
+    assert client.job(prof.job)["observations"] == len(records) + 3  # nothing of a refused batch is stored
+    with pytest.raises(UnknownJobError):
+        client.post_observations("never-registered", bare[:1])
+    response = httpx.post(f"{url}/v1/jobs/{prof.job}/observations", content=b"{not json",
+                          headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert response.status_code == 422
+
+
+def test_bodies_over_the_limit_get_413(server):
+    url, _, _ = server
+    record = profile("mlp").observations[0].to_dict()
+    big = json.dumps({"observations": [record] * 800}).encode()  # ~150 KB > 100 KB
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    response = httpx.post(f"{url}/v1/jobs/zoo-mlp/observations", content=big, headers=headers)
+    assert response.status_code == 413 and "exceeds" in response.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit bites while the body streams in
+        for start in range(0, len(big), 16384):
+            yield big[start:start + 16384]
+
+    response = httpx.post(f"{url}/v1/jobs/zoo-mlp/observations", content=chunks(), headers=headers)
+    assert response.status_code == 413
+
+
+def test_goodput_and_table_answer_as_the_model_in_process(server):
+    url, client, folder = server
+    model = _model("resnet")
+    for nodes, gpus in ((1, 1), (1, 2), (1, 4), (2, 8), (1, 3)):
+        answer = client.goodput("zoo-resnet", "CPU", nodes, gpus)
+        expected = model.goodput("cpu", nodes, gpus)
+        assert answer["goodput"] == pytest.approx(expected.goodput, rel=1e-9)
+        assert (answer["batch_size"], answer["local_bsz"], answer["accum_steps"]) == \
+               (expected.batch_size, expected.local_bsz, expected.accum_steps)
+        assert answer["std"] == 0.0 and answer["model_version"] >= 1
+    table = client.table("zoo-resnet", "cpu:3x2")
+    frame = model.table(Cluster.parse("cpu:3x2")).frame
+    assert table.frame["goodput"].tolist() == pytest.approx(frame["goodput"].tolist(), rel=1e-9)
+    assert client.table("zoo-resnet").configurations() == Cluster.parse(CLUSTER).configurations()
+    assert client.table_dict("zoo-resnet", "t4:1x1,cpu:1x1")["missing_gpu_types"] == ["t4"]
+    exported = (folder / "export" / "zoo-resnet.csv").read_text()
+    assert exported.startswith("job,gpu_type,num_nodes,num_gpus,goodput") and exported.count("\n") == 5
+
+    for params, field, value in ((dict(gpu_type="cpu", num_nodes=2, num_gpus=1), "num_gpus", 1),
+                                 (dict(gpu_type="cpu", num_nodes=1, num_gpus=0), "num_gpus", "0"),
+                                 (dict(gpu_type="cpu", num_nodes=1, num_gpus="x"), "num_gpus", "x"),
+                                 (dict(gpu_type="t4", num_nodes=1, num_gpus=1), "gpu_type", "t4")):
+        response = httpx.get(f"{url}/v1/jobs/zoo-resnet/goodput", params=params)
+        assert response.status_code == 422, params
+        detail = response.json()["detail"][0]
+        assert detail["loc"] == ["query", field] and detail["input"] == value, detail
+    response = httpx.get(f"{url}/v1/jobs/zoo-resnet/table", params={"cluster": "cpu:2"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", "cluster"]
+    assert httpx.get(f"{url}/v1/jobs/nobody/goodput", params={"gpu_type": "cpu", "num_gpus": 1}).status_code == 404
+    assert httpx.get(f"{url}/v1/jobs/nobody/table").status_code == 404
+    assert httpx.get(f"{url}/v1/jobs/nobody").status_code == 404
+
+
+def test_allocate_matches_the_in_process_allocation(server):
+    url, client, _ = server
+    cluster = Cluster.parse("cpu:2x4")
+    tables = {job: _model(name).table(cluster) for job, name in (("zoo-mlp", "mlp"), ("zoo-resnet", "resnet"))}
+    expected = allocate(tables, cluster)
+    answer = client.allocate("cpu:2x4", jobs=["zoo-mlp", "zoo-resnet"])
+    assert dict(answer) == dict(expected)
+    again = client.allocate(jobs=["zoo-mlp", "zoo-resnet"], current=answer, policy="gavel")
+    assert again.info.policy == "gavel" and set(again) == {"zoo-mlp", "zoo-resnet"}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for body, loc in (({"policy": "best"}, ["body", "policy"]), ({"p": 0}, ["body", "p"]),
+                      ({"cluster": "cpu:x"}, ["body", "cluster"]), ({"options": {"lam": -1, "colour": 1}}, ["body", "colour"]),
+                      ({"current": {"zoo-mlp": {"gpu_type": "cpu", "num_nodes": 2, "num_gpus": 1}}},
+                       ["body", "current", "zoo-mlp", "num_gpus"])):
+        response = httpx.post(f"{url}/v1/allocate", json={"jobs": ["zoo-mlp"], **body}, headers=headers)
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["detail"][0]["loc"] == loc, response.json()
+    assert httpx.post(f"{url}/v1/allocate", json={"jobs": ["nobody"]}, headers=headers).status_code == 404
+
+
+def test_job_records_stored_pages_health_metrics_and_docs(server):
+    url, client, _ = server
+    job = client.job("zoo-mlp")
+    assert job["observations"] == len(profile("mlp").observations) and job["gpu_types"] == ["cpu"]
+    assert job["model"]["state"] == "ready" and job["model"]["observations"] == job["observations"]
+    assert job["model"]["last_refit"] > 0 and job["diagnostics"]["observations"] == job["observations"]
+    assert set(client.jobs()) >= {"zoo-mlp", "zoo-resnet"}
+    first = client.stored("zoo-mlp", limit=5)
+    rest = client.stored("zoo-mlp", after=first["next_after"], limit=1000)
+    assert len(first["records"]) == 5 and rest["next_after"] is None
+    assert [r["observation"] for r in first["records"] + rest["records"]] == [o.to_dict() for o in profile("mlp").observations]
+    health = client.health()
+    assert health["status"] == "ok" and health["store"] == "sqlite" and health["jobs"] >= 2
+    text = client.metrics()
+    assert 'goodput_requests_total{method="GET",route="/v1/jobs/{job}/goodput",status="200"}' in text
+    assert "goodput_observations_stored_total" in text and "goodput_request_seconds_bucket" in text
+    assert "goodput_model_publishes_total" in text and "goodput_refits_total" in text
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    assert {"/v1/jobs/{job}", "/v1/jobs/{job}/observations", "/v1/jobs/{job}/goodput", "/v1/jobs/{job}/table",
+            "/v1/allocate", "/v1/k8s/filter", "/v1/k8s/prioritize", "/healthz", "/metrics"} <= set(paths)
+    assert "step_time" in json.dumps(httpx.get(f"{url}/openapi.json").json()["components"])
+    assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_a_server_without_tokens_takes_writes_and_answers_503_while_it_rebuilds(tmp_path, monkeypatch):
+    """Start-up: the service answers at once; a job whose model is not built yet gets 503 with Retry-After."""
+    prof = profile("mlp")
+    url = f"sqlite:///{tmp_path / 'goodput.db'}"
+    with live_server(url) as (_, client):  # the Bayesian model, no tokens
+        client.put_job(prof.job, prof.init_batch_size, prof.max_batch_size)
+        assert client.post_observations(prof.job, prof.observations)["accepted"] == len(prof.observations)
+        first = wait_for(lambda: client.goodput(prof.job, "cpu", 1, 2), timeout=120)
+        assert first["std"] > 0  # the Bayesian model's spread
+
+    release = threading.Event()
+    original = Registry._build
+
+    def slow_build(self, job):
+        release.wait(30)
+        return original(self, job)
+
+    monkeypatch.setattr(Registry, "_build", slow_build)
+    app = create_app(Store(url))
+    with BackgroundServer(app) as server, Client(server.url) as client:
+        response = httpx.get(f"{server.url}/v1/jobs/{prof.job}/goodput", params={"gpu_type": "cpu", "num_gpus": 2})
+        assert response.status_code == 503 and response.headers["retry-after"] == "2"
+        assert "being rebuilt" in response.json()["detail"]
+        with pytest.raises(NotReadyError):
+            client.table(prof.job, "cpu:1x2")
+        # what does not need the model answers meanwhile
+        assert client.job(prof.job)["observations"] == len(prof.observations)
+        assert client.job(prof.job)["model"]["state"] == "rebuilding"
+        assert client.health()["rebuilding"] == 1
+        release.set()
+        again = wait_for(lambda: client.goodput(prof.job, "cpu", 1, 2), timeout=120)
+        assert again["goodput"] == pytest.approx(first["goodput"], rel=1e-9)
+        started = time.perf_counter()
+        client.put_job(prof.job, prof.init_batch_size, prof.max_batch_size * 2)  # a settings change: a rebuild...
+        assert client.goodput(prof.job, "cpu", 1, 2)["goodput"] > 0  # ...and the old model answers meanwhile
+        assert time.perf_counter() - started < 5

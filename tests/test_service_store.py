@@ -1,0 +1,121 @@
+"""The service's store, against SQLite and a real PostgreSQL server: jobs, idempotent durable inserts, order, restart."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from goodput import JobModel, Observation
+from goodput.errors import ValidationError
+from service.registry import Registry
+from service.store import Store, UnknownJobError, canonical_json, record_id
+from tests.service_helpers import profile
+
+
+def test_jobs_are_registered_and_changed(store_url):
+    store = Store(store_url)
+    first = store.put_job("cifar10", {"init_batch_size": 128})
+    assert first.changed and first.settings == {"init_batch_size": 128}
+    again = store.put_job("cifar10", {"init_batch_size": 128})
+    assert not again.changed and again.created == first.created
+    changed = store.put_job("cifar10", {"init_batch_size": 128, "max_batch_size": 1024})
+    assert changed.changed and changed.updated >= first.updated
+    assert store.get_job("cifar10").settings == {"init_batch_size": 128, "max_batch_size": 1024}
+    assert store.get_job("nope") is None
+    assert [j.name for j in store.jobs()] == ["cifar10"]
+    store.close()
+
+
+def test_observations_are_stored_once_in_order_and_survive_a_reopen(store_url):
+    records = [o.to_dict() for o in profile("mlp").observations]
+    store = Store(store_url)
+    store.put_job("zoo-mlp", {"init_batch_size": 64})
+    seen: list[list[tuple[int, str]]] = []
+    added = store.add_observations("zoo-mlp", [(record_id(r), r) for r in records], after_commit=seen.append)
+    assert added.accepted == len(records) == added.total
+    assert seen == [added.inserted] and [row for row, _ in added.inserted] == sorted(row for row, _ in added.inserted)
+    # the same records again (hash ids), and one repeated inside a batch with an explicit id: nothing twice
+    again = store.add_observations("zoo-mlp", [(record_id(r), r) for r in records])
+    assert (again.accepted, again.total) == (0, len(records))
+    twice = store.add_observations("zoo-mlp", [("run-1:0", records[0]), ("run-1:0", records[1])])
+    assert (twice.accepted, twice.total) == (1, len(records) + 1)
+    with pytest.raises(UnknownJobError, match="unknown job"):
+        store.add_observations("other", [("x", records[0])])
+    store.close()
+
+    reopened = Store(store_url)
+    stored = reopened.observations("zoo-mlp")
+    assert [s.data for s in stored] == [*records, records[0]]
+    assert [Observation.from_dict(s.data) for s in stored[:-1]] == profile("mlp").observations
+    assert stored[-1].record_id == "run-1:0"
+    page = reopened.observations("zoo-mlp", after=stored[2].row_id, limit=3)
+    assert [s.row_id for s in page] == [s.row_id for s in stored[3:6]]
+    assert list(reopened.iter_observations("zoo-mlp", chunk=4)) == stored
+    assert reopened.count("zoo-mlp") == len(records) + 1
+    reopened.close()
+
+
+def test_concurrent_writers_store_each_record_once(store_url):
+    store = Store(store_url)
+    store.put_job("j", {"init_batch_size": 8})
+    base = profile("mlp").observations[0].to_dict()
+    # 4 writers post overlapping id ranges: 0..59, 20..79, 40..99, 60..119
+    errors = []
+
+    def writer(offset: int) -> None:
+        try:
+            for start in range(offset, offset + 60, 10):
+                store.add_observations("j", [(f"r{i}", {**base, "timestamp": float(i)}) for i in range(start, start + 10)])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(20 * k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stored = store.observations("j")
+    assert sorted(s.record_id for s in stored) == sorted(f"r{i}" for i in range(120))
+    store.close()
+
+
+def test_a_restarted_registry_rebuilds_the_same_model(store_url):
+    """Observations are the source of truth: the rebuilt model answers as one built in process from them."""
+    prof = profile("resnet")
+    settings = {"init_batch_size": prof.init_batch_size, "max_batch_size": prof.max_batch_size}
+    registry = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0).start()
+    registry.register(prof.job, settings)
+    half = len(prof.observations) // 2
+    for chunk in (prof.observations[:half], prof.observations[half:]):
+        registry.add(prof.job, chunk, [record_id(o.to_dict()) for o in chunk])
+    assert registry.wait_idle(60)
+    before = registry.published(prof.job).goodput("cpu", 1, 2)
+    registry.close()
+
+    restarted = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0).start()
+    assert restarted.wait_idle(60)
+    after = restarted.published(prof.job)
+    expected = JobModel(prof.job, prof.init_batch_size, prof.max_batch_size, bayesian=False).observe(prof.observations)
+    assert after.observations == len(prof.observations)
+    assert after.goodput("cpu", 1, 2) == before
+    assert after.goodput("cpu", 1, 2)["goodput"] == pytest.approx(expected.goodput("cpu", 1, 2).goodput, rel=1e-12)
+    restarted.close()
+
+
+def test_store_arguments_are_checked(tmp_path):
+    with pytest.raises(ValidationError, match="in-memory"):
+        Store("sqlite://")
+    with pytest.raises(ValidationError, match="sqlite_synchronous"):
+        Store(f"sqlite:///{tmp_path / 'a.db'}", sqlite_synchronous="OFF")
+    with pytest.raises(ValidationError, match="not a SQLAlchemy URL"):
+        Store("no url at all")
+    with Store(f"sqlite:///{tmp_path / 'default.db'}").engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: a commit survives a power cut
+    store = Store(f"sqlite:///{tmp_path / 'b.db'}", sqlite_synchronous="normal")
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    assert canonical_json({"b": 1, "a": 2.5}) == '{"a":2.5,"b":1}'
+    store.close()
