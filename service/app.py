@@ -28,11 +28,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import parse_qs
 
 from fastapi import Body, FastAPI, Query, Request, Security
 from fastapi import Path as PathParam
@@ -48,7 +49,7 @@ from goodput.errors import UnknownGPUTypeError, ValidationError
 from .auth import DEFAULT_MAX_BODY, BodyLimitMiddleware, TokenAuthMiddleware, read_tokens
 from .k8s import Extender
 from .metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
-from .registry import NotReadyError, Published, Registry, build_model
+from .registry import NotReadyError, Registry, build_model
 from .schemas import (
     JOB_PATTERN,
     AllocateIn,
@@ -59,6 +60,7 @@ from .schemas import (
     ObservationsAccepted,
     StoredRecords,
     TableOut,
+    json_bytes,
     json_safe,
     validation_detail,
 )
@@ -73,12 +75,77 @@ _bearer = HTTPBearer(auto_error=False, description="with --token-file: writes ne
 RETRY_AFTER_S = 2
 
 
-def _json(data: Any) -> bytes:
-    return json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
 def _bytes_response(body: bytes, status: int = 200) -> Response:
     return Response(content=body, status_code=status, media_type="application/json")
+
+
+_CACHED_PATH = re.compile(r"^/v1/jobs/([A-Za-z0-9][A-Za-z0-9._-]{0,127})/(goodput|table)$")
+
+
+def _count(values: list[str], limit: int) -> int | None:
+    """One ASCII-digit value in 1..limit, else None."""
+    if len(values) != 1 or not values[0].isascii() or not values[0].isdigit():
+        return None
+    number = int(values[0])
+    return number if 1 <= number <= limit else None
+
+
+class CachedReads:
+    """ASGI middleware: ``GET goodput`` and ``GET table`` answered from the published model's cache.
+
+    A query whose answer the current snapshot holds (the server cluster's table and its rows
+    are computed when a model is published; any other answer once asked) is sent without
+    routing or request models, which is most of a query's cost. Anything else — an unknown
+    job, a model not built yet, an odd or invalid query, an answer not cached — goes on to
+    the application, which validates it and answers (or refuses) in full.
+    """
+
+    def __init__(self, app: Any, registry: Registry, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.registry = registry
+        self.fastapi_app = fastapi_app
+        self._routes: dict[str, Any] | None = None
+
+    def _route(self, kind: str) -> Any:
+        if self._routes is None:
+            self._routes = {getattr(r, "path", "").rsplit("/", 1)[-1]: r for r in self.fastapi_app.routes
+                            if getattr(r, "path", "") in ("/v1/jobs/{job}/goodput", "/v1/jobs/{job}/table")}
+        return self._routes.get(kind)
+
+    def lookup(self, job: str, kind: str, query: bytes) -> bytes | None:
+        published = self.registry.current(job)
+        if published is None:
+            return None
+        try:
+            params = parse_qs(query.decode("ascii"), keep_blank_values=True)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if kind == "table":
+            if set(params) - {"cluster"} or len(params.get("cluster", [""])) != 1:
+                return None
+            return published.cached(("table-json", params["cluster"][0] if params else None))
+        if set(params) - {"gpu_type", "num_nodes", "num_gpus"} or len(params.get("gpu_type", ())) != 1:
+            return None
+        gpu_type = params["gpu_type"][0]
+        gpus = _count(params.get("num_gpus", []), 1_000_000)
+        nodes = _count(params.get("num_nodes", ["1"]), 100_000)
+        if not 1 <= len(gpu_type) <= 64 or gpus is None or nodes is None or gpus < nodes:
+            return None
+        return published.cached(("goodput-json", gpu_type, nodes, gpus))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET":
+            match = _CACHED_PATH.match(scope["path"])
+            if match is not None:
+                body = self.lookup(match.group(1), match.group(2), scope["query_string"])
+                if body is not None:
+                    scope["route"] = self._route(match.group(2))  # the metrics' route label
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -151,6 +218,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if tokens:
         app.add_middleware(TokenAuthMiddleware, tokens=tuple(tokens))
+    app.add_middleware(CachedReads, registry=registry, fastapi_app=app)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     writes = [Security(_bearer)]
 
@@ -223,7 +291,7 @@ def create_app(
         registry.record(job)
         rows = registry.store.observations(job, after=after, limit=limit)
         records = [{"row": r.row_id, "id": r.record_id, "received": r.received, "observation": r.data} for r in rows]
-        return _bytes_response(_json({"job": job, "records": records,
+        return _bytes_response(json_bytes({"job": job, "records": records,
                                       "next_after": rows[-1].row_id if len(rows) == limit else None}))
 
     # ------------------------------------------------------------------ queries
@@ -242,8 +310,7 @@ def create_app(
             if body is not None:
                 return _bytes_response(body)
             try:
-                body = await run_in_threadpool(published.answer, key, lambda _: _goodput_json(published, gpu_type,
-                                                                                              num_nodes, num_gpus))
+                body = await run_in_threadpool(published.goodput_json, gpu_type, num_nodes, num_gpus)
                 return _bytes_response(body)
             except UnknownGPUTypeError as exc:
                 if attempt == 0 and registry.published(job) is not published:
@@ -259,7 +326,7 @@ def create_app(
         key = ("table-json", cluster)
         body = published.cached(key)
         if body is None:
-            body = await run_in_threadpool(published.answer, key, lambda _: _table_json(published, _cluster(cluster)))
+            body = await run_in_threadpool(published.table_json, _cluster(cluster), cluster)
         return _bytes_response(body)
 
     @app.post("/v1/allocate", dependencies=writes, tags=["queries"])
@@ -267,7 +334,7 @@ def create_app(
         """One scheduling round (goodput.allocate) over the jobs' tables -> Allocation.to_dict()."""
         allocation = registry.allocate(_cluster(request.cluster), request.jobs, request.current, request.policy,
                                        request.p, request.options)
-        return _bytes_response(_json(allocation.to_dict()))
+        return _bytes_response(json_bytes(allocation.to_dict()))
 
     def _cluster(spec: str | None) -> Cluster:
         if spec is None:
@@ -280,12 +347,12 @@ def create_app(
     @app.post("/v1/k8s/filter", tags=["kubernetes"])
     def k8s_filter(args: Annotated[dict[str, Any], Body(description="ExtenderArgs: Pod, Nodes or NodeNames")]) -> Any:
         """kube-scheduler's filter call: ExtenderArgs -> ExtenderFilterResult."""
-        return _bytes_response(_json(extender.filter(args)))
+        return _bytes_response(json_bytes(extender.filter(args)))
 
     @app.post("/v1/k8s/prioritize", tags=["kubernetes"])
     def k8s_prioritize(args: Annotated[dict[str, Any], Body(description="ExtenderArgs: Pod, Nodes or NodeNames")]) -> Any:
         """kube-scheduler's prioritize call: ExtenderArgs -> HostPriorityList (scores 0..10)."""
-        return _bytes_response(_json(extender.prioritize(args)))
+        return _bytes_response(json_bytes(extender.prioritize(args)))
 
     # ------------------------------------------------------------------ operations
     @app.get("/healthz", tags=["operations"])
@@ -302,18 +369,6 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def _goodput_json(published: Published, gpu_type: str, num_nodes: int, num_gpus: int) -> bytes:
-    choice = published.goodput(gpu_type, num_nodes, num_gpus)
-    return _json({"job": published.job, **choice, "model_version": published.version})
-
-
-def _table_json(published: Published, cluster: Cluster) -> bytes:
-    table = published.table(cluster)
-    data = table.to_dict()
-    return _json({"job": published.job, "cluster": str(cluster), "model_version": published.version,
-                  "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
 
 
 def _version() -> str:

@@ -51,7 +51,7 @@ from goodput.errors import ValidationError
 from goodput.validation import normalize_gpu_type
 
 from .metrics import Metrics
-from .schemas import json_safe
+from .schemas import json_bytes, json_safe
 from .store import AddResult, JobRecord, Store, UnknownJobError
 
 __all__ = ["Registry", "Published", "NotReadyError", "build_model"]
@@ -128,6 +128,20 @@ class Published:
     def table(self, cluster: Cluster) -> GoodputTable:
         """The goodput table over ``cluster``'s configuration set (``JobModel.table``)."""
         return self.answer(("table", str(cluster)), lambda m: m.table(cluster))
+
+    def goodput_json(self, gpu_type: str, num_nodes: int, num_gpus: int) -> bytes:
+        """The ``GET goodput`` answer's body, cached under the query as given (``gpu_type`` before normalising)."""
+        return self.answer(("goodput-json", gpu_type, num_nodes, num_gpus), lambda _: json_bytes(
+            {"job": self.job, **self.goodput(gpu_type, num_nodes, num_gpus), "model_version": self.version}))
+
+    def table_json(self, cluster: Cluster, spec: str | None) -> bytes:
+        """The ``GET table`` answer's body, cached under the query's ``cluster`` as given (``None``: the server's)."""
+        def encode(_: JobModel) -> bytes:
+            data = self.table(cluster).to_dict()
+            return json_bytes({"job": self.job, "cluster": str(cluster), "model_version": self.version,
+                               "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
+
+        return self.answer(("table-json", spec), encode)
 
 
 def _choice_dict(choice: Any) -> dict[str, Any]:
@@ -297,6 +311,11 @@ class Registry:
                 self._rebuild = {job: None, **self._rebuild}
             done = sum(s.published is not None for s in self._jobs.values())
             raise NotReadyError(job, done, len(self._jobs), state.error)
+
+    def current(self, job: str) -> Published | None:
+        """The job's published snapshot, or ``None`` (unknown job, or no model yet); no side effects."""
+        state = self._jobs.get(job)  # a dict read: atomic, no lock needed on the hot path
+        return None if state is None else state.published
 
     def not_ready_for(self, job: str, gpu_type: str) -> NotReadyError | None:
         """A :class:`NotReadyError` when ``gpu_type``'s first observations of ``job`` are stored but not modelled yet."""
@@ -473,11 +492,13 @@ class Registry:
         if self.cluster is None or not published.observations:
             return
         table = published.table(self.cluster)
+        published.table_json(self.cluster, None)
+        published.table_json(self.cluster, str(self.cluster))
         for row in table.frame.to_dict("records"):
-            key = ("goodput", row["gpu_type"], int(row["num_nodes"]), int(row["num_gpus"]))
-            published._cache.setdefault(key, {"gpu_type": row["gpu_type"], "num_nodes": int(row["num_nodes"]),
-                                              "num_gpus": int(row["num_gpus"]),
-                                              **{k: json_safe(row[k]) for k in _ROW_KEYS}})
+            gpu, nodes, gpus = row["gpu_type"], int(row["num_nodes"]), int(row["num_gpus"])
+            published._cache.setdefault(("goodput", gpu, nodes, gpus), {
+                "gpu_type": gpu, "num_nodes": nodes, "num_gpus": gpus, **{k: json_safe(row[k]) for k in _ROW_KEYS}})
+            published.goodput_json(gpu, nodes, gpus)
         if self.export_dir is not None:
             self.export_dir.mkdir(parents=True, exist_ok=True)
             table.to_csv(self.export_dir / f"{published.job}.csv")

@@ -11,6 +11,7 @@ record's index, the field and the value (:func:`validation_detail`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -25,7 +26,7 @@ from goodput.validation import check_bounds, check_int, normalize_gpu_type
 
 __all__ = ["JOB_PATTERN", "RECORD_ID_PATTERN", "ObservationRecord", "ObservationBatch", "ObservationsAccepted",
            "JobSettings", "JobOut", "GoodputOut", "TableOut", "AllocateIn", "StoredRecord", "StoredRecords",
-           "validation_detail", "MAX_RECORDS"]
+           "validation_detail", "MAX_RECORDS", "json_bytes", "json_safe"]
 
 JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # job names: safe in URLs, file names and label values
 RECORD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -205,6 +206,11 @@ def validation_detail(exc: ValidationError, loc: tuple[Any, ...] = ()) -> list[d
     """A core :class:`~goodput.errors.ValidationError` as FastAPI's 422 ``detail`` list: where, what, which value."""
     return [{"type": "value_error", "loc": [*loc, *str(exc.field).split(".")], "msg": exc.reason,
              "input": json_safe(exc.value)}]
+
+
+def json_bytes(data: Any) -> bytes:
+    """Compact JSON of ``data`` made :func:`json_safe` (an answer's body)."""
+    return json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def json_safe(value: Any) -> Any:
