@@ -226,7 +226,7 @@ class GoodputReporter:
         world = dist.get_world_size(group)
         reporter = self
 
-        def hook(state: Any, bucket: Any) -> Any:
+        def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations other than its own types
             tensor = bucket.buffer()
             local = tensor.detach().pow(2).sum()
             tensor.div_(world)

@@ -33,3 +33,18 @@ def test_bench_model_quick(tmp_path):
     transfer = [row for row in figures["rows"] if "by transfer" in row["what"]]
     assert len(transfer) == 1 and transfer[0]["refits_during"] == 0, transfer
     assert any("calibrations" in w for w in whats)
+
+
+def test_bench_service_quick(tmp_path):
+    from experiments import bench_service
+
+    assert "bench_service" in bench.discover()
+    # the kill -9 part runs in tests/test_service_restart.py
+    assert bench_service.main(["--quick", "--parts", "load,reporter", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_service.json").read_text())
+    rows = {row["what"].split(",")[0]: row for row in figures["rows"]}
+    assert rows["ingest"]["observations"] == 5 * 40 and rows["ingest"]["failed"] == 0 and rows["ingest"]["per_s"] > 0
+    queries = [row for row in figures["rows"] if row["what"].startswith("GET")]
+    assert len(queries) == 6 and all(row["errors"] == 0 and 0 < row["p50_ms"] <= row["p99_ms"] for row in queries)
+    assert rows["reporter cost per training step"]["reporter_us"] > 0
+    assert figures["load_average_before"] and figures["jobs"] == 5

@@ -1,0 +1,63 @@
+"""`goodput table --server` (the Slurm-friendly export) and `goodput serve`'s arguments."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from cli import main
+from goodput import GoodputTable
+from tests.service_helpers import live_server, profile, wait_for
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    with live_server(f"sqlite:///{folder / 'g.db'}", cluster="cpu:2x4", model_options={"bayesian": False}) as (url, client):
+        prof = profile("mlp")
+        client.put_job(prof.job, prof.init_batch_size, prof.max_batch_size)
+        client.post_observations(prof.job, prof.observations)
+        wait_for(lambda: client.goodput(prof.job, "cpu", 1, 1))
+        yield url, client
+
+
+def test_table_prints_csv_and_json_and_writes_a_file(server, capsys, tmp_path):
+    url, client = server
+    assert main(["table", "--server", url, "--job", "zoo-mlp", "--cluster", "cpu:3x2", "--format", "csv"]) == 0
+    frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(frame.columns[:5]) == ["job", "gpu_type", "num_nodes", "num_gpus", "goodput"]
+    assert frame["num_gpus"].tolist() == [1, 2, 4, 6] and (frame["job"] == "zoo-mlp").all()
+    assert frame["goodput"].tolist() == pytest.approx(client.table("zoo-mlp", "cpu:3x2").frame["goodput"].tolist())
+    assert main(["table", "--server", url, "--job", "zoo-mlp", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cluster"] == "cpu:2x4" and len(data["rows"]) == 4
+    out = tmp_path / "zoo-mlp.csv"
+    assert main(["table", "--server", url, "--job", "zoo-mlp", "--out", str(out)]) == 0
+    assert GoodputTable.from_csv(out).configurations() == [("cpu", 1, 1), ("cpu", 1, 2), ("cpu", 1, 4), ("cpu", 2, 8)]
+
+
+def test_table_errors_are_one_line(server, capsys):
+    url, _ = server
+    assert main(["table", "--server", url, "--job", "nobody"]) == 2
+    assert "404" in capsys.readouterr().err
+    assert main(["table", "--server", url, "--job", "zoo-mlp", "--cluster", "t4:1x1"]) == 0
+    assert "no observations on t4" in capsys.readouterr().err
+    assert main(["table", "--server", "http://127.0.0.1:9", "--job", "zoo-mlp"]) == 2
+    assert "ConnectError" in capsys.readouterr().err
+    assert main(["table", "--server", "ftp://x", "--job", "zoo-mlp"]) == 2
+    assert "url=" in capsys.readouterr().err
+
+
+def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):
+    assert main(["serve", "--port", "-1"]) == 2
+    assert "port" in capsys.readouterr().err
+    (tmp_path / "tokens").write_text("short\n")
+    assert main(["serve", "--port", "0", "--token-file", str(tmp_path / "tokens"), "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
+    assert "shorter than 16" in capsys.readouterr().err
+    assert main(["serve", "--port", "0", "--token-file", str(tmp_path / "missing"), "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    assert main(["serve", "--export-dir", str(tmp_path), "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
+    assert "needs a cluster" in capsys.readouterr().err

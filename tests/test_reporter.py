@@ -1,0 +1,110 @@
+"""GoodputReporter in real training loops: against a live server, a dead one (buffer, then delivery), DDP on gloo."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from service import create_app
+from service.server import BackgroundServer
+from profilers.reporter import GoodputReporter
+from tests.service_helpers import free_port, live_server
+
+
+def _train(reporter: GoodputReporter, steps: int, bsz: int, seed: int = 0) -> None:
+    """Real SGD steps of a small regression MLP, each inside reporter.step()."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = torch.randn(16, 1)
+    for _ in range(steps):
+        x = torch.randn(bsz, 16)
+        y = x @ w + 0.1 * torch.randn(bsz, 1)
+        with reporter.step(local_bsz=bsz):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _stored(client, job: str) -> list[dict]:
+    return [r["observation"] | {"id": r["id"]} for r in client.stored(job)["records"]]
+
+
+def test_reports_reach_a_live_server_and_register_the_job(tmp_path):
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        reporter = GoodputReporter("mlp-live", url, init_batch_size=32, max_batch_size=256, buffer_dir=tmp_path,
+                                   flush_interval=0.1)
+        _train(reporter, 25, 32)
+        _train(reporter, 12, 8)
+        assert reporter.close() == 0
+        stored = _stored(client, "mlp-live")
+        assert len(stored) == reporter.sent >= 2
+        assert {(o["local_bsz"], o["num_replicas"], o["gpu_type"], o["source"]) for o in stored} == \
+               {(32, 1, "cpu", "training"), (8, 1, "cpu", "training")}
+        assert all(o["step_time"] > 0 and o["timestamp"] > 0 and len(o["id"]) == 32 for o in stored)
+        assert client.job("mlp-live")["settings"] == {"init_batch_size": 32, "max_batch_size": 256}
+        assert not (tmp_path / "mlp-live.rank0.jsonl").exists()  # everything acknowledged
+
+
+def test_a_dead_server_buffers_and_delivers_later_nothing_lost(tmp_path):
+    port = free_port()  # nothing listens there yet
+    url = f"http://127.0.0.1:{port}"
+    reporter = GoodputReporter("mlp-offline", url, init_batch_size=16, buffer_dir=tmp_path, flush_interval=0.05, timeout=1)
+    _train(reporter, 30, 16)
+    left = reporter.close()
+    buffer = tmp_path / "mlp-offline.rank0.jsonl"
+    buffered = [json.loads(line) for line in buffer.read_text().splitlines()]
+    assert left == len(buffered) >= 1 and reporter.sent == 0 and reporter.faults["send"] >= 1
+
+    # the service comes back on that port while a second run trains: the first run's records go too
+    app = create_app(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}, coalesce_s=0)
+    second = GoodputReporter("mlp-offline", url, init_batch_size=16, buffer_dir=tmp_path, flush_interval=0.05, timeout=1)
+    _train(second, 10, 16, seed=1)
+    with BackgroundServer(app, port=port) as server:
+        from goodput.client import Client
+
+        _train(second, 10, 16, seed=2)
+        assert second.close() == 0
+        stored = _stored(Client(server.url), "mlp-offline")
+    ids = [o["id"] for o in stored]
+    assert len(ids) == len(set(ids)) == second.sent
+    assert {r["id"] for r in buffered} <= set(ids)
+    assert not buffer.exists()
+
+
+def test_the_training_loop_never_sees_the_reporters_faults(tmp_path, caplog):
+    reporter = GoodputReporter("mlp-faults", "http://127.0.0.1:9", init_batch_size=8, buffer_dir=tmp_path,
+                               flush_interval=60, timeout=0.5)
+    with caplog.at_level(logging.WARNING, logger="goodput.reporter"):
+        with reporter.step(local_bsz=0):  # a bad argument: the step runs, is not recorded, a warning says why
+            pass
+        with reporter.step(local_bsz="64"):
+            pass
+    assert reporter.faults["arguments"] == 2 and "local_bsz" in caplog.text
+    with pytest.raises(ZeroDivisionError):  # the training code's own exception passes through unchanged
+        with reporter.step(local_bsz=8):
+            1 / 0
+    assert not reporter._samples
+    (tmp_path / "mlp-faults.rank0.jsonl").mkdir()  # the buffer cannot be written: still nothing raised
+    _train(reporter, 6, 8)
+    reporter.close()
+    assert reporter.faults["aggregate"] >= 1
+
+
+def test_ddp_replicas_report_once_with_gradient_noise(tmp_path):
+    import torch.multiprocessing as mp
+
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        from tests.reporter_ddp_worker import train_ddp
+
+        mp.start_processes(train_ddp, args=(2, free_port(), url, str(tmp_path)), nprocs=2, join=True,
+                           start_method="spawn")
+        stored = _stored(client, "mlp-ddp")
+    assert stored and all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 16 for o in stored)
+    with_noise = [o for o in stored if "grad_sqr" in o]
+    assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise)
+    assert not (tmp_path / "mlp-ddp.rank1.jsonl").exists()  # rank 1 does not report
