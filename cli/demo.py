@@ -12,6 +12,10 @@
    (:func:`goodput.allocate`) and print the allocation and its placement.
 5. **Track** everything in MLflow (``sqlite:///mlflow.db`` by default): one run
    with a child run per job's profile, the tables and the allocation.
+6. **Serve** (unless ``--no-serve``): start ``goodput serve`` in this process on
+   127.0.0.1 and a free port with a temporary store, post the profiles to it as
+   running jobs would, and ask it for the allocated configurations' goodput
+   (the same numbers as the tables above: the service runs the same model).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="cluster for the tables and the allocation (default: an example shape built from the profiled types)")
     parser.add_argument("--out", help="keep the profiles in this folder, one <job>.jsonl each (default: a temporary folder)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
+    parser.add_argument("--no-serve", action="store_true", help="do not start goodput serve and query it")
     parser.set_defaults(func=run)
 
 
@@ -156,4 +161,47 @@ def run(args: argparse.Namespace) -> int:
                 for profile, path in zip(profiles, paths):
                     log_profile(profile, path=path, experiment="goodput-demo", nested=True)
             out.print(f"logged MLflow run {run.info.run_id} to {tracking.tracking_uri()}")
+        if not args.no_serve:
+            _serve_and_query(out, profiles, allocation, tables, Path(tmp))
     return 0
+
+
+def _serve_and_query(out, profiles, allocation, tables, folder: Path) -> None:
+    """Start the service briefly, post the profiles, ask it for each allocated configuration's goodput."""
+    import time
+
+    import pandas as pd
+
+    from goodput.client import Client, NotReadyError
+    from service import create_app
+    from service.server import BackgroundServer
+
+    out.rule("[bold]goodput demo[/] — the same models behind goodput serve")
+    started = time.perf_counter()
+    app = create_app(f"sqlite:///{folder / 'goodput.db'}", coalesce_s=0)
+    rows = []
+    with BackgroundServer(app) as server, Client(server.url) as client:
+        for profile in profiles:
+            client.put_job(profile.job, profile.init_batch_size, profile.max_batch_size,
+                           {gpu: (1, high) for gpu, high in profile.max_local_bsz.items()} or None)
+            answer = client.post_observations(profile.job, profile.observations)
+            out.print(f"POST /v1/jobs/{profile.job}/observations: {answer}")
+        for job, alloc in allocation.items():
+            if alloc is None:
+                continue
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    served = client.goodput(job, alloc.gpu_type, alloc.num_nodes, alloc.num_gpus)
+                    break
+                except NotReadyError:  # the service is building the job's model from what was posted
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            local = tables[job].lookup(*alloc.configuration)
+            rows.append({"job": job, "query": f"GET /v1/jobs/{job}/goodput?gpu_type={alloc.gpu_type}"
+                         f"&num_nodes={alloc.num_nodes}&num_gpus={alloc.num_gpus}",
+                         "goodput (service)": served["goodput"], "goodput (in process)": local["goodput"],
+                         "batch_size": served["batch_size"]})
+    out.print(frame_table(pd.DataFrame(rows), title=f"goodput serve on {server.url}, "
+                          f"{time.perf_counter() - started:.1f} s from start to answers"))

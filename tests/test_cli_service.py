@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,6 +15,8 @@ import pytest
 from cli import main
 from goodput import GoodputTable
 from tests.service_helpers import live_server, profile, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +67,26 @@ def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):
     assert "cannot be read" in capsys.readouterr().err
     assert main(["serve", "--export-dir", str(tmp_path), "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
     assert "needs a cluster" in capsys.readouterr().err
+
+
+def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):
+    url, client = server
+    env = {**os.environ, "GOODPUT_SERVER": url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(ROOT / "deploy" / "slurm-goodput-table.sh"), "zoo-mlp", "cpu:2x4"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    frame = client.table("zoo-mlp", "cpu:2x4").frame
+    best = frame.loc[(frame["goodput"] / frame["num_gpus"]).idxmax()]
+    fields = result.stdout.strip().split(",")
+    assert fields[:4] == ["zoo-mlp", "cpu", str(best["num_nodes"]), str(best["num_gpus"])]
+
+
+def test_the_example_training_script_reports_to_the_server(server, tmp_path):
+    url, client = server
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_reporter.py"), "--server", url,
+                             "--job", "example-mlp", "--steps", "40", "--buffer-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    sent = int(result.stdout.split(": ")[1].split()[0])
+    assert sent >= 1 and client.job("example-mlp")["observations"] == sent
+    assert client.job("example-mlp")["settings"]["init_batch_size"] == 64

@@ -8,6 +8,7 @@ Field names are those of k8s.io/kube-scheduler/extender/v1 (types.go): no JSON t
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,3 +133,17 @@ def test_filter_drops_types_where_no_batch_fits():
     assert "no batch size" in result["FailedAndUnresolvableNodes"]["t4-0"]
     hundred = Extender(lambda job, gpu, nodes, replicas: {"a100": 900.0, "t4": 300.0}.get(gpu), lambda job: None, max_score=100)
     assert {i["Host"]: i["Score"] for i in hundred.prioritize(_args("cifar10"))}["t4-0"] == 33
+
+
+def test_the_shipped_kube_scheduler_configuration_points_at_the_extender():
+    import yaml
+
+    from service import create_app
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "kube-scheduler-config.yaml").read_text())
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = config["extenders"]
+    assert extender["nodeCacheCapable"] is False and extender["ignorable"] is True
+    prefix = extender["urlPrefix"].split(":8470", 1)[1]
+    routes = {route.path for route in create_app("sqlite:///unused.db").routes}
+    assert f"{prefix}/{extender['filterVerb']}" in routes and f"{prefix}/{extender['prioritizeVerb']}" in routes
