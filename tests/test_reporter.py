@@ -108,3 +108,27 @@ def test_ddp_replicas_report_once_with_gradient_noise(tmp_path):
     with_noise = [o for o in stored if "grad_sqr" in o]
     assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise)
     assert not (tmp_path / "mlp-ddp.rank1.jsonl").exists()  # rank 1 does not report
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_steps_are_timed_with_events_and_named_by_the_device(tmp_path):
+    from profilers.devices import normalize_device_name
+
+    device = torch.device("cuda:0")
+    torch.cuda.init()
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        reporter = GoodputReporter("cuda-mlp", url, init_batch_size=256, buffer_dir=tmp_path, flush_interval=0.1,
+                                   device=device)
+        assert reporter.cuda and reporter.gpu_type == normalize_device_name(torch.cuda.get_device_name(0))
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1)).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(256, 1024, device=device), torch.randn(256, 1, device=device)
+        for _ in range(30):
+            with reporter.step(local_bsz=256):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        assert reporter.close() == 0
+        stored = _stored(client, "cuda-mlp")
+    assert stored and all(o["gpu_type"] == reporter.gpu_type and 0 < o["step_time"] < 1 for o in stored)

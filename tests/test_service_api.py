@@ -206,6 +206,10 @@ def test_job_records_stored_pages_health_metrics_and_docs(server):
     rest = client.stored("zoo-mlp", after=first["next_after"], limit=1000)
     assert len(first["records"]) == 5 and rest["next_after"] is None
     assert [r["observation"] for r in first["records"] + rest["records"]] == [o.to_dict() for o in profile("mlp").observations]
+    for params in ({"after": -1}, {"limit": 0}, {"limit": "all"}):
+        response = httpx.get(f"{url}/v1/jobs/zoo-mlp/observations", params=params)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", next(iter(params))]
+    assert httpx.get(f"{url}/v1/jobs/nobody/observations").status_code == 404
     health = client.health()
     assert health["status"] == "ok" and health["store"] == "sqlite" and health["jobs"] >= 2
     text = client.metrics()
