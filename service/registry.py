@@ -87,18 +87,21 @@ class Published:
         job, version: the job and the snapshot's version (1, 2, … since the server started).
         observations: observations in the model.
         gpu_types: GPU types the model has seen.
-        refits: the model's refits so far; refit_at: Unix time of this snapshot.
+        refits: the model's refits so far; refit_at: Unix time of the last of them (``None``: none yet);
+        published_at: Unix time of this snapshot.
         diagnostics: ``JobModel.diagnostics`` (JSON-safe).
     """
 
-    def __init__(self, job: str, version: int, model: JobModel, diagnostics: dict[str, Any], refits: int) -> None:
+    def __init__(self, job: str, version: int, model: JobModel, diagnostics: dict[str, Any], refits: int,
+                 refit_at: float | None = None) -> None:
         self.job = job
         self.version = version
         self._model = model
         self.observations = len(model.observations)
         self.gpu_types = list(model.gpu_types)
         self.refits = refits
-        self.refit_at = time.time()
+        self.refit_at = refit_at
+        self.published_at = time.time()
         self.diagnostics = diagnostics
         self._cache: dict[Any, Any] = {}
         self._lock = threading.RLock()  # an answer may be built from another (a table's JSON from the table)
@@ -174,6 +177,7 @@ class _Working:
     unreadable: int = 0
     first_unreadable: str | None = None
     refits_seen: int = 0
+    refit_at: float | None = None
     pending: list[Observation] = field(default_factory=list)
 
 
@@ -349,6 +353,7 @@ class Registry:
                       "observations": published.observations if published else 0,
                       "refits": published.refits if published else 0,
                       "last_refit": published.refit_at if published else None,
+                      "published_at": published.published_at if published else None,
                       "error": error, "unreadable": unreadable},
             "diagnostics": published.diagnostics if published else None,
         }
@@ -436,13 +441,15 @@ class Registry:
                 working.watermark = max(row for row, _ in fresh)
             model = working.model
             diagnostics = json_safe(model.diagnostics) if model.observations else {"observations": 0}
+            if model.refits > working.refits_seen:  # the model's own policy refitted it (now, or at the build)
+                working.refit_at = time.time()
             # the copy shares the frozen observations; everything else (fits, GP state) is its own
             snapshot = copy.deepcopy(model, {id(o): o for o in model.observations})
             with self._lock:
                 state = self._jobs[job]
                 state.version += 1
                 version = state.version
-            published = Published(job, version, snapshot, diagnostics, model.refits)
+            published = Published(job, version, snapshot, diagnostics, model.refits, working.refit_at)
             self._precompute(published)
         except Exception as exc:  # the last good model keeps answering; the next update rebuilds from the store
             self._working.pop(job, None)
@@ -485,7 +492,7 @@ class Registry:
             watermark = row.row_id
         if observations:
             model.observe(observations)
-        return _Working(model, watermark, unreadable, first, model.refits)
+        return _Working(model, watermark, unreadable, first)
 
     def _precompute(self, published: Published) -> None:
         """The server cluster's table and its rows' goodput answers, computed now (off the request path)."""

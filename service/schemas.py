@@ -134,7 +134,9 @@ class ModelStatus(BaseModel):
     version: int = Field(..., description="the published model's version (0: none yet); answers are cached per version")
     observations: int = Field(..., description="observations in the published model")
     refits: int = Field(..., description="refits of the published model since it was built")
-    last_refit: float | None = Field(None, description="Unix time the published model was last refitted or updated")
+    last_refit: float | None = Field(None, description="Unix time of the published model's last refit (its "
+                                     "Pollux fits and GP hyperparameters; between refits it conditions online)")
+    published_at: float | None = Field(None, description="Unix time the published model was last updated")
     error: str | None = None
     unreadable: int = Field(0, description="stored records the current Observation could not read (left out)")
 

@@ -200,7 +200,8 @@ def test_job_records_stored_pages_health_metrics_and_docs(server):
     job = client.job("zoo-mlp")
     assert job["observations"] == len(profile("mlp").observations) and job["gpu_types"] == ["cpu"]
     assert job["model"]["state"] == "ready" and job["model"]["observations"] == job["observations"]
-    assert job["model"]["last_refit"] > 0 and job["diagnostics"]["observations"] == job["observations"]
+    assert job["model"]["published_at"] > 0 and job["diagnostics"]["observations"] == job["observations"]
+    assert job["model"]["last_refit"] is None and job["diagnostics"]["bayesian"] is False  # the plain fit: no GP refits
     assert set(client.jobs()) >= {"zoo-mlp", "zoo-resnet"}
     first = client.stored("zoo-mlp", limit=5)
     rest = client.stored("zoo-mlp", after=first["next_after"], limit=1000)
@@ -232,6 +233,9 @@ def test_a_server_without_tokens_takes_writes_and_answers_503_while_it_rebuilds(
         assert client.post_observations(prof.job, prof.observations)["accepted"] == len(prof.observations)
         first = wait_for(lambda: client.goodput(prof.job, "cpu", 1, 2), timeout=120)
         assert first["std"] > 0  # the Bayesian model's spread
+        record = client.job(prof.job)
+        assert record["model"]["refits"] >= 1 and record["model"]["last_refit"] <= record["model"]["published_at"]
+        assert record["diagnostics"]["gp_points"] == len(prof.observations)
 
     release = threading.Event()
     original = Registry._build
