@@ -178,7 +178,7 @@ def _serve_and_query(out, profiles, allocation, tables, folder: Path) -> None:
 
     out.rule("[bold]goodput demo[/] — the same models behind goodput serve")
     started = time.perf_counter()
-    app = create_app(f"sqlite:///{folder / 'goodput.db'}", coalesce_s=0)
+    app = create_app(f"sqlite:///{folder / 'goodput.db'}", coalesce_s=0, min_interval_s=0)
     rows = []
     with BackgroundServer(app) as server, Client(server.url) as client:
         for profile in profiles:

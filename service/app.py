@@ -159,6 +159,7 @@ def create_app(
     model_options: Mapping[str, Any] | None = None,
     k8s_max_score: int = 10,
     coalesce_s: float = 0.05,
+    min_interval_s: float = 1.0,
 ) -> FastAPI:
     """The service as an ASGI application; the model worker starts and stops with the app's lifespan.
 
@@ -172,6 +173,7 @@ def create_app(
         model_options: passed to every :class:`~goodput.JobModel` (``{"bayesian": False}`` for the plain fit).
         k8s_max_score: the extender's top score: 10 (kube-scheduler) or 100.
         coalesce_s: how long the model worker waits for more observations after an idle spell.
+        min_interval_s: a job's model is updated at most once per this many seconds during a stream.
     """
     if isinstance(cluster, str):
         cluster = Cluster.parse(cluster)
@@ -182,7 +184,7 @@ def create_app(
     store = store if isinstance(store, Store) else Store(store)
     metrics = Metrics()
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
-                        model_options=model_options, coalesce_s=coalesce_s)
+                        model_options=model_options, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
 
     def goodput_of(job: str, gpu: str, nodes: int, replicas: int) -> float | None:
         try:

@@ -193,11 +193,13 @@ class Registry:
         metrics: the service's :class:`~service.metrics.Metrics`.
         model_options: passed to every :class:`JobModel` (e.g. ``{"bayesian": False}``).
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
+        min_interval_s: a job's model is updated at most once per this many seconds while observations
+            stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
     """
 
     def __init__(self, store: Store, *, cluster: Cluster | None = None, export_dir: str | Path | None = None,
                  metrics: Metrics | None = None, model_options: Mapping[str, Any] | None = None,
-                 coalesce_s: float = 0.05) -> None:
+                 coalesce_s: float = 0.05, min_interval_s: float = 1.0) -> None:
         if export_dir is not None and cluster is None:
             raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
         self.store = store
@@ -207,12 +209,15 @@ class Registry:
         self.model_options = dict(model_options or {})
         build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
         self.coalesce_s = coalesce_s
+        self.min_interval_s = min_interval_s
+        self._updated: dict[str, float] = {}  # time.monotonic() of each job's last update (the worker's)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._jobs: dict[str, _JobState] = {}
         self._pending: dict[str, list[tuple[int, Observation]]] = {}
         self._rebuild: dict[str, None] = {}  # ordered sets of job names
         self._dirty: dict[str, None] = {}
+        self._warm: dict[str, None] = {}  # jobs whose new snapshot's server-cluster answers are not computed yet
         self._working: dict[str, _Working] = {}  # the worker thread's alone
         self._busy: str | None = None
         self._stop = False
@@ -245,7 +250,7 @@ class Registry:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._rebuild and not self._dirty and self._busy is None:
+                if not self._rebuild and not self._dirty and not self._warm and self._busy is None:
                     return True
             time.sleep(0.01)
         return False
@@ -395,36 +400,73 @@ class Registry:
         self.metrics.jobs.set(len(self._jobs))
         self.metrics.rebuilding.set(sum(s.published is None for s in self._jobs.values()))
 
-    def _run(self) -> None:
+    def _next_dirty(self) -> tuple[str | None, float]:
+        """The first dirty job not updated within ``min_interval_s``, else (None, seconds until one is due)."""
+        now = time.monotonic()
+        wait = float("inf")
+        for job in self._dirty:
+            due = self._updated.get(job, -float("inf")) + self.min_interval_s
+            if due <= now:
+                return job, 0.0
+            wait = min(wait, due - now)
+        return None, wait
+
+    def _next_task(self) -> tuple[str, str] | None:
+        """Block until there is work: ``("rebuild" | "update" | "warm", job)``; ``None`` once stopped.
+
+        Rebuilds first, then jobs with new observations (each at most once per ``min_interval_s``),
+        then, when nothing else waits, the new snapshots' server-cluster answers.
+        """
+        waited = coalesced = False
         while True:
             with self._lock:
-                waited = False
-                while not self._stop and not self._rebuild and not self._dirty:
-                    self._wake.wait()
-                    waited = True
                 if self._stop:
-                    return
-            if waited and self.coalesce_s > 0:
-                time.sleep(self.coalesce_s)  # let the batches of a burst arrive: one update for all of them
-            with self._lock:
+                    return None
                 if self._rebuild:
                     job = next(iter(self._rebuild))
                     del self._rebuild[job]
                     self._dirty.pop(job, None)
-                    full = True
-                elif self._dirty:
-                    job = next(iter(self._dirty))
+                    self._busy = job
+                    return "rebuild", job
+                job, wait = self._next_dirty()
+                if job is not None and (coalesced or not waited or self.coalesce_s <= 0):
                     del self._dirty[job]
-                    full = False
-                else:
+                    self._busy = job
+                    self._updated[job] = time.monotonic()
+                    return "update", job
+                if job is None and self._warm:
+                    job = next(iter(self._warm))
+                    del self._warm[job]
+                    self._busy = job
+                    return "warm", job
+                if job is None:
+                    self._wake.wait(None if wait == float("inf") else wait)
+                    waited = True
                     continue
-                self._busy = job
+            time.sleep(self.coalesce_s)  # after an idle spell, let the rest of a burst arrive: one update for it
+            coalesced = True
+
+    def _run(self) -> None:
+        while (task := self._next_task()) is not None:
+            kind, job = task
             try:
-                self._update(job, full)
+                if kind == "warm":
+                    self._warm_up(job)
+                else:
+                    self._update(job, full=kind == "rebuild")
             finally:
                 with self._lock:
                     self._busy = None
                     self._gauges()
+
+    def _warm_up(self, job: str) -> None:
+        with self._lock:
+            published = self._jobs[job].published
+        try:
+            if published is not None:
+                self._precompute(published)
+        except Exception:  # noqa: BLE001 - the cache stays cold; queries compute their answers themselves
+            log.exception("goodput serve: computing the answers of job %r ahead failed", job)
 
     def _update(self, job: str, full: bool) -> None:
         started = time.perf_counter()
@@ -450,7 +492,6 @@ class Registry:
                 state.version += 1
                 version = state.version
             published = Published(job, version, snapshot, diagnostics, model.refits, working.refit_at)
-            self._precompute(published)
         except Exception as exc:  # the last good model keeps answering; the next update rebuilds from the store
             self._working.pop(job, None)
             self.metrics.failures.inc()
@@ -469,6 +510,8 @@ class Registry:
             state = self._jobs[job]
             state.published = published
             state.state, state.error = "ready", None
+            if self.cluster is not None:
+                self._warm[job] = None
             state.pending_types.difference_update(published.gpu_types)
             state.unreadable = working.unreadable
             if working.first_unreadable:

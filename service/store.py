@@ -26,7 +26,9 @@ durably with its defaults (``synchronous_commit=on``).
 
 Writes are serialised within the process (SQLite allows one writer; it also
 keeps the ``id`` order equal to the commit order, which the registry's
-watermark relies on). One server process per store: two servers on one
+watermark relies on), and grouped: POSTs that arrive while a commit is under
+way are written together in the next transaction, so concurrent senders share
+one ``fsync`` (each still answered only after its records are committed). One server process per store: two servers on one
 PostgreSQL database would each hold models of only what they received.
 
 No pickle: records are JSON text.
@@ -46,7 +48,8 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -56,6 +59,8 @@ from goodput.errors import ValidationError
 
 __all__ = ["Store", "JobRecord", "StoredObservation", "AddResult", "UnknownJobError", "record_id", "canonical_json",
            "SQLITE_SYNCHRONOUS"]
+
+log = logging.getLogger("goodput.service")
 
 SQLITE_SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")
 MAX_NAME = 128  # job names and record ids, characters
@@ -133,6 +138,19 @@ class AddResult:
         return len(self.inserted)
 
 
+@dataclass(eq=False)
+class _Request:
+    """One caller's records waiting for a (group) commit, and what became of them."""
+
+    job: str
+    records: dict[str, str]
+    after_commit: Callable[[list[tuple[int, str]]], None] | None
+    inserted: list[tuple[int, str]] = field(default_factory=list)
+    result: AddResult | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
 class Store:
     """Jobs and observations in a SQLAlchemy database (see the module docstring).
 
@@ -176,6 +194,8 @@ class Store:
                 cursor.close()
         self.sqlite_synchronous = synchronous if self.dialect == "sqlite" else None
         self._write_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Request] = []
         metadata.create_all(self.engine)
 
     def __repr__(self) -> str:
@@ -224,27 +244,69 @@ class Store:
         ``after_commit(inserted)`` runs after the commit, still inside the store's write
         lock: anything it queues is ordered as the rows are.
 
+        Group commit: requests that arrive while a commit is under way wait for it, and
+        the first of them then writes all of them in one transaction (one ``fsync``); each
+        still returns only once its records are committed.
+
         Raises:
             UnknownJobError: ``job`` is not registered.
         """
         unique: dict[str, str] = {}
         for rid, record in records:
             unique.setdefault(rid, canonical_json(record))
-        now = time.time()
+        request = _Request(job, unique, after_commit)
+        with self._queue_lock:
+            self._queue.append(request)
         with self._write_lock:
-            with self.engine.begin() as conn:
-                if conn.execute(sa.select(jobs_table.c.name).where(jobs_table.c.name == job)).first() is None:
-                    raise UnknownJobError(job)
-                inserted = self._insert_new(conn, job, unique, now) if unique else []
-                total = conn.execute(sa.select(sa.func.count()).select_from(observations_table)
-                                     .where(observations_table.c.job == job)).scalar_one()
-            inserted.sort()
-            if after_commit is not None and inserted:
-                after_commit(inserted)
-        return AddResult(inserted, int(total))
+            if not request.done:  # nobody wrote it yet: write everything queued, this request's included
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                self._commit_group(group)
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
 
-    def _insert_new(self, conn: sa.Connection, job: str, records: dict[str, str], now: float) -> list[tuple[int, str]]:
-        rows = [{"job": job, "record_id": rid, "data": data, "received": now} for rid, data in records.items()]
+    def _commit_group(self, group: list[_Request]) -> None:
+        """One transaction for the queued requests; each gets its result or its error. Holds the write lock."""
+        now = time.time()
+        try:
+            with self.engine.begin() as conn:
+                names = sorted({r.job for r in group})
+                known = set(conn.execute(sa.select(jobs_table.c.name).where(jobs_table.c.name.in_(names))).scalars())
+                rows, owner = [], {}
+                for request in group:
+                    if request.job not in known:
+                        request.error = UnknownJobError(request.job)
+                        continue
+                    for rid, data in request.records.items():
+                        if (request.job, rid) not in owner:  # the first request to send an id owns it
+                            owner[(request.job, rid)] = request
+                            rows.append({"job": request.job, "record_id": rid, "data": data, "received": now})
+                for row_id, job, rid in (self._insert_new(conn, rows) if rows else []):
+                    owner[(job, rid)].inserted.append((row_id, rid))
+                totals = dict(conn.execute(
+                    sa.select(observations_table.c.job, sa.func.count()).where(
+                        observations_table.c.job.in_(sorted(known & set(names)))).group_by(observations_table.c.job)).all())
+        except Exception as exc:  # the transaction rolled back: nothing of the group is stored
+            for request in group:
+                request.error = request.error or exc
+                request.done = True
+            return
+        for request in group:
+            request.done = True
+            if request.error is not None:
+                continue
+            request.inserted.sort()
+            request.result = AddResult(request.inserted, int(totals.get(request.job, 0)))
+            if request.after_commit is not None and request.inserted:
+                try:
+                    request.after_commit(request.inserted)
+                except Exception:  # noqa: BLE001 - stored is stored; the caller's hook must not undo the answer
+                    log.exception("goodput store: after_commit of job %r failed", request.job)
+
+    def _insert_new(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
+        """Insert the rows whose (job, record_id) is not stored yet: ``(row id, job, record_id)`` of each inserted."""
         if self.dialect in ("sqlite", "postgresql"):
             if self.dialect == "sqlite":
                 from sqlalchemy.dialects.sqlite import insert
@@ -252,23 +314,27 @@ class Store:
                 from sqlalchemy.dialects.postgresql import insert
             statement = (insert(observations_table)
                          .on_conflict_do_nothing(index_elements=["job", "record_id"])
-                         .returning(observations_table.c.id, observations_table.c.record_id))
-            return [(int(r.id), r.record_id) for r in conn.execute(statement, rows)]
+                         .returning(observations_table.c.id, observations_table.c.job, observations_table.c.record_id))
+            return [(int(r.id), r.job, r.record_id) for r in conn.execute(statement, rows)]
         # other databases: skip the ids stored already, insert the rest (writes are serialised in this process)
-        stored = set()
-        ids = list(records)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            stored.update(conn.execute(sa.select(observations_table.c.record_id).where(
-                observations_table.c.job == job, observations_table.c.record_id.in_(chunk))).scalars())
-        fresh = [row for row in rows if row["record_id"] not in stored]
-        if not fresh:
-            return []
-        conn.execute(observations_table.insert(), fresh)
-        new_ids = [row["record_id"] for row in fresh]
-        found = conn.execute(sa.select(observations_table.c.id, observations_table.c.record_id).where(
-            observations_table.c.job == job, observations_table.c.record_id.in_(new_ids))).all()
-        return [(int(r.id), r.record_id) for r in found]
+        out = []
+        for job in sorted({row["job"] for row in rows}):
+            mine = [row for row in rows if row["job"] == job]
+            ids = [row["record_id"] for row in mine]
+            stored = set()
+            for start in range(0, len(ids), 500):
+                stored.update(conn.execute(sa.select(observations_table.c.record_id).where(
+                    observations_table.c.job == job, observations_table.c.record_id.in_(ids[start:start + 500]))).scalars())
+            fresh = [row for row in mine if row["record_id"] not in stored]
+            if not fresh:
+                continue
+            conn.execute(observations_table.insert(), fresh)
+            new_ids = [row["record_id"] for row in fresh]
+            for start in range(0, len(new_ids), 500):
+                found = conn.execute(sa.select(observations_table.c.id, observations_table.c.record_id).where(
+                    observations_table.c.job == job, observations_table.c.record_id.in_(new_ids[start:start + 500])))
+                out += [(int(r.id), job, r.record_id) for r in found]
+        return out
 
     def count(self, job: str) -> int:
         """Observations stored for ``job``."""

@@ -62,6 +62,7 @@ def live_server(store, **options) -> Iterator[tuple[str, Client]]:
     from service.server import BackgroundServer
 
     options.setdefault("coalesce_s", 0.0)
+    options.setdefault("min_interval_s", 0.0)
     app = create_app(store, **options)
     with BackgroundServer(app) as server, Client(server.url, token=options.get("tokens", (None,))[0]) as client:
         yield server.url, client

@@ -157,7 +157,11 @@ def test_goodput_and_table_answer_as_the_model_in_process(server):
     assert table.frame["goodput"].tolist() == pytest.approx(frame["goodput"].tolist(), rel=1e-9)
     assert client.table("zoo-resnet").configurations() == Cluster.parse(CLUSTER).configurations()
     assert client.table_dict("zoo-resnet", "t4:1x1,cpu:1x1")["missing_gpu_types"] == ["t4"]
-    exported = (folder / "export" / "zoo-resnet.csv").read_text()
+    export = folder / "export" / "zoo-resnet.csv"  # written when the worker has nothing else to do
+    deadline = time.monotonic() + 30
+    while not export.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    exported = export.read_text()
     assert exported.startswith("job,gpu_type,num_nodes,num_gpus,goodput") and exported.count("\n") == 5
 
     for params, field, value in ((dict(gpu_type="cpu", num_nodes=2, num_gpus=1), "num_gpus", 1),

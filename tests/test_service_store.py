@@ -85,7 +85,7 @@ def test_a_restarted_registry_rebuilds_the_same_model(store_url):
     """Observations are the source of truth: the rebuilt model answers as one built in process from them."""
     prof = profile("resnet")
     settings = {"init_batch_size": prof.init_batch_size, "max_batch_size": prof.max_batch_size}
-    registry = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0).start()
+    registry = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0, min_interval_s=0).start()
     registry.register(prof.job, settings)
     half = len(prof.observations) // 2
     for chunk in (prof.observations[:half], prof.observations[half:]):
@@ -94,7 +94,7 @@ def test_a_restarted_registry_rebuilds_the_same_model(store_url):
     before = registry.published(prof.job).goodput("cpu", 1, 2)
     registry.close()
 
-    restarted = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0).start()
+    restarted = Registry(Store(store_url), model_options={"bayesian": False}, coalesce_s=0, min_interval_s=0).start()
     assert restarted.wait_idle(60)
     after = restarted.published(prof.job)
     expected = JobModel(prof.job, prof.init_batch_size, prof.max_batch_size, bayesian=False).observe(prof.observations)
