@@ -224,7 +224,8 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def wait_ready(url: str, jobs: list[str], timeout: float) -> float:
-    """Seconds until every job's model answers (the server builds them in the background)."""
+    """Seconds until every job's model holds every stored observation and the server's worker is idle
+    (the models are built in the background, then the server cluster's answers are computed ahead)."""
     started = time.perf_counter()
     with httpx.Client(base_url=url, timeout=30) as http:
         for job in jobs:
@@ -235,6 +236,10 @@ def wait_ready(url: str, jobs: list[str], timeout: float) -> float:
                 if time.perf_counter() - started > timeout:
                     raise TimeoutError(f"models not built in {timeout} s ({job} and after)")
                 time.sleep(0.1)
+        while not http.get("/healthz").json()["worker"]["idle"]:
+            if time.perf_counter() - started > timeout:
+                raise TimeoutError(f"the server's worker still busy after {timeout} s")
+            time.sleep(0.1)
     return time.perf_counter() - started
 
 
@@ -351,7 +356,7 @@ def load_figures(url: str, names: list[str], per_job: int, model: str, count: in
                  "observations": acknowledged, "seconds": elapsed, "per_s": acknowledged / elapsed,
                  "failed": failed, "target_per_s": 5000})
     build_s = wait_ready(url, names, timeout=900)
-    rows.append({"what": f"models built after ingest ({model})", "seconds": build_s})
+    rows.append({"what": f"models built and answers computed after ingest ({model})", "seconds": build_s})
     configs = Cluster.parse(CLUSTER).configurations()
     goodput_paths = [f"/v1/jobs/{job}/goodput?gpu_type={g}&num_nodes={n}&num_gpus={k}"
                      for job in names for g, n, k in configs]

@@ -363,7 +363,7 @@ def create_app(
         registry.store.ping()
         ready, total = registry.readiness()
         return {"status": "ok", "store": registry.store.dialect, "jobs": total, "ready": ready,
-                "rebuilding": total - ready}
+                "rebuilding": total - ready, "worker": registry.backlog()}
 
     @app.get("/metrics", tags=["operations"])
     def get_metrics() -> Response:

@@ -336,6 +336,12 @@ class Registry:
             return NotReadyError(job, done, len(self._jobs), state.error,
                                  what=f"the first observations of job {job!r} on {gpu_type} are being fitted")
 
+    def backlog(self) -> dict[str, Any]:
+        """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead."""
+        with self._lock:
+            return {"rebuild": len(self._rebuild), "update": len(self._dirty), "warm": len(self._warm),
+                    "busy": self._busy, "idle": not (self._rebuild or self._dirty or self._warm or self._busy)}
+
     def readiness(self) -> tuple[int, int]:
         """(jobs with a published model, registered jobs)."""
         with self._lock:
