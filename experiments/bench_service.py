@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("bench_service", __doc__)
     p.add_argument("--jobs", type=int, help="jobs (default 50; --quick 5)")
     p.add_argument("--observations", type=int, help="observations per job (default 200; --quick 40)")
+    p.add_argument("--model", choices=["bayesian", "plain"], help="the server's models (default bayesian; --quick plain)")
     p.add_argument("--parts", default="load,reporter,kill",
                    help="what to run, comma-separated: load (ingest and queries), reporter, kill (default all)")
     args = p.parse_args(argv)
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--parts: expected some of load, reporter, kill; got {args.parts!r}")
     jobs = args.jobs or (5 if args.quick else 50)
     per_job = args.observations or (40 if args.quick else 200)
-    model = ("--model", "plain") if args.quick else ("--model", "bayesian")
+    model = ("--model", args.model or ("plain" if args.quick else "bayesian"))
     count, seconds = (300, 3.0) if args.quick else (4000, 20.0)
     rows: list[dict[str, Any]] = []
     load = os.getloadavg()

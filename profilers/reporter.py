@@ -296,6 +296,9 @@ class GoodputReporter:
         with self._io_lock:
             try:
                 self._fold_gradients()
+            except Exception as exc:  # noqa: BLE001 - e.g. M0 not known yet and the service down: steps still go on
+                self._fault("gradients", exc)
+            try:
                 records = self._aggregate(final)
                 if records:
                     self._append_buffer(records)

@@ -220,6 +220,7 @@ class Registry:
         self._warm: dict[str, None] = {}  # jobs whose new snapshot's server-cluster answers are not computed yet
         self._working: dict[str, _Working] = {}  # the worker thread's alone
         self._busy: str | None = None
+        self._rebuilding: str | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -354,7 +355,8 @@ class Registry:
             if state is None:
                 raise UnknownJobError(job)
             published, record = state.published, state.record
-            model_state = "ready" if published is not None and job not in self._rebuild else state.state
+            rebuilding = job in self._rebuild or self._rebuilding == job
+            model_state = "rebuilding" if rebuilding and state.state != "failed" else state.state
             error, unreadable = state.error, state.unreadable
         return {
             "job": job, "settings": record.settings, "created": record.created, "updated": record.updated,
@@ -432,7 +434,7 @@ class Registry:
                     job = next(iter(self._rebuild))
                     del self._rebuild[job]
                     self._dirty.pop(job, None)
-                    self._busy = job
+                    self._busy = self._rebuilding = job
                     return "rebuild", job
                 job, wait = self._next_dirty()
                 if job is not None and (coalesced or not waited or self.coalesce_s <= 0):
@@ -462,7 +464,7 @@ class Registry:
                     self._update(job, full=kind == "rebuild")
             finally:
                 with self._lock:
-                    self._busy = None
+                    self._busy = self._rebuilding = None
                     self._gauges()
 
     def _warm_up(self, job: str) -> None:
