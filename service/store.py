@@ -96,7 +96,7 @@ class UnknownJobError(ValidationError):
 
 
 def canonical_json(record: Mapping[str, Any]) -> str:
-    """The record as compact JSON with sorted keys (what is stored and what :func:`record_id` hashes)."""
+    """The record as compact JSON with sorted keys (what :func:`record_id` hashes)."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
@@ -253,7 +253,8 @@ class Store:
         """
         unique: dict[str, str] = {}
         for rid, record in records:
-            unique.setdefault(rid, canonical_json(record))
+            if rid not in unique:
+                unique[rid] = json.dumps(record, separators=(",", ":"), allow_nan=False)
         request = _Request(job, unique, after_commit)
         with self._queue_lock:
             self._queue.append(request)
