@@ -81,12 +81,19 @@ def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):
     assert fields[:4] == ["zoo-mlp", "cpu", str(best["num_nodes"]), str(best["num_gpus"])]
 
 
-def test_the_example_training_script_reports_to_the_server(server, tmp_path):
+def test_the_example_trains_two_ddp_replicas_that_report_once_with_gradient_noise(server, tmp_path):
+    """examples/train_with_reporter.py under torchrun: real gloo replicas, the DDP hook, rank 0 reports."""
     url, client = server
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "train_with_reporter.py"), "--server", url,
-                             "--job", "example-mlp", "--steps", "40", "--buffer-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    sent = int(result.stdout.split(": ")[1].split()[0])
-    assert sent >= 1 and client.job("example-mlp")["observations"] == sent
-    assert client.job("example-mlp")["settings"]["init_batch_size"] == 64
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(ROOT / "examples" / "train_with_reporter.py"), "--server", url, "--job", "example-mlp",
+               "--steps", "40", "--buffer-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    sent = int(result.stdout.split(": ")[1].split()[0])  # only rank 0 prints, and reports
+    stored = [r["observation"] for r in client.stored("example-mlp")["records"]]
+    assert sent >= 1 and len(stored) == sent and client.job("example-mlp")["settings"]["init_batch_size"] == 64
+    assert all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 64 for o in stored)
+    with_noise = [o for o in stored if "grad_sqr" in o]
+    assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise)
+    assert not (tmp_path / "example-mlp.rank1.jsonl").exists()

@@ -95,21 +95,6 @@ def test_the_training_loop_never_sees_the_reporters_faults(tmp_path, caplog):
     assert reporter.faults["aggregate"] >= 1
 
 
-def test_ddp_replicas_report_once_with_gradient_noise(tmp_path):
-    import torch.multiprocessing as mp
-
-    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
-        from tests.reporter_ddp_worker import train_ddp
-
-        mp.start_processes(train_ddp, args=(2, free_port(), url, str(tmp_path)), nprocs=2, join=True,
-                           start_method="spawn")
-        stored = _stored(client, "mlp-ddp")
-    assert stored and all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 16 for o in stored)
-    with_noise = [o for o in stored if "grad_sqr" in o]
-    assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise)
-    assert not (tmp_path / "mlp-ddp.rank1.jsonl").exists()  # rank 1 does not report
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_steps_are_timed_with_events_and_named_by_the_device(tmp_path):
