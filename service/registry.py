@@ -195,11 +195,14 @@ class Registry:
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
+        yield_s, max_defer_s: the worker starts no task while POSTs of observations arrive less than
+            ``yield_s`` apart, for at most ``max_defer_s`` at a time (0: never wait).
     """
 
     def __init__(self, store: Store, *, cluster: Cluster | None = None, export_dir: str | Path | None = None,
                  metrics: Metrics | None = None, model_options: Mapping[str, Any] | None = None,
-                 coalesce_s: float = 0.05, min_interval_s: float = 1.0) -> None:
+                 coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
+                 max_defer_s: float = 2.0) -> None:
         if export_dir is not None and cluster is None:
             raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
         self.store = store
@@ -210,6 +213,9 @@ class Registry:
         build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
         self.coalesce_s = coalesce_s
         self.min_interval_s = min_interval_s
+        self.yield_s = yield_s
+        self.max_defer_s = max_defer_s
+        self._last_write = -float("inf")  # time.monotonic() of the last POST of observations
         self._updated: dict[str, float] = {}  # time.monotonic() of each job's last update (the worker's)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -275,6 +281,7 @@ class Registry:
     def add(self, job: str, observations: Sequence[Observation], ids: Sequence[str]) -> AddResult:
         """Store the observations durably (skipping ids stored already), then queue them for the model."""
         by_id = dict(zip(ids, observations))
+        self._last_write = time.monotonic()
 
         def queue(inserted: list[tuple[int, str]]) -> None:
             with self._lock:
@@ -287,6 +294,7 @@ class Registry:
 
         result = self.store.add_observations(job, [(rid, o.to_dict()) for rid, o in zip(ids, observations)],
                                              after_commit=queue)
+        self._last_write = time.monotonic()
         self.metrics.stored.inc(result.accepted)
         self.metrics.duplicates.inc(len(by_id) - result.accepted + (len(ids) - len(by_id)))
         return result
@@ -423,10 +431,21 @@ class Registry:
         """Block until there is work: ``("rebuild" | "update" | "warm", job)``; ``None`` once stopped.
 
         Rebuilds first, then jobs with new observations (each at most once per ``min_interval_s``),
-        then, when nothing else waits, the new snapshots' server-cluster answers.
+        then, when nothing else waits, the new snapshots' server-cluster answers. While POSTs
+        stream in (one within the last ``yield_s``), a task waits, at most ``max_defer_s``:
+        acknowledging observations comes before absorbing them (the CPU and the interpreter
+        lock are shared; a refit can take seconds).
         """
         waited = coalesced = False
+        deferred_since = None
         while True:
+            now = time.monotonic()
+            if self.yield_s > 0 and now - self._last_write < self.yield_s:
+                # writes are streaming in: let them have the CPU, up to max_defer_s at a time
+                deferred_since = deferred_since or now
+                if now - deferred_since < self.max_defer_s:
+                    time.sleep(self.yield_s)
+                    continue
             with self._lock:
                 if self._stop:
                     return None
