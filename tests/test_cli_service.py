@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,11 +90,15 @@ def test_the_example_trains_two_ddp_replicas_that_report_once_with_gradient_nois
                "--steps", "40", "--buffer-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    sent = int(result.stdout.split(": ")[1].split()[0])  # only rank 0 prints, and reports
+    output = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, output
+    printed = re.findall(r"example-mlp: (\d+) observations sent, (\d+) kept", result.stdout)
+    assert len(printed) == 1, output  # only rank 0 reports
+    sent, kept = map(int, printed[0])
     stored = [r["observation"] for r in client.stored("example-mlp")["records"]]
-    assert sent >= 1 and len(stored) == sent and client.job("example-mlp")["settings"]["init_batch_size"] == 64
+    assert sent >= 1 and kept == 0 and len(stored) == sent, output
+    assert client.job("example-mlp")["settings"]["init_batch_size"] == 64
     assert all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 64 for o in stored)
     with_noise = [o for o in stored if "grad_sqr" in o]
-    assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise)
+    assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise), (stored, output)
     assert not (tmp_path / "example-mlp.rank1.jsonl").exists()
