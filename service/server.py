@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 import threading
@@ -69,9 +70,14 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8470, *, log_level: str
 
     The interpreter's thread switch interval is lowered from 5 ms to 1 ms: while the model
     worker refits (Python between its numpy and torch calls), a request waits at most that
-    long for the interpreter lock.
+    long for the interpreter lock. The objects made by the imports (torch, gpytorch, pandas,
+    … about 300,000) are moved out of the garbage collector's reach (``gc.freeze``): they
+    live as long as the process, and a full collection, which pauses every thread, then
+    scans only the models (measured: 330 -> 110 ms with 6 Bayesian models).
     """
     sys.setswitchinterval(0.001)
+    gc.collect()
+    gc.freeze()
     sock = bind(host, port)
     server = _Server(_config(app, log_level), _url(sock), announce=True)
     try:
