@@ -510,7 +510,8 @@ class Registry:
                 working.watermark = max(row for row, _ in fresh)
             model = working.model
             diagnostics = json_safe(model.diagnostics) if model.observations else {"observations": 0}
-            if model.refits > working.refits_seen:  # the model's own policy refitted it (now, or at the build)
+            refits = int(getattr(model, "refits", 0))  # JobModel's refit counter (0 where a model has none)
+            if refits > working.refits_seen:  # the model's own policy refitted it (now, or at the build)
                 working.refit_at = time.time()
             # the copy shares the frozen observations; everything else (fits, GP state) is its own
             snapshot = copy.deepcopy(model, {id(o): o for o in model.observations})
@@ -518,7 +519,7 @@ class Registry:
                 state = self._jobs[job]
                 state.version += 1
                 version = state.version
-            published = Published(job, version, snapshot, diagnostics, model.refits, working.refit_at)
+            published = Published(job, version, snapshot, diagnostics, refits, working.refit_at)
         except Exception as exc:  # the last good model keeps answering; the next update rebuilds from the store
             self._working.pop(job, None)
             self.metrics.failures.inc()
@@ -530,8 +531,8 @@ class Registry:
                     state.error = f"{type(exc).__name__}: {exc}"
             return
         self.metrics.publishes.inc()
-        self.metrics.refits.inc(max(0, model.refits - working.refits_seen))
-        working.refits_seen = model.refits
+        self.metrics.refits.inc(max(0, refits - working.refits_seen))
+        working.refits_seen = refits
         self.metrics.update_seconds.observe(time.perf_counter() - started)
         with self._lock:
             state = self._jobs[job]
