@@ -318,7 +318,8 @@ class _Runner:
         self.on_observations = on_observations
         self.console = console
         self.writer = ProfileWriter(out) if out is not None else None
-        self.new: dict[str, list[Observation]] = {}
+        self.new: dict[str, list[Observation]] = {}  # per type, as they arrived
+        self.arrived: list[Observation] = []  # all types, in the order they arrived (and went to out)
         self.limits: dict[str, int] = {}
         self.reports: dict[str, dict[str, Any]] = {}
         self.failures: dict[str, str] = {}
@@ -420,6 +421,7 @@ class _Runner:
             self.writer.write(obs)
         seen = self.new.setdefault(gpu_type, [])
         seen.append(obs)
+        self.arrived.append(obs)
         what = (f"b={obs.local_bsz}: {obs.step_time * 1e3:.3g} ms" if obs.num_replicas == 1 else
                 f"{obs.num_replicas} replicas b={obs.local_bsz}: sync {(obs.sync_time or 0.0) * 1e3:.3g} ms")
         self._line(gpu_type, f"on {self.where.get(gpu_type, {}).get('host', '?')}: {len(seen)} observations, last {what}")
@@ -447,11 +449,9 @@ class _Runner:
 
     # ------------------------------------------------------------------ the result
     def profile(self) -> Profile:
-        """Everything of the job: ``out``'s earlier observations, then each type's new ones."""
+        """Everything of the job, in ``out``'s order: its earlier observations, then the new ones as they arrived."""
         previous = self.previous
-        observations = [o for o in previous.observations if o.job == self.job]
-        for gpu_type in sorted(self.new):
-            observations += self.new[gpu_type]
+        observations = [o for o in previous.observations if o.job == self.job] + self.arrived
         metadata = {**previous.metadata, "profiler": self.options.to_dict(), "num_parameters": self.num_parameters}
         metadata.update({f"profiler.{gpu_type}": report for gpu_type, report in self.reports.items()})
         return Profile(observations, job=self.job, init_batch_size=self.init_batch_size,

@@ -244,8 +244,9 @@ def cluster_types(nodes: Sequence[Mapping[str, Any]], gpu_types: Any = None,
         return sorted(chosen, key=lambda t: t.gpu_type)
     labelled: dict[str, ClusterType | str] = {}
     for label in sorted({r for n in alive for r in n.get("Resources", {}) if r.startswith(ACCELERATOR_LABEL)}):
-        name = ray_type_name(label)
-        found = _typed(name, label, alive, other_accelerators)
+        found = _typed(ray_type_name(label), label, alive, other_accelerators)
+        # a type that cannot be profiled keeps its label's own spelling (TPU-V4 is "tpu-v4", not a GPU name)
+        name = found.gpu_type if isinstance(found, ClusterType) else label.removeprefix(ACCELERATOR_LABEL).lower()
         previous = labelled.get(name)
         if isinstance(previous, ClusterType) and (isinstance(found, str) or len(previous.nodes) >= len(found.nodes)):
             continue  # two labels of one type (A100 and A100-80G): the one on more nodes selects it
