@@ -9,12 +9,12 @@ from lambdas travels too:
 
 1. connect (:func:`profilers.rayutil.connected`) and find the types the cluster
    offers (:func:`profilers.rayutil.discover_types`);
-2. per type, one Ray task on one node of it that asks for the GPUs of the most
+2. per type, one Ray actor on one node of it that asks for the GPUs of the most
    replicas (powers of two up to the node's GPUs; the sweep runs on the first)
-   or, on a CPU type, as many cores; the task runs ``profile_job`` on that
-   node's devices under the cluster's name for the type
-   (``accelerator_type:A100`` → ``"a100"``) and streams each observation back
-   the moment it is measured (a Ray streaming generator);
+   or, on a CPU type, as many cores; it runs ``profile_job`` on that node's
+   devices under the cluster's name for the type (``accelerator_type:A100`` →
+   ``"a100"``) and hands each observation back as it is measured (a long poll:
+   Ray's streaming generators do not work through Ray Client, actors do);
 3. here, each observation is appended to ``out`` (JSON Lines, fsync per record)
    as it arrives and handed to ``on_observations(gpu_type, observations)``; a
    type's facts (its report, its largest batch) follow when it finishes;
@@ -50,6 +50,7 @@ import queue
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,7 @@ _DECIDED_HERE = ("model", "optimizer_factory", "loss_fn", "make_batch", "job", "
 
 @dataclass(frozen=True)
 class TypeTask:
-    """What one type's Ray task is asked to do (picklable).
+    """What one type's actor is asked to do (picklable).
 
     Attributes:
         gpu_type: the cluster's name for the type; the observations carry it.
@@ -229,7 +230,7 @@ def _replicas(ctype: ClusterType, options: RunOptions) -> tuple[int, ...]:
     return tuple(r for r in options.replicas if r <= capacity)
 
 
-# ---------------------------------------------------------------------------- on a node (a Ray task)
+# ---------------------------------------------------------------------------- on a node (a Ray actor)
 
 
 def _node_device_type(task: TypeTask) -> Any:
@@ -247,9 +248,6 @@ def _node_device_type(task: TypeTask) -> Any:
     return dataclasses.replace(chosen, gpu_type=task.gpu_type)
 
 
-_END = object()
-
-
 def _warm_up(pieces: JobPieces, device: str, bsz: int) -> None:
     """One untimed training step on a copy of the model, so that a fresh worker process's first-call
     costs (BLAS and allocator set-up: 1.6 s for the first matmul on this project's 2-core host) are
@@ -263,53 +261,80 @@ def _warm_up(pieces: JobPieces, device: str, bsz: int) -> None:
         optimizer.step()
 
 
-def profile_on_node(pieces: JobPieces, task: TypeTask, prior: Profile, settings: dict[str, Any]) -> Any:
-    """A generator (the body of one type's Ray task): ``("started", where)``, then ``("observation", obs)``
-    for each observation as it is measured, then ``("finished", facts)``; raises what ``profile_job`` raised.
+class NodeProfiler:
+    """One type's profiling on one of its nodes: the body of a Ray actor (``ray.remote(NodeProfiler)``).
 
+    :meth:`start` begins ``profile_job`` on the node's devices of the type in a thread and says where
+    it runs; :meth:`poll` hands back the observations measured since the last call as they come
+    (a long poll), then the type's facts once it is done, or raises what ``profile_job`` raised. An
+    actor, not a streaming generator task, so that it works through Ray Client (``ray://``) too.
     ``prior`` (this type's records from the caller's ``out``) is written to a file here that
     ``profile_job`` resumes from, so what was measured before is not measured again.
     """
-    import ray
 
-    dtype = _node_device_type(task)
-    yield ("started", {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-                       "devices": list(dtype.devices), "names": list(dtype.names)})
-    found: queue.Queue[Any] = queue.Queue()
-    outcome: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="goodput-cluster-") as folder:
-        path = Path(folder) / "profile.jsonl"
-        if len(prior) or prior.meta_dict():
-            prior.save(path)
+    def __init__(self, pieces: JobPieces, task: TypeTask, prior: Profile, settings: dict[str, Any]) -> None:
+        self.pieces, self.task, self.prior, self.settings = pieces, task, prior, settings
+        self.found: queue.Queue[Observation] = queue.Queue()
+        self.outcome: dict[str, Any] = {}
+        self.done = threading.Event()
 
-        def work() -> None:
-            try:
-                _warm_up(pieces, dtype.device, min(settings["batch_sizes"]))
-                outcome["profile"] = profile_job(*pieces, devices=[dtype], replicas=list(task.replicas), out=path,
-                                                 progress=False, on_observation=found.put, **settings)
-            except BaseException as exc:  # noqa: BLE001 - raised again in the task below
-                outcome["error"] = exc
-            finally:
-                found.put(_END)
+    def start(self) -> dict[str, Any]:
+        """Start profiling; return where: the Ray node id, the host name, the devices and their names."""
+        import ray
 
-        # profile_job runs beside this generator, which yields each observation as it comes
-        thread = threading.Thread(target=work, name=f"profile {task.gpu_type}", daemon=True)
+        dtype = _node_device_type(self.task)
+        thread = threading.Thread(target=self._work, args=(dtype,), name=f"profile {self.task.gpu_type}", daemon=True)
         thread.start()
-        while (item := found.get()) is not _END:
-            yield ("observation", item)
-        thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    profile = outcome["profile"]
-    yield ("finished", {"max_local_bsz": profile.max_local_bsz.get(task.gpu_type),
-                        "report": profile.metadata.get(f"profiler.{task.gpu_type}", {})})
+        return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+                "devices": list(dtype.devices), "names": list(dtype.names)}
+
+    def _work(self, dtype: Any) -> None:
+        try:
+            with tempfile.TemporaryDirectory(prefix="goodput-cluster-") as folder:
+                path = Path(folder) / "profile.jsonl"
+                if len(self.prior) or self.prior.meta_dict():
+                    self.prior.save(path)
+                started = time.perf_counter()
+                _warm_up(self.pieces, dtype.device, min(self.settings["batch_sizes"]))
+                self.outcome["warm_up_s"] = round(time.perf_counter() - started, 3)
+                self.outcome["profile"] = profile_job(*self.pieces, devices=[dtype], replicas=list(self.task.replicas),
+                                                      out=path, progress=False, on_observation=self.found.put, **self.settings)
+        except BaseException as exc:  # noqa: BLE001 - raised to the caller by poll()
+            self.outcome["error"] = exc
+        finally:
+            self.done.set()
+
+    def poll(self, wait_s: float = 0.5) -> tuple[list[Observation], dict[str, Any] | None]:
+        """``(observations since the last poll, None)`` while profiling (waiting up to ``wait_s`` seconds
+        for the first), then ``(the last ones, facts)``; raises ``profile_job``'s error once it failed."""
+        observations: list[Observation] = []
+        deadline = time.monotonic() + wait_s
+        while not observations and not self.done.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                observations.append(self.found.get(timeout=min(0.05, max(0.0, deadline - time.monotonic()))))
+        finished = self.done.is_set()  # read before draining: nothing is put after it is set
+        while True:
+            try:
+                observations.append(self.found.get_nowait())
+            except queue.Empty:
+                break
+        if not finished:
+            return observations, None
+        if "error" in self.outcome:
+            if observations:  # hand over what was measured first; the error comes with the next poll
+                return observations, None
+            raise self.outcome["error"]
+        profile = self.outcome["profile"]
+        return observations, {"max_local_bsz": profile.max_local_bsz.get(self.task.gpu_type),
+                              "warm_up_s": self.outcome["warm_up_s"],
+                              "report": profile.metadata.get(f"profiler.{self.task.gpu_type}", {})}
 
 
 # ---------------------------------------------------------------------------- here
 
 
 class _Runner:
-    """Starts a task per type, writes what they stream to ``out``, shows progress, gathers the profile."""
+    """Starts an actor per type, writes what they send to ``out``, shows progress, gathers the profile."""
 
     def __init__(self, ray: Any, pieces: JobPieces, options: RunOptions, job_settings: dict[str, Any], previous: Profile,
                  out: Any, on_observations: Callable[[str, list[Observation]], None] | None, console: Any) -> None:
@@ -324,6 +349,7 @@ class _Runner:
         self.reports: dict[str, dict[str, Any]] = {}
         self.failures: dict[str, str] = {}
         self.where: dict[str, dict[str, Any]] = {}
+        self.submitted: dict[str, float] = {}  # perf_counter when each type's task was submitted
         self.num_parameters: int | None = None
         self._bars: Any = None
         self._lines: dict[str, Any] = {}
@@ -364,48 +390,55 @@ class _Runner:
         ray = self.ray
         if not todo:
             return
-        remote = ray.remote(max_retries=0)(profile_on_node)
-        pieces = ray.put(self.pieces)  # shipped once (cloudpickle), shared by every type's task
+        # An actor per type: its own worker process, gone when killed after the type (the GPU memory, CUDA
+        # context and threads of the profiling are freed); not restarted when it fails (a rerun resumes it).
+        remote = ray.remote(max_restarts=0)(NodeProfiler)
+        pieces = ray.put(self.pieces)  # shipped once (cloudpickle), shared by every type's actor
         settings = {"job": self.job, "init_batch_size": self.init_batch_size, "max_batch_size": self.max_batch_size,
                     "batch_sizes": self.options.grid, "time_budget_s": self.options.time_budget_s,
                     "memory_cap_bytes": self.options.memory_cap_bytes, "cpu_threads": self.options.cpu_threads,
                     **self.options.settings}
-        streams: dict[Any, str] = {}
+        actors: dict[str, Any] = {}
+        calls: dict[Any, tuple[str, str]] = {}  # an outstanding call -> (its type, "start" or "poll")
         for ctype, replicas in todo:
             task = TypeTask(ctype.gpu_type, ctype.is_cuda, replicas)
-            options = {**ctype.task_options(replicas), "name": f"profile {self.job} on {ctype.gpu_type}"}
-            streams[remote.options(**options).remote(pieces, task, self._prior(ctype.gpu_type), settings)] = ctype.gpu_type
+            actor = remote.options(**ctype.task_options(replicas)).remote(pieces, task, self._prior(ctype.gpu_type), settings)
+            actors[ctype.gpu_type] = actor
+            calls[actor.start.remote()] = (ctype.gpu_type, "start")
+            self.submitted[ctype.gpu_type] = time.perf_counter()
             self._line(ctype.gpu_type, "waiting for a node of this type")
-        pending = list(streams)
         try:
-            while pending:
-                ready, _ = ray.wait(pending, num_returns=1)
+            while calls:
+                ready, _ = ray.wait(list(calls), num_returns=1)
                 arrived: dict[str, list[Observation]] = {}
-                for stream in ready:
-                    gpu_type = streams[stream]
+                for ref in ready:
+                    gpu_type, kind = calls.pop(ref)
                     try:
-                        kind, value = ray.get(next(stream))
-                    except StopIteration:
-                        pending.remove(stream)
-                        continue
+                        value = ray.get(ref)
                     except ray.exceptions.RayError as exc:
-                        pending.remove(stream)
                         self._failed(gpu_type, task_error(exc))
+                        ray.kill(actors.pop(gpu_type))
                         continue
-                    if kind == "observation":
-                        self._observed(gpu_type, value)
-                        arrived.setdefault(gpu_type, []).append(value)
-                    elif kind == "started":
-                        self.where[gpu_type] = value
+                    if kind == "start":
+                        self.where[gpu_type] = {**value, "start_s": round(time.perf_counter() - self.submitted[gpu_type], 3)}
                         self._line(gpu_type, f"on {value['host']} ({', '.join(dict.fromkeys(value['names']))})")
-                    elif kind == "finished":
-                        self._finished(gpu_type, value)
+                    else:
+                        observations, facts = value
+                        for obs in observations:
+                            self._observed(gpu_type, obs)
+                        if observations:
+                            arrived[gpu_type] = observations
+                        if facts is not None:
+                            self._finished(gpu_type, facts)
+                            ray.kill(actors.pop(gpu_type))
+                            continue
+                    calls[actors[gpu_type].poll.remote()] = (gpu_type, "poll")
                 if self.on_observations is not None:
                     for gpu_type, observations in arrived.items():
                         self.on_observations(gpu_type, observations)
         finally:
-            for stream in pending:
-                ray.cancel(stream, force=True)
+            for actor in actors.values():
+                ray.kill(actor)
 
     def _prior(self, gpu_type: str) -> Profile:
         """What ``out`` holds of this type, for its task to resume from."""
@@ -428,7 +461,11 @@ class _Runner:
 
     def _finished(self, gpu_type: str, facts: dict[str, Any]) -> None:
         where = self.where.get(gpu_type, {})
-        report = {**facts["report"], "node_id": where.get("node_id"), "host": where.get("host")}
+        # where it ran, and what Ray cost before profile_job's clock started: from submitting the task to its
+        # first message (a worker process, the job unpickled there), then the untimed warm-up step
+        report = {**facts["report"], "node_id": where.get("node_id"), "host": where.get("host"),
+                  "ray_start_s": where.get("start_s"), "warm_up_s": facts.get("warm_up_s"),
+                  "ray_wall_s": round(time.perf_counter() - self.submitted[gpu_type], 3)}
         self.reports[gpu_type] = report
         if facts["max_local_bsz"]:
             self.limits[gpu_type] = int(facts["max_local_bsz"])

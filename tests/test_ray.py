@@ -9,6 +9,7 @@ module run in one xdist worker (``--dist loadgroup``, see the Makefile) so they 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -95,13 +96,24 @@ def test_missing_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def ray_nodes():
-    """The private cluster; yields ``{type: the id of the node labelled with it}``."""
+def private_ray():
+    """The private cluster (its head also serving Ray Client, on a free port), this process connected."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        client_port = probe.getsockname()[1]
     nodes = [{"num_cpus": 2, "resources": {f"accelerator_type:{name}": 1}} for name in TYPES]
-    with local_cluster(nodes):
-        import ray
+    nodes[0]["ray_client_server_port"] = client_port
+    with local_cluster(nodes) as cluster:
+        cluster.client_address = f"ray://127.0.0.1:{client_port}"
+        yield cluster
 
-        yield {name: n["NodeID"] for n in ray.nodes() for name in TYPES if f"accelerator_type:{name}" in n["Resources"]}
+
+@pytest.fixture(scope="module")
+def ray_nodes(private_ray):
+    """``{type: the id of the node labelled with it}``."""
+    import ray
+
+    return {name: n["NodeID"] for n in ray.nodes() for name in TYPES if f"accelerator_type:{name}" in n["Resources"]}
 
 
 def test_each_type_runs_on_its_own_node_and_the_results_merge(ray_nodes, tmp_path):
@@ -174,7 +186,7 @@ def test_cli_profile_with_ray(ray_nodes, tmp_path, capsys):
 def test_simulate_over_ray_gives_the_local_sweeps_outputs_and_mlflow_runs(ray_nodes, tmp_path):
     import mlflow
 
-    common = ["simulate", "--synthetic", "4", "--hours", "1", "--seed", "3", "--policy", "sia,fifo", "--cluster", "t4:2x4,a100:1x8"]
+    common = ["simulate", "--synthetic", "3", "--hours", "1", "--seed", "3", "--policy", "sia,fifo", "--cluster", "t4:2x4,a100:1x8"]
     assert main([*common, "--processes", "1", "--out", str(tmp_path / "local"), "--experiment", "local"]) == 0
     assert main([*common, "--ray", "--out", str(tmp_path / "ray"), "--experiment", "ray"]) == 0
     for summary in sorted((tmp_path / "local").rglob("summary.json")):
@@ -212,6 +224,23 @@ def test_accuracy_over_ray_gives_the_local_rows_and_mlflow_run(ray_nodes, tmp_pa
     assert len(runs) == 2 and metrics.iloc[0].equals(metrics.iloc[1])
     with pytest.raises(ValidationError, match="backend='threads'"):
         accuracy.run(layout, tmp_path / "x", backend="threads")
+
+
+def test_profile_cluster_from_a_laptop_through_ray_client(private_ray, ray_nodes, tmp_path):
+    """``address="ray://head:10001"``: Ray Client, where streaming generators do not work (actors do)."""
+    import ray
+
+    ray.shutdown()  # this process now reaches the cluster only as a client would
+    try:
+        work = tiny_mlp()
+        profile = profile_cluster(**work.profile_args(), address=private_ray.client_address, gpu_types="xeon-a",
+                                  batch_sizes=[4, 8], replicas=[], time_budget_s=10, out=tmp_path / "client.jsonl",
+                                  progress=False)
+        assert not ray.is_initialized()  # the connection it opened is closed again
+        assert [o.local_bsz for o in profile.observations if o.num_replicas == 1] == [4, 8]
+        assert profile.metadata["profiler.xeon-a"]["node_id"] == ray_nodes["xeon-a"]
+    finally:
+        ray.init(address=private_ray.address, logging_level="WARNING")
 
 
 @pytest.mark.cuda
