@@ -2,8 +2,9 @@
 
 Reads a directory of measurements (:func:`experiments.datasets.read_measurements`:
 ``<model>/placements-<gpu_type>.csv`` per model and GPU type, Pollux's traces,
-Gavel's or Zeus's folder, or JSON Lines profiles) and runs, per model and in
-one process, the protocols
+Gavel's or Zeus's folder, or JSON Lines profiles) and runs, per model, in
+this process (or, with ``--ray [ADDRESS]``, every (model, protocol) as a Ray
+task, with the same rows, files and MLflow run), the protocols
 
 * **P1 cold**: every 1-GPU observation on every type → every multi-GPU configuration;
 * **P2 one type warm**: P1 plus the single-node multi-GPU observations of one

@@ -12,7 +12,8 @@
     the observations each measured are reported beside the times.
 (b) Sweep fan-out: ``run_sweep`` over the 8 Philly-derived workloads of
     Pollux's artifact (``pollux/workloads``) with Pollux's T4 traces as ground
-    truth (``pollux/traces``, cluster ``t4:16x4``, policy ``sia``), as local
+    truth (``pollux/traces``, cluster ``t4:16x4``, policy ``unaware`` as in the
+    README's command; ``--policy`` for another), as local
     worker processes (``--processes 2``) and as Ray tasks on the same instance
     (one CPU each: two at a time on 2 cores), wall seconds of each and whether
     they give the same mean JCT (they must). Without ``../shared/data``:
@@ -20,9 +21,11 @@
 
 The instance's start is timed apart (a cluster is started once, not per call).
 
-Run: ``python -m experiments.bench_ray`` (~6 min on 2 cores); ``--quick``: the
-MLP with a 4 s budget and two 24-job workloads. Figures go to
-``bench-results/bench_ray_profile.json`` and ``bench_ray_sweep.json``.
+Run: ``python -m experiments.bench_ray`` (~10 min on 2 cores); ``--quick``: the
+MLP with a 4 s budget and two 24-job workloads; ``--parts profile`` or
+``--parts sweep`` for one half. Figures go to
+``bench-results/bench_ray_profile.json`` and ``bench_ray_sweep.json``, each as
+soon as its part is done.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def profiling_overhead(names: list[str], budget: float) -> list[dict]:
             "inner_s (job / cluster)": f"{ours['inner_s']:.1f} / {theirs['inner_s']:.1f}",
             "ray_start_s": cluster.metadata[f"profiler.{LABEL}"]["ray_start_s"],
             "warm_up_s": cluster.metadata[f"profiler.{LABEL}"]["warm_up_s"],
+            "ray_wall_s": cluster.metadata[f"profiler.{LABEL}"]["ray_wall_s"],
             "sizes (job / cluster)": f"{ours['sizes']} / {theirs['sizes']}",
             "sync obs (job / cluster)": f"{ours['sync_obs']} / {theirs['sync_obs']}",
         })
@@ -72,7 +76,7 @@ def profiling_overhead(names: list[str], budget: float) -> list[dict]:
     return rows
 
 
-def _sweep_tasks(quick: bool) -> tuple[str, list]:
+def _sweep_tasks(quick: bool, policy: str) -> tuple[str, list]:
     from experiments.datasets import default_data_dir
     from experiments.simulator.runner import Task, load_truth, load_workloads
     from goodput.cluster import Cluster
@@ -89,13 +93,14 @@ def _sweep_tasks(quick: bool) -> tuple[str, list]:
         source = "8 synthetic 160-job workloads, truth: the built-in catalog"
     if quick:
         loads = [(name, jobs[:24]) for name, jobs in loads[:2]]
-    return f"{source}, cluster {cluster}", [Task(name, tuple(jobs), "sia", cluster, truth=truth) for name, jobs in loads]
+    return (f"{source}, cluster {cluster}, policy {policy}",
+            [Task(name, tuple(jobs), policy, cluster, truth=truth) for name, jobs in loads])
 
 
-def sweep_fan_out(quick: bool) -> tuple[list[dict], str]:
+def sweep_fan_out(quick: bool, policy: str) -> tuple[list[dict], str]:
     from experiments.simulator.runner import run_sweep
 
-    source, tasks = _sweep_tasks(quick)
+    source, tasks = _sweep_tasks(quick, policy)
     rows, jcts = [], {}
     for backend, options in (("processes", {"processes": 2}), ("ray", {"backend": "ray"})):
         start = time.perf_counter()
@@ -112,23 +117,36 @@ def sweep_fan_out(quick: bool) -> tuple[list[dict], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser("bench_ray", __doc__).parse_args(argv)
+    p = parser("bench_ray", __doc__)
+    p.add_argument("--parts", default="profile,sweep", help="profile, sweep or both (default)")
+    p.add_argument("--policy", default="unaware", help="the sweep's policy (default: unaware)")
+    args = p.parse_args(argv)
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
+    if not parts or parts - {"profile", "sweep"}:
+        p.error(f"--parts: expected profile, sweep or both, got {args.parts!r}")
     from profilers.rayutil import local_cluster
 
-    load = os.getloadavg()
     start = time.perf_counter()
     with local_cluster([{"num_cpus": os.cpu_count() or 1, "resources": {f"accelerator_type:{LABEL}": 1}}]):
         started = time.perf_counter() - start
         print(f"private Ray instance started in {started:.1f} s", flush=True)
-        names, budget = (["mlp"], 4.0) if args.quick else (["resnet", "transformer", "mlp"], 20.0)
-        profile_rows = profiling_overhead(names, budget)
-        sweep_rows, source = sweep_fan_out(args.quick)
-    extra = {"ray_start_s": round(started, 2), "load_average_before": load, "load_average_after": os.getloadavg()}
-    report("bench_ray_profile", profile_rows, args, extra=extra)
-    report("bench_ray_sweep", sweep_rows, args, extra={**extra, "workloads": source})
-    print(f"load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after "
-          f"{extra['load_average_after'][0]:.2f} {extra['load_average_after'][1]:.2f} {extra['load_average_after'][2]:.2f}")
+        if "profile" in parts:
+            load = os.getloadavg()
+            names, budget = (["mlp"], 4.0) if args.quick else (["resnet", "transformer", "mlp"], 20.0)
+            rows = profiling_overhead(names, budget)
+            report("bench_ray_profile", rows, args, extra={"ray_start_s": round(started, 2), **_loads(load)})
+        if "sweep" in parts:
+            load = os.getloadavg()
+            rows, source = sweep_fan_out(args.quick, args.policy)
+            report("bench_ray_sweep", rows, args, extra={"ray_start_s": round(started, 2), "workloads": source, **_loads(load)})
     return 0
+
+
+def _loads(before: tuple[float, float, float]) -> dict:
+    """The host's load averages before and after a part (others' work skews the timings: say how much there was)."""
+    after = os.getloadavg()
+    print(f"load average before {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}, after {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
+    return {"load_average_before": before, "load_average_after": after}
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from goodput.validation import check_int, check_str
 from .errors import ClusterProfileError
 from .profile import (
     RunOptions,
+    check_job_pieces,
     check_run_options,
     default_replicas,
     finished_report,
@@ -135,7 +136,9 @@ def profile_cluster(
         console: a ``rich.console.Console`` for progress and the summary.
         on_observations: called here with ``(gpu_type, [observations])`` as each
             type's observations arrive (after they are on disk in ``out``); an
-            exception it raises stops the profiling (the tasks are cancelled).
+            exception it raises stops the profiling (every type's actor is killed).
+            This is where observations can be sent on as they arrive, e.g. to
+            the goodput service.
         **profile_job_options: ``max_batch_size``, ``batch_sizes``,
             ``min_local_bsz``, ``time_budget_s`` (per type, default 20),
             ``replicas`` (counts measured on the types whose nodes have that many
@@ -145,9 +148,11 @@ def profile_cluster(
             ``sync_sizes`` — as :func:`profilers.profile_job` takes them.
 
     Returns:
-        Every observation of the job (earlier runs in ``out`` included), each
-        type's facts under ``metadata["profiler.<type>"]`` (with the Ray
-        ``node_id`` and ``host`` it ran on) and its ``max_local_bsz``.
+        Every observation of the job (earlier runs in ``out`` included), in
+        ``out``'s order, each type's facts under ``metadata["profiler.<type>"]``
+        (with the Ray ``node_id`` and ``host`` it ran on, and seconds of Ray's
+        part: ``ray_start_s`` from submitting to the actor's start, the untimed
+        ``warm_up_s``, and ``ray_wall_s`` in all) and its ``max_local_bsz``.
 
     Raises:
         ValidationError: a bad argument (names it), or a type the cluster does not offer.
@@ -158,15 +163,9 @@ def profile_cluster(
     """
     job = check_str("job", job)
     init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
-    for name, fn in (("optimizer_factory", optimizer_factory), ("loss_fn", loss_fn), ("make_batch", make_batch)):
-        if not callable(fn):
-            raise ValidationError(name, fn, "expected a callable")
+    check_job_pieces(model, optimizer_factory, loss_fn, make_batch)
     if on_observations is not None and not callable(on_observations):
         raise ValidationError("on_observations", on_observations, "expected a callable or None")
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise ValidationError("model", model, "expected a torch.nn.Module")
     run = _run_options(profile_job_options)
     max_batch_size = run.pop("max_batch_size")
     if max_batch_size is not None:

@@ -70,7 +70,7 @@ from .devices import DeviceType, resolve_devices
 from .type_run import JobPieces, ProgressBars, Sink, TypeReport, TypeRun
 
 __all__ = ["profile_job", "default_grid", "default_replicas", "trainable_parameters", "check_run_options",
-           "RunOptions", "finished_report", "load_previous", "TypeReport"]
+           "RunOptions", "check_job_pieces", "finished_report", "load_previous", "TypeReport"]
 
 
 def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_local_bsz: int | None = None, points: int = 12) -> list[int]:
@@ -196,6 +196,18 @@ def check_run_options(init_batch_size: int, *, max_batch_size: int | None, batch
     return RunOptions(grid, _check_replicas(replicas), time_budget_s, memory_cap_bytes, cpu_threads, settings)
 
 
+def check_job_pieces(model: Any, optimizer_factory: Any, loss_fn: Any, make_batch: Any) -> None:
+    """A job's pieces as :func:`profile_job` takes them: a ``torch.nn.Module`` and three callables
+    (:class:`~goodput.errors.ValidationError` naming the first that is not)."""
+    for name, fn in (("optimizer_factory", optimizer_factory), ("loss_fn", loss_fn), ("make_batch", make_batch)):
+        if not callable(fn):
+            raise ValidationError(name, fn, "expected a callable")
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValidationError("model", model, "expected a torch.nn.Module")
+
+
 def finished_report(previous: Profile, gpu_type: str, signature: dict[str, Any]) -> dict[str, Any] | None:
     """The report of ``gpu_type`` in ``previous`` (a profile read from ``out``) if its run finished with
     ``signature``'s settings (then a rerun has nothing to add), else ``None``."""
@@ -292,13 +304,7 @@ def profile_job(
     init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
     if max_batch_size is not None:
         max_batch_size = check_int("max_batch_size", max_batch_size, minimum=init_batch_size)
-    for name, fn in (("optimizer_factory", optimizer_factory), ("loss_fn", loss_fn), ("make_batch", make_batch)):
-        if not callable(fn):
-            raise ValidationError(name, fn, "expected a callable")
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise ValidationError("model", model, "expected a torch.nn.Module")
+    check_job_pieces(model, optimizer_factory, loss_fn, make_batch)
     if on_observation is not None and not callable(on_observation):
         raise ValidationError("on_observation", on_observation, "expected a callable or None")
     options = check_run_options(
