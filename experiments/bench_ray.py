@@ -69,6 +69,9 @@ def profiling_overhead(names: list[str], budget: float) -> list[dict]:
             "ray_start_s": cluster.metadata[f"profiler.{LABEL}"]["ray_start_s"],
             "warm_up_s": cluster.metadata[f"profiler.{LABEL}"]["warm_up_s"],
             "ray_wall_s": cluster.metadata[f"profiler.{LABEL}"]["ray_wall_s"],
+            # Ray's own part: the type's wall seconds in profile_cluster less profile_job's inside the actor (the
+            # walls also differ by where each budget-bound profiling happened to stop)
+            "ray_part_s": round(cluster.metadata[f"profiler.{LABEL}"]["ray_wall_s"] - theirs["inner_s"], 2),
             "sizes (job / cluster)": f"{ours['sizes']} / {theirs['sizes']}",
             "sync obs (job / cluster)": f"{ours['sync_obs']} / {theirs['sync_obs']}",
         })
