@@ -21,7 +21,7 @@
 
 The instance's start is timed apart (a cluster is started once, not per call).
 
-Run: ``python -m experiments.bench_ray`` (~10 min on 2 cores); ``--quick``: the
+Run: ``python -m experiments.bench_ray`` (~13 min on 2 cores); ``--quick``: the
 MLP with a 4 s budget and two 24-job workloads; ``--parts profile`` or
 ``--parts sweep`` for one half. Figures go to
 ``bench-results/bench_ray_profile.json`` and ``bench_ray_sweep.json``, each as

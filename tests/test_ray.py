@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 
