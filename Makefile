@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/goodput demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --durations=15
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python -m experiments.bench

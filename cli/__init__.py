@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from goodput.errors import ValidationError
+from profilers.rayutil import RayNotInstalledError
 
 from ._common import check_out
 
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_out(args)
         return int(args.func(args) or 0)
-    except (ValidationError, OSError) as exc:
+    except (ValidationError, OSError, RayNotInstalledError) as exc:
         print(f"goodput {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,14 +1,18 @@
-"""``goodput profile``: profile a training job on every device type present.
+"""``goodput profile``: profile a training job on every device type present, or of a Ray cluster.
 
     goodput profile --zoo resnet --out resnet.jsonl
     goodput profile mypackage.jobs:make_job --devices cuda --replicas 2,4 --mlflow
+    goodput profile --zoo resnet --ray auto --gpu-types a100,t4     # one node of each type, in parallel
 
 ``MODULE:FACTORY`` names a function that returns the job's pieces: a
 :class:`profilers.zoo.Workload`, or a mapping with ``model``,
 ``optimizer_factory``, ``loss_fn``, ``make_batch``, ``job`` and
 ``init_batch_size`` (optionally ``max_batch_size``) — what
 :func:`profilers.profile_job` takes. Observations are appended to ``--out`` as
-they are measured; rerunning with the same file resumes.
+they are measured; rerunning with the same file resumes. With ``--ray``, the job
+is shipped to one node of every GPU type of the cluster
+(:func:`profilers.profile_cluster`); a rerun redoes only the types missing or
+failed in ``--out``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from goodput.errors import ValidationError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from profilers.rayutil import add_ray_option
+
     parser = subparsers.add_parser(
         "profile",
         help="measure a training job on every device type (real minibatches) and write its profile",
@@ -36,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--zoo", metavar="NAME", help="a built-in job: resnet, transformer or mlp")
     parser.add_argument("--out", help="JSON Lines profile to append to (default: <job>.jsonl); a rerun resumes it")
     parser.add_argument("--devices", help="comma-separated: cpu, cuda, cuda:N or a GPU type (default: every CUDA type, else cpu)")
+    add_ray_option(parser, "profile one node of every GPU type of a Ray cluster, in parallel,")
+    parser.add_argument("--gpu-types", help="with --ray: comma-separated types of the cluster to profile, 'cpu' for a node's "
+                        "host CPU (default: every GPU type Ray labels, else cpu)")
     parser.add_argument("--time-budget", type=float, default=20.0, help="seconds per device type (default 20)")
     parser.add_argument("--replicas", type=_int_list, help="replica counts for synchronisation, e.g. 2,4; 0 for none "
                         "(default: powers of two up to the GPUs of a type; 2 on a CPU host)")
@@ -102,8 +111,14 @@ def job_arguments(pieces: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profilers import profile_job, zoo
+    from profilers import ClusterProfileError, profile_cluster, profile_job, zoo
+    from profilers.rayutil import ray_option
 
+    use_ray, address = ray_option(args)
+    if use_ray and args.devices:
+        raise ValidationError("devices", args.devices, "picks devices of this machine; with --ray, choose with --gpu-types")
+    if args.gpu_types and not use_ray:
+        raise ValidationError("gpu_types", args.gpu_types, "chooses types of a Ray cluster (with --ray); here use --devices")
     pieces = zoo.get(args.zoo) if args.zoo else load_factory(args.factory)
     kwargs = job_arguments(pieces)
     if args.init_batch_size is not None:
@@ -112,17 +127,23 @@ def run(args: argparse.Namespace) -> int:
     replicas = args.replicas
     if replicas is not None and replicas in ([0], []):
         replicas = []
-    profile = profile_job(
-        **kwargs,
-        devices=args.devices,
-        batch_sizes=args.batch_sizes,
-        time_budget_s=args.time_budget,
-        replicas=replicas,
-        out=out,
-        progress=not args.no_progress,
-        memory_cap_bytes=args.memory_cap,
-        mlflow=args.mlflow,
-        cpu_threads=args.cpu_threads,
-    )
-    print(f"{len(profile.observations)} observations of {profile.job} on {', '.join(profile.gpu_types) or 'no device'} in {out}")
+    options = dict(batch_sizes=args.batch_sizes, time_budget_s=args.time_budget, replicas=replicas, out=out,
+                   progress=not args.no_progress, memory_cap_bytes=args.memory_cap, mlflow=args.mlflow,
+                   cpu_threads=args.cpu_threads)
+    if not use_ray:
+        profile = profile_job(**kwargs, devices=args.devices, **options)
+    else:
+        try:
+            profile = profile_cluster(**kwargs, address=address, gpu_types=args.gpu_types, **options)
+        except ClusterProfileError as exc:
+            _print_result(exc.profile, out)
+            for gpu_type, error in exc.failures.items():
+                print(f"goodput profile: {gpu_type} failed: {error}", file=sys.stderr)
+            print(f"goodput profile: rerun the same command to redo {', '.join(exc.failures)} (the rest is kept)", file=sys.stderr)
+            return 1
+    _print_result(profile, out)
     return 0
+
+
+def _print_result(profile: Any, out: str) -> None:
+    print(f"{len(profile.observations)} observations of {profile.job} on {', '.join(profile.gpu_types) or 'no device'} in {out}")

@@ -11,11 +11,12 @@ POLICIES = ("sia", "sia-oracle", "unaware", "gavel", "fifo")
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from experiments.simulator.runner import DEFAULT_CLUSTER
+    from profilers.rayutil import add_ray_option
 
     parser = subparsers.add_parser(
         "simulate", help="simulate scheduling policies on a workload (trace-driven, MLflow-tracked)",
         description="Simulate a heterogeneous GPU cluster round by round: jobs arrive from a workload CSV (or a "
-        "directory of them, run in parallel processes) or a synthetic Philly-like generator, progress by their true "
+        "directory of them, run in parallel processes or as Ray tasks with --ray) or a synthetic Philly-like generator, progress by their true "
         "goodput, pay restart costs, and are scheduled by the policies under test on what they can observe.")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--workload", help="a workload CSV, or a directory of them (each is simulated)")
@@ -33,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--round", type=float, dest="round_s", help="seconds between scheduling rounds (policy default)")
     parser.add_argument("--max-hours", type=float, default=24.0 * 14, help="stop after this much simulated time")
     parser.add_argument("--processes", type=int, help="parallel simulations, >= 1 (default: CPU count)")
+    add_ray_option(parser, "run the simulations (workloads x policies)")
     parser.add_argument("--out", default="sim-out", help="output folder (default: sim-out/)")
     parser.add_argument("--experiment", default="goodput-sim", help="MLflow experiment (default: goodput-sim)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from goodput.cluster import Cluster
     from goodput.errors import ValidationError
     from goodput.validation import check_int
+    from profilers.rayutil import ray_option
 
     cluster = Cluster.parse(args.cluster)
     policies = list(POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -64,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         check_int("synthetic", args.synthetic, minimum=1)
     if args.processes is not None:
         check_int("processes", args.processes, minimum=1)
+    use_ray, address = ray_option(args)
+    if use_ray and args.processes is not None:
+        raise ValidationError("processes", args.processes, "sets local worker processes; with --ray, Ray places the simulations")
     if args.workload and args.hours is not None:
         raise ValidationError("hours", args.hours, "sets the arrival window of a synthetic workload only; "
                               "a --workload CSV gives its own arrival times")
@@ -107,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                                    "restarts_per_job", "unfair_fraction", "wall_seconds")}})
             bar.advance(progress_task)
 
-        run_sweep(tasks, processes=args.processes, on_done=done)
+        run_sweep(tasks, processes=args.processes, on_done=done, backend="ray" if use_ray else "processes", address=address)
     frame = pd.DataFrame(rows).sort_values(["workload", "policy"])
     out.print(frame_table(frame, title="simulation results (times in seconds)"))
     if len(workloads) > 1:

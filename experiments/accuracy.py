@@ -2,8 +2,9 @@
 
 Reads a directory of measurements (:func:`experiments.datasets.read_measurements`:
 ``<model>/placements-<gpu_type>.csv`` per model and GPU type, Pollux's traces,
-Gavel's or Zeus's folder, or JSON Lines profiles) and runs, per model and in
-one process, the protocols
+Gavel's or Zeus's folder, or JSON Lines profiles) and runs, per model, in
+this process (or, with ``--ray [ADDRESS]``, every (model, protocol) as a Ray
+task, with the same rows, files and MLflow run), the protocols
 
 * **P1 cold**: every 1-GPU observation on every type → every multi-GPU configuration;
 * **P2 one type warm**: P1 plus the single-node multi-GPU observations of one
@@ -71,6 +72,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +255,57 @@ def evaluate_model(
 # ====================================================================== driver
 
 
+def _prior_without(full_prior: ClusterPrior | None, name: str) -> ClusterPrior | None:
+    """The cross-job prior of the directory without ``name`` (leave-one-model-out), or None when nothing is left."""
+    prior = full_prior.exclude(name) if full_prior is not None else None
+    return prior if prior is not None and len(prior) else None
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One (model, protocol) of the harness: an independent piece of work (a Ray task)."""
+
+    model: str
+    protocol: str
+    observations: Sequence[Observation]
+    prior: ClusterPrior | None
+    model_size: float | None
+    options: dict[str, Any]
+
+
+def _evaluate_unit(unit: _Unit) -> pd.DataFrame:
+    """:func:`evaluate_model` of one unit's protocol (on a Ray worker)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return evaluate_model(unit.model, unit.observations, unit.prior, protocols=[unit.protocol],
+                              model_size=unit.model_size, **unit.options)
+
+
+def _evaluate_on_ray(units: Sequence[_Unit], address: str | None, finished: Callable[[str, pd.DataFrame], None],
+                     describe: Callable[[str], None]) -> None:
+    """Every unit as a Ray task; ``finished(model, rows)`` as each model's last protocol comes in, its rows in
+    protocol order (the rows :func:`evaluate_model` gives over all of them)."""
+    from profilers.rayutil import connected, map_tasks
+
+    if not units:
+        return
+    parts: dict[str, dict[str, pd.DataFrame]] = {}
+    expected = {u.model: [v.protocol for v in units if v.model == u.model] for u in units}
+
+    def arrived(index: int, rows: pd.DataFrame) -> None:
+        unit = units[index]
+        got = parts.setdefault(unit.model, {})
+        got[unit.protocol] = rows
+        describe(f"{sum(map(len, parts.values()))}/{len(units)} (model, protocol) units on Ray; {unit.model}: {unit.protocol}")
+        if len(got) == len(expected[unit.model]):
+            frames = [got[p] for p in expected[unit.model] if len(got[p])]
+            finished(unit.model, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROW_COLUMNS))
+
+    describe(f"0/{len(units)} (model, protocol) units on Ray")
+    with connected(address, "the accuracy harness's Ray backend"):
+        map_tasks(_evaluate_unit, units, on_result=arrived)
+
+
 class ResumeMismatchError(ValidationError):
     """``--resume`` into a results folder written with other settings (its rows would be mixed in)."""
 
@@ -308,6 +361,8 @@ def run(
     progress: bool = True,
     console: Any = None,
     model_sizes: Mapping[str, float] | str | Path | None = "auto",
+    backend: str = "local",
+    address: str | None = None,
 ) -> pd.DataFrame:
     """Evaluate every model of ``data_dir``; write rows, summary and markdown to ``out_dir``; return the summary.
 
@@ -322,8 +377,14 @@ def run(
 
     ``seeds`` (random orders per type in P4) and ``p4_max_test`` (held-out observations per P4
     checkpoint) must be integers >= 1 (:class:`~goodput.errors.ValidationError` otherwise).
+
+    ``backend``: ``"local"`` (the models one after the other, here) or ``"ray"``: every (model,
+    protocol) is a Ray task on the cluster at ``address`` (:func:`profilers.rayutil.connected`),
+    a model's rows written when its last protocol is in. Both give the same rows, files and MLflow run.
     """
     started = time.time()
+    if backend not in ("local", "ray"):
+        raise ValidationError("backend", backend, "expected 'local' or 'ray'")
     seeds = check_int("seeds", seeds, minimum=1)
     p4_max_test = check_int("p4_max_test", p4_max_test, minimum=1)
     if Path(data_dir).is_file() and Path(data_dir).suffix != ".jsonl":
@@ -350,34 +411,41 @@ def run(
     done = _resume_state(out, settings, resume)
     _record_settings(out, settings, done)
     full_prior = ClusterPrior.from_observations(data.models, sizes) if len(data.models) > 1 else None
-    frames = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    evaluated: dict[str, pd.DataFrame] = {}
+    options = {"methods": methods, "seeds": seeds, "p4_max_test": p4_max_test}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} models"),
                   TimeElapsedColumn(), console=console, disable=not progress, transient=False) as bar:
         task = bar.add_task("accuracy", total=len(names))
-        for name in names:
-            path = out / f"rows-{name}.csv"
-            if name in done:
-                frames.append(pd.read_csv(path))
-                bar.advance(task)
-                continue
-            prior = full_prior.exclude(name) if full_prior is not None else None
-            if prior is not None and not len(prior):
-                prior = None
 
-            def step(protocol: str, name: str = name) -> None:
-                bar.update(task, description=f"{name}: {protocol}")
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                rows = evaluate_model(name, data.models[name], prior, protocols=protocols, methods=methods, seeds=seeds,
-                                      p4_max_test=p4_max_test, on_step=step, model_size=sizes.get(name))
-            atomic_write_text(path, rows.to_csv(index=False))
+        def finished(name: str, rows: pd.DataFrame) -> None:
+            atomic_write_text(out / f"rows-{name}.csv", rows.to_csv(index=False))
             done.add(name)
             _record_settings(out, settings, done)
-            frames.append(rows)
+            evaluated[name] = rows
             bar.advance(task)
+
+        for name in names:
+            if name in done:
+                evaluated[name] = pd.read_csv(out / f"rows-{name}.csv")
+                bar.advance(task)
+        todo = [name for name in names if name not in done]
+        if backend == "ray":
+            units = [_Unit(name, protocol, data.models[name], _prior_without(full_prior, name), sizes.get(name), options)
+                     for name in todo for protocol in protocols]
+            _evaluate_on_ray(units, address, finished, lambda text: bar.update(task, description=text))
+        else:
+            for name in todo:
+                def step(protocol: str, name: str = name) -> None:
+                    bar.update(task, description=f"{name}: {protocol}")
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    rows = evaluate_model(name, data.models[name], _prior_without(full_prior, name), protocols=protocols,
+                                          on_step=step, model_size=sizes.get(name), **options)
+                finished(name, rows)
+    frames = [evaluated[name] for name in names]
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ROW_COLUMNS)
     summary = summarize(rows)
     by_model = per_model(rows)
@@ -456,7 +524,9 @@ def _subset(text: str, allowed: Sequence[str], what: str) -> list[str]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     from experiments.benchutil import console
+    from profilers.rayutil import ray_option
 
+    use_ray, address = ray_option(args)
     out = console()
     summary = run(
         args.data_dir, args.out,
@@ -465,7 +535,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         methods=_subset(args.methods, METHODS, "methods"),
         seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
         mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
-        model_sizes=args.model_sizes,
+        model_sizes=args.model_sizes, backend="ray" if use_ray else "local", address=address,
     )
     text = (Path(args.out) / "accuracy.md").read_text(encoding="utf-8")
     print(text)
@@ -476,9 +546,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from profilers.rayutil import RayConnectionError, RayNotInstalledError
+
     try:
         return run_from_args(args)
-    except ValidationError as exc:
+    except (ValidationError, RayNotInstalledError, RayConnectionError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -14,6 +14,8 @@ P4_SEEDS = 6
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The accuracy harness's arguments (shared by ``goodput accuracy`` and ``python -m experiments.accuracy``)."""
+    from profilers.rayutil import add_ray_option
+
     p.add_argument("data_dir", help="measurements: <model>/placements-<gpu_type>.csv (or one model's tables directly), Pollux traces, Gavel/Zeus folder or *.jsonl profiles")
     p.add_argument("--out", default="accuracy-results", help="output folder (default: accuracy-results/)")
     p.add_argument("--models", help="comma-separated models to evaluate (default: all)")
@@ -30,6 +32,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "none: only what profiles written by profile_job record")
     p.add_argument("--gpu-type", default="t4", help="GPU type of files without one in their name (Pollux's traces: t4)")
     p.add_argument("--resume", action="store_true", help="reuse OUT/rows-<model>.csv of models already evaluated (refused when OUT/settings.json records other settings)")
+    add_ray_option(p, "evaluate the (model, protocol) units")
     p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
     p.add_argument("--no-progress", action="store_true")
     return p

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from goodput.errors import ValidationError
+from goodput.validation import normalize_gpu_type
 
 __all__ = ["DeviceType", "normalize_device_name", "cuda_device_types", "cpu_device_type", "resolve_devices"]
 
@@ -145,8 +146,10 @@ def resolve_devices(devices: Any = None) -> list[DeviceType]:
     Args:
         devices: ``None`` (every CUDA type present, else the CPU), or a list
             (or comma-separated string) of ``"cpu"``, ``"cuda"`` (every CUDA
-            type), ``"cuda:N"`` (that device's type) or a type name present
-            (``"h100"``).
+            type), ``"cuda:N"`` (that device's type), a type name present
+            (``"h100"``), or a :class:`DeviceType` of devices present under a
+            name the caller gives (what a cluster calls this node's type:
+            :func:`profilers.profile_cluster` labels a node's CPU or GPUs so).
 
     Raises:
         ValidationError: an entry names no device present.
@@ -159,6 +162,10 @@ def resolve_devices(devices: Any = None) -> list[DeviceType]:
         raise ValidationError("devices", devices, "expected a list of 'cpu', 'cuda', 'cuda:N' or a GPU type name")
     chosen: dict[str, DeviceType] = {}
     for item in items:
+        if isinstance(item, DeviceType):
+            named = _check_named_type(item, cuda)
+            chosen.setdefault(named.gpu_type, named)
+            continue
         text = str(getattr(item, "type", item) if not isinstance(item, str) else item).strip().lower()
         if hasattr(item, "type") and getattr(item, "index", None) is not None:
             text = f"{item.type}:{item.index}"
@@ -186,3 +193,14 @@ def resolve_devices(devices: Any = None) -> list[DeviceType]:
     if not chosen:
         raise ValidationError("devices", devices, "names no device")
     return list(chosen.values())
+
+
+def _check_named_type(dtype: DeviceType, cuda: list[DeviceType]) -> DeviceType:
+    """A caller's :class:`DeviceType`: its name a GPU type name, its devices the CPU or CUDA devices present."""
+    name = normalize_gpu_type(dtype.gpu_type, "devices")
+    present = {d for t in cuda for d in t.devices}
+    devices = tuple(dtype.devices)
+    if not devices or not (devices == (CPU,) or all(d in present for d in devices)):
+        raise ValidationError("devices", dtype, f"a device type's devices are ('cpu',) or CUDA devices present "
+                              f"({', '.join(sorted(present)) or 'none here'})")
+    return DeviceType(name, devices, tuple(dtype.names), dtype.memory_bytes)

@@ -15,9 +15,11 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 from goodput.errors import ValidationError
 
-__all__ = ["ModelFailureError"]
+__all__ = ["ModelFailureError", "ClusterProfileError"]
 
 
 class ModelFailureError(ValidationError):
@@ -40,3 +42,25 @@ class ModelFailureError(ValidationError):
 
     def __reduce__(self):  # picklable across processes
         return (type(self), (self.gpu_type, self.local_bsz, self.reason, self.num_replicas))
+
+
+class ClusterProfileError(RuntimeError):
+    """:func:`profilers.profile_cluster` finished, but the tasks of some device types failed.
+
+    The other types' observations are kept (in ``out`` and in ``profile``); a rerun with the
+    same ``out`` redoes only the failed and missing types.
+
+    Attributes:
+        failures: per failed device type, what went wrong (the task's error, one line).
+        profile: the profile of everything measured, the failed types' partial observations included.
+    """
+
+    def __init__(self, failures: dict[str, str], profile: Any) -> None:
+        self.failures = dict(failures)
+        self.profile = profile
+        listed = "; ".join(f"{gpu_type}: {error}" for gpu_type, error in self.failures.items())
+        kept = ", ".join(profile.gpu_types) if profile is not None and len(profile) else "none"
+        super().__init__(f"profiling failed on {len(self.failures)} device type(s) ({listed}); observations kept of: {kept}")
+
+    def __reduce__(self):  # picklable across processes
+        return (type(self), (self.failures, self.profile))

@@ -58,17 +58,19 @@ import contextlib
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from goodput.errors import ValidationError
-from goodput.observations import Profile, ProfileWriter
+from goodput.observations import Observation, Profile, ProfileWriter
 from goodput.validation import check_float, check_int, check_str
 
 from .devices import DeviceType, resolve_devices
 from .type_run import JobPieces, ProgressBars, Sink, TypeReport, TypeRun
 
-__all__ = ["profile_job", "default_grid", "trainable_parameters", "TypeReport"]
+__all__ = ["profile_job", "default_grid", "default_replicas", "trainable_parameters", "check_run_options",
+           "RunOptions", "check_job_pieces", "finished_report", "load_previous", "TypeReport"]
 
 
 def default_grid(init_batch_size: int, max_batch_size: int | None = None, min_local_bsz: int | None = None, points: int = 12) -> list[int]:
@@ -128,15 +130,89 @@ def _check_replicas(values: Any) -> list[int] | None:
     return counts
 
 
-def _default_replicas(dtype: DeviceType) -> list[int]:
-    """Every power of two from 2 up to the type's devices (CUDA), 2 on a host with >= 2 cores."""
-    if dtype.is_cuda:
+def default_replicas(devices: int, cuda: bool) -> list[int]:
+    """Replica counts profiled by default: powers of two from 2 up to ``devices`` GPUs of one type
+    (CUDA), or 2 on a host with >= 2 cores (``devices``: its cores)."""
+    if cuda:
         counts, r = [], 2
-        while r <= dtype.count:
+        while r <= devices:
             counts.append(r)
             r *= 2
         return counts
-    return [2] if (os.cpu_count() or 1) >= 2 else []
+    return [2] if devices >= 2 else []
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """:func:`profile_job`'s settings of one run, checked (the same for every device type).
+
+    Attributes:
+        grid: local batch sizes to sweep, ascending.
+        replicas: replica counts for synchronisation, or ``None`` for each type's default.
+        time_budget_s: wall seconds per device type.
+        memory_cap_bytes: the step-memory cap, or ``None``.
+        cpu_threads: intra-op threads of CPU replicas, or ``None`` for the default.
+        settings: ``warmup``, ``min_steps``, ``max_steps``, ``noise_rounds``, ``sync_sizes``.
+    """
+
+    grid: list[int]
+    replicas: list[int] | None
+    time_budget_s: float
+    memory_cap_bytes: int | None
+    cpu_threads: int | None
+    settings: dict[str, int]
+
+    def signature(self, replicas: list[int]) -> dict[str, Any]:
+        """What a device type's run is compared on to resume it: a type finished under the same is not redone."""
+        return {"grid": self.grid, "replicas": list(replicas), "memory_cap_bytes": self.memory_cap_bytes,
+                "time_budget_s": self.time_budget_s, "sync_sizes": self.settings["sync_sizes"]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings recorded in a profile's ``metadata["profiler"]``."""
+        return {"time_budget_s": self.time_budget_s, "grid": self.grid, "replicas": self.replicas,
+                "memory_cap_bytes": self.memory_cap_bytes, **self.settings}
+
+
+def check_run_options(init_batch_size: int, *, max_batch_size: int | None, batch_sizes: Iterable[int] | None,
+                      min_local_bsz: int | None, time_budget_s: float, replicas: int | Iterable[int] | None,
+                      memory_cap_bytes: int | None, cpu_threads: int | None, warmup: int, min_steps: int,
+                      max_steps: int, noise_rounds: int, sync_sizes: int) -> RunOptions:
+    """:func:`profile_job`'s per-run arguments checked (:class:`~goodput.errors.ValidationError` naming a bad one)."""
+    time_budget_s = check_float("time_budget_s", time_budget_s, positive=True)
+    if memory_cap_bytes is not None:
+        memory_cap_bytes = check_int("memory_cap_bytes", memory_cap_bytes, minimum=1)
+    grid = _check_sizes("batch_sizes", batch_sizes) or default_grid(init_batch_size, max_batch_size, min_local_bsz)
+    if replicas == 0:
+        replicas = []
+    if cpu_threads is not None:
+        cpu_threads = check_int("cpu_threads", cpu_threads, minimum=1)
+    settings = {
+        "warmup": check_int("warmup", warmup, minimum=1),
+        "min_steps": check_int("min_steps", min_steps, minimum=1),
+        "max_steps": check_int("max_steps", max_steps, minimum=min_steps),
+        "noise_rounds": check_int("noise_rounds", noise_rounds, minimum=1),
+        "sync_sizes": check_int("sync_sizes", sync_sizes, minimum=0),
+    }
+    return RunOptions(grid, _check_replicas(replicas), time_budget_s, memory_cap_bytes, cpu_threads, settings)
+
+
+def check_job_pieces(model: Any, optimizer_factory: Any, loss_fn: Any, make_batch: Any) -> None:
+    """A job's pieces as :func:`profile_job` takes them: a ``torch.nn.Module`` and three callables
+    (:class:`~goodput.errors.ValidationError` naming the first that is not)."""
+    for name, fn in (("optimizer_factory", optimizer_factory), ("loss_fn", loss_fn), ("make_batch", make_batch)):
+        if not callable(fn):
+            raise ValidationError(name, fn, "expected a callable")
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValidationError("model", model, "expected a torch.nn.Module")
+
+
+def finished_report(previous: Profile, gpu_type: str, signature: dict[str, Any]) -> dict[str, Any] | None:
+    """The report of ``gpu_type`` in ``previous`` (a profile read from ``out``) if its run finished with
+    ``signature``'s settings (then a rerun has nothing to add), else ``None``."""
+    done = previous.metadata.get(f"profiler.{gpu_type}", {})
+    return done if done.get("complete") and done.get("signature") == signature else None
 
 
 # ---------------------------------------------------------------------------- the public function
@@ -167,6 +243,7 @@ def profile_job(
     noise_rounds: int = 8,
     sync_sizes: int = 3,
     console: Any = None,
+    on_observation: Callable[[Observation], None] | None = None,
 ) -> Profile:
     """Profile a training job on every device type; return its :class:`~goodput.Profile`.
 
@@ -208,6 +285,9 @@ def profile_job(
         noise_rounds: at most this many rounds of the gradient-noise estimate.
         sync_sizes: local batch sizes measured per replica count.
         console: a ``rich.console.Console`` for progress and the summary.
+        on_observation: called with each new :class:`~goodput.Observation` the
+            moment it is measured (after it is on disk in ``out``), e.g. to stream
+            it elsewhere; an exception it raises stops the profiling.
 
     Returns:
         The profile: every observation of this job in ``out`` (earlier runs
@@ -224,29 +304,15 @@ def profile_job(
     init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
     if max_batch_size is not None:
         max_batch_size = check_int("max_batch_size", max_batch_size, minimum=init_batch_size)
-    time_budget_s = check_float("time_budget_s", time_budget_s, positive=True)
-    if memory_cap_bytes is not None:
-        memory_cap_bytes = check_int("memory_cap_bytes", memory_cap_bytes, minimum=1)
-    for name, fn in (("optimizer_factory", optimizer_factory), ("loss_fn", loss_fn), ("make_batch", make_batch)):
-        if not callable(fn):
-            raise ValidationError(name, fn, "expected a callable")
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise ValidationError("model", model, "expected a torch.nn.Module")
-    grid = _check_sizes("batch_sizes", batch_sizes) or default_grid(init_batch_size, max_batch_size, min_local_bsz)
-    if replicas == 0:
-        replicas = []
-    replica_counts = _check_replicas(replicas)
-    if cpu_threads is not None:
-        cpu_threads = check_int("cpu_threads", cpu_threads, minimum=1)
-    settings = {
-        "warmup": check_int("warmup", warmup, minimum=1),
-        "min_steps": check_int("min_steps", min_steps, minimum=1),
-        "max_steps": check_int("max_steps", max_steps, minimum=min_steps),
-        "noise_rounds": check_int("noise_rounds", noise_rounds, minimum=1),
-        "sync_sizes": check_int("sync_sizes", sync_sizes, minimum=0),
-    }
+    check_job_pieces(model, optimizer_factory, loss_fn, make_batch)
+    if on_observation is not None and not callable(on_observation):
+        raise ValidationError("on_observation", on_observation, "expected a callable or None")
+    options = check_run_options(
+        init_batch_size, max_batch_size=max_batch_size, batch_sizes=batch_sizes, min_local_bsz=min_local_bsz,
+        time_budget_s=time_budget_s, replicas=replicas, memory_cap_bytes=memory_cap_bytes, cpu_threads=cpu_threads,
+        warmup=warmup, min_steps=min_steps, max_steps=max_steps, noise_rounds=noise_rounds, sync_sizes=sync_sizes)
+    grid, replica_counts, time_budget_s = options.grid, options.replicas, options.time_budget_s
+    memory_cap_bytes, cpu_threads, settings = options.memory_cap_bytes, options.cpu_threads, options.settings
     types = resolve_devices(devices)
     for dtype in types:
         for r in replica_counts or []:
@@ -256,12 +322,11 @@ def profile_job(
     if progress and console is None:
         console = _console()
 
-    run_settings = {"time_budget_s": time_budget_s, "grid": grid, "replicas": replica_counts,
-                    "memory_cap_bytes": memory_cap_bytes, **settings}
+    run_settings = options.to_dict()
     num_parameters = trainable_parameters(model)
-    previous = _load_previous(out, job, init_batch_size)
+    previous = load_previous(out, job, init_batch_size)
     writer = ProfileWriter(out) if out is not None else None
-    sink = Sink(writer)
+    sink = Sink(writer, on_observation)
     try:
         sink.meta(
             job=job,
@@ -273,11 +338,10 @@ def profile_job(
         reports: dict[str, TypeReport] = {}
         with ProgressBars(progress, console) as bar, _caller_random_state_kept(types):
             for dtype in types:
-                counts = replica_counts if replica_counts is not None else _default_replicas(dtype)
-                signature = {"grid": grid, "replicas": counts, "memory_cap_bytes": memory_cap_bytes,
-                             "time_budget_s": time_budget_s, "sync_sizes": settings["sync_sizes"]}
-                done = previous.metadata.get(f"profiler.{dtype.gpu_type}", {})
-                if done.get("complete") and done.get("signature") == signature:
+                counts = replica_counts if replica_counts is not None else default_replicas(dtype.count, dtype.is_cuda)
+                signature = options.signature(counts)
+                done = finished_report(previous, dtype.gpu_type, signature)
+                if done is not None:
                     # Finished earlier with the same settings: nothing to add.
                     known = {k: v for k, v in done.items() if k in TypeReport.__dataclass_fields__}
                     reports[dtype.gpu_type] = TypeReport(**{**known, "resumed": sum(o.gpu_type == dtype.gpu_type for o in existing)})
@@ -400,7 +464,8 @@ def _sweep_stop_size(report: TypeReport) -> int | None:
     return report.grid[done] if done < len(report.grid) else None
 
 
-def _load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
+def load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
+    """What ``out`` holds of ``job`` (an empty profile when there is no file), checked against ``job`` and M0."""
     if out is None or not Path(out).exists():
         return Profile()
     with warnings.catch_warnings():

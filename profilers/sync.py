@@ -25,10 +25,11 @@ discarded. Rank 0 decides, and broadcasts, whether to start another batch size
 (``deadline``; the first size always runs) and how many steps to time, so every
 rank runs the same collectives.
 
-The job's pieces cross process boundaries by pickling: the model, the optimizer
-factory, ``loss_fn`` and ``make_batch`` must be picklable (classes and
-module-level functions or ``functools.partial`` of them, not lambdas), and
-``loss_fn`` must run the forward pass by calling the model it is given.
+The job's pieces cross process boundaries by pickling: the model by torch's
+pickler (its tensors in shared memory, one copy for all replicas), the optimizer
+factory, ``loss_fn`` and ``make_batch`` by cloudpickle, as Ray ships functions, so
+lambdas and closures work too (what they capture must pickle); ``loss_fn`` must
+run the forward pass by calling the model it is given.
 
 Example::
 
@@ -105,7 +106,7 @@ def _worker(
     init_file: str,
     backend: str,
     devices: Sequence[str],
-    payload: tuple[Any, Any, Any, Any],
+    payload: tuple[Any, bytes],
     sizes: Sequence[int],
     settings: dict[str, Any],
     results: Any,
@@ -133,7 +134,8 @@ def _worker(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=float(settings["collective_timeout_s"])),
         )
-        model, optimizer_factory, loss_fn, make_batch = payload
+        model, functions = payload
+        optimizer_factory, loss_fn, make_batch = pickle.loads(functions)
         # Spawning pickled the model's CPU tensors into shared memory, one copy for all replicas. They
         # stay the initial state each size starts from (read only, with a fresh optimizer, as the
         # sweep's sizes do); each replica trains its own copy, as DDP replicas do: stepping the shared
@@ -287,18 +289,30 @@ def _run_sizes(
 # ---------------------------------------------------------------------------- parent
 
 
-def _check_picklable(payload: Any) -> None:
+def _payload(pieces: tuple[Any, Any, Any, Any]) -> tuple[Any, bytes]:
+    """``(model, the three callables cloudpickled)``: what each replica receives.
+
+    The callables go by value where they are not importable (lambdas, closures, functions
+    of ``__main__``), as Ray ships functions; the model is left to torch's pickler, which
+    puts its tensors in shared memory. Raises :class:`~goodput.errors.ValidationError`
+    naming what does not pickle, before any process is spawned.
+    """
+    import cloudpickle
+
     from goodput.errors import ValidationError
 
-    try:
-        pickle.dumps(payload)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
-        raise ValidationError(
-            "replicas",
-            "sync profiling",
-            "spawned replicas receive the job by pickling: the model, optimizer_factory, loss_fn and make_batch "
-            f"must be picklable (module-level functions or classes, not lambdas or closures): {exc}",
-        ) from None
+    model, *functions = pieces
+    for name, piece in (("model", model), ("optimizer_factory, loss_fn, make_batch", functions)):
+        try:
+            packed = pickle.dumps(piece) if name == "model" else cloudpickle.dumps(tuple(piece))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+            raise ValidationError(
+                "replicas",
+                "sync profiling",
+                f"spawned replicas receive the job by pickling, and the {name} did not pickle "
+                f"(what a lambda or closure captures must pickle too): {type(exc).__name__}: {exc}",
+            ) from None
+    return model, packed
 
 
 def profile_sync(
@@ -350,8 +364,7 @@ def profile_sync(
         backend, replica_devices = "gloo", ["cpu"] * num_replicas
     else:
         backend, replica_devices = "nccl", list(devices[:num_replicas])
-    payload = tuple(pieces)
-    _check_picklable(payload)
+    payload = _payload(tuple(pieces))
     settings = {
         "threads": int(threads),
         "deadline": float(deadline),

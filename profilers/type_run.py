@@ -129,16 +129,20 @@ def _sync_sizes(measured: list[int], init_batch_size: int, replicas: int, count:
 
 
 class Sink:
-    """Where observations go as they are measured: the profile being built and, if given, the JSON Lines file."""
+    """Where observations go as they are measured: the profile being built, the JSON Lines file and the
+    caller's ``on_observation``, if given (in that order: on disk before anyone is told)."""
 
-    def __init__(self, writer: ProfileWriter | None) -> None:
+    def __init__(self, writer: ProfileWriter | None, on_observation: Callable[[Observation], None] | None = None) -> None:
         self.writer = writer
+        self.on_observation = on_observation
         self.new: list[Observation] = []
 
     def write(self, obs: Observation) -> None:
         if self.writer is not None:
             self.writer.write(obs)
         self.new.append(obs)
+        if self.on_observation is not None:
+            self.on_observation(obs)
 
     def meta(self, **meta: Any) -> None:
         if self.writer is not None:

@@ -284,3 +284,25 @@ def test_each_sweep_size_starts_from_the_initial_state_so_training_carried_over_
                           **{**QUICK, "min_steps": 3, "max_steps": 3}, out=out)
     assert sorted(o.local_bsz for o in profile.observations) == [4, 8, 16, 32]
     assert all(o.step_time > 0 for o in profile.observations)
+
+
+def test_on_observation_sees_each_new_observation_and_a_named_device_type_labels_them(tmp_path):
+    from profilers.devices import DeviceType
+
+    work = tiny_mlp()
+    out = tmp_path / "named.jsonl"
+    seen = []
+    host = DeviceType("Xeon-Gold", ("cpu",), ("the host",))  # what a cluster calls this node's CPU
+    profile = profile_job(**work.profile_args(), batch_sizes=[4, 8], devices=[host], out=out, time_budget_s=10,
+                          on_observation=seen.append, **QUICK)
+    assert seen == profile.observations and [o.local_bsz for o in seen] == [4, 8]
+    assert {o.gpu_type for o in seen} == {"xeon-gold"} and profile.metadata["profiler.xeon-gold"]["complete"]
+    assert Profile.load(out).observations == seen  # on disk before the callback saw them
+    seen.clear()
+    profile_job(**work.profile_args(), batch_sizes=[4, 8, 16], devices=[host], out=out, time_budget_s=10,
+                on_observation=seen.append, **QUICK)
+    assert [o.local_bsz for o in seen] == [16]  # resumed: only the new size is news
+    with pytest.raises(ValidationError, match="on_observation"):
+        profile_job(**work.profile_args(), on_observation="print", **QUICK)
+    with pytest.raises(ValidationError, match="devices=.*CUDA devices present"):
+        profile_job(**work.profile_args(), devices=[DeviceType("a100", ("cuda:7",), ("A100",))], **QUICK)

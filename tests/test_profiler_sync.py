@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -56,10 +57,17 @@ def test_a_replica_failure_names_device_batch_and_replicas():
     assert [r.local_bsz for r in seen] == [4]  # what was measured before the failure was delivered
 
 
-def test_unpicklable_pieces_are_refused_before_spawning():
+def test_lambdas_reach_the_replicas_and_what_does_not_pickle_is_refused_before_spawning():
     work = tiny_mlp()
-    pieces = (work.model, work.optimizer_factory, lambda model, batch: work.loss_fn(model, batch), work.make_batch)
-    with pytest.raises(ValidationError, match="picklable"):
+    seen = []
+    pieces = (work.model, work.optimizer_factory, lambda model, batch: work.loss_fn(model, batch),
+              lambda bsz, device: work.make_batch(bsz, device))  # by value, as Ray ships functions
+    outcome = profile_sync(pieces, ["cpu"], 2, [4], gpu_type="cpu", deadline=time.time() + 30, threads=1,
+                           min_steps=2, max_steps=3, target_seconds=0.01, on_result=seen.append)
+    assert [r.local_bsz for r in outcome.results] == [4] == [r.local_bsz for r in seen]
+    lock = threading.Lock()
+    pieces = (work.model, work.optimizer_factory, lambda model, batch: (lock, work.loss_fn(model, batch))[1], work.make_batch)
+    with pytest.raises(ValidationError, match="optimizer_factory, loss_fn, make_batch did not pickle.*lock"):
         profile_sync(pieces, ["cpu"], 2, [4], gpu_type="cpu", deadline=time.time() + 10)
 
 

@@ -115,15 +115,28 @@ def run_task(task: Task) -> tuple[Task, SimResult]:
 
 
 def run_sweep(tasks: Sequence[Task], processes: int | None = None,
-              on_done: Callable[[Task, SimResult], None] | None = None) -> list[tuple[Task, SimResult]]:
-    """Run tasks in parallel worker processes; ``on_done`` sees each result as it arrives (in the parent).
+              on_done: Callable[[Task, SimResult], None] | None = None, *, backend: str = "processes",
+              address: str | None = None) -> list[tuple[Task, SimResult]]:
+    """Run tasks in parallel; ``on_done`` sees each result as it arrives (in this process); results in ``tasks``' order.
 
+    ``backend``: ``"processes"`` (``processes`` local worker processes, default the CPU count) or
+    ``"ray"`` (a Ray task of one CPU per simulation on the cluster at ``address``; see
+    :func:`profilers.rayutil.connected`). Both give the same results: a simulation depends on its task only.
     Every task's settings are checked first (:func:`check_task`), here: a bad one fails before any runs.
     """
+    if backend not in ("processes", "ray"):
+        raise ValidationError("backend", backend, "expected 'processes' or 'ray'")
     if processes is not None:
+        if backend == "ray":
+            raise ValidationError("processes", processes, "sets local worker processes; with backend='ray' Ray places the tasks")
         processes = check_int("processes", processes, minimum=1)
     for task in tasks:
         check_task(task)
+    if backend == "ray":
+        from profilers.rayutil import connected, map_tasks
+
+        with connected(address, "run_sweep(backend='ray')"):
+            return map_tasks(run_task, list(tasks), on_result=None if on_done is None else lambda _, pair: on_done(*pair))
     processes = processes or min(len(tasks), os.cpu_count() or 1)
     results: list[tuple[Task, SimResult]] = []
     if processes <= 1 or len(tasks) == 1:
