@@ -53,6 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--init-batch-size", type=int, help="override the job's reference batch size M0")
     parser.add_argument("--cpu-threads", type=int, help="intra-op threads per CPU replica (default: cores // most replicas)")
     parser.add_argument("--mlflow", action="store_true", help="log the profile as an MLflow run")
+    parser.add_argument("--server", metavar="URL", help="the goodput service (goodput serve): register the job and post its "
+                        "observations there (with --ray as each type's arrive; resending a rerun's is harmless)")
+    parser.add_argument("--token", default=os.environ.get("GOODPUT_TOKEN"),
+                        help="bearer token for --server's writes (default $GOODPUT_TOKEN)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or summary table")
     parser.set_defaults(func=run)
 
@@ -130,11 +134,24 @@ def run(args: argparse.Namespace) -> int:
     options = dict(batch_sizes=args.batch_sizes, time_budget_s=args.time_budget, replicas=replicas, out=out,
                    progress=not args.no_progress, memory_cap_bytes=args.memory_cap, mlflow=args.mlflow,
                    cpu_threads=args.cpu_threads)
+    if args.server is not None:
+        from goodput.client import Client
+
+        Client(args.server, args.token).close()  # a bad URL or token is refused before the profiling
     if not use_ray:
         profile = profile_job(**kwargs, devices=args.devices, **options)
+        if args.server is not None:
+            from goodput.client import Client
+
+            with Client(args.server, args.token) as client:
+                client.put_job(kwargs["job"], init_batch_size=kwargs["init_batch_size"], max_batch_size=kwargs.get("max_batch_size"))
+                answer = client.post_observations(kwargs["job"], profile.observations)
+            print(f"posted to {args.server}: {answer['accepted']} new of {len(profile.observations)} observations "
+                  f"({answer['total']} stored for {kwargs['job']})")
     else:
         try:
-            profile = profile_cluster(**kwargs, address=address, gpu_types=args.gpu_types, **options)
+            profile = profile_cluster(**kwargs, address=address, gpu_types=args.gpu_types, server=args.server,
+                                      token=args.token, **options)
         except ClusterProfileError as exc:
             _print_result(exc.profile, out)
             for gpu_type, error in exc.failures.items():

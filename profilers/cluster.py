@@ -111,6 +111,8 @@ def profile_cluster(
     mlflow: bool = False,
     console: Any = None,
     on_observations: Callable[[str, list[Observation]], None] | None = None,
+    server: str | None = None,
+    token: str | None = None,
     **profile_job_options: Any,
 ) -> Profile:
     """Profile a job on one node of every device type of a Ray cluster, in parallel; return the merged profile.
@@ -137,8 +139,15 @@ def profile_cluster(
         on_observations: called here with ``(gpu_type, [observations])`` as each
             type's observations arrive (after they are on disk in ``out``); an
             exception it raises stops the profiling (every type's actor is killed).
-            This is where observations can be sent on as they arrive, e.g. to
-            the goodput service.
+            This is where observations can be sent on as they arrive.
+        server: the goodput service (``goodput serve``, e.g. ``http://goodput:8470``):
+            the job is registered there (``PUT /v1/jobs/{job}``) and every
+            observation is posted as it arrives (``observations`` endpoint; a
+            rerun's earlier observations too: the service stores each record
+            once, so resending is harmless). A failed post stops the profiling
+            as ``on_observations``'s exception does; what is on disk in ``out``
+            is kept either way.
+        token: the bearer token the service's writes need (its ``--token-file``).
         **profile_job_options: ``max_batch_size``, ``batch_sizes``,
             ``min_local_bsz``, ``time_budget_s`` (per type, default 20),
             ``replicas`` (counts measured on the types whose nodes have that many
@@ -166,6 +175,11 @@ def profile_cluster(
     check_job_pieces(model, optimizer_factory, loss_fn, make_batch)
     if on_observations is not None and not callable(on_observations):
         raise ValidationError("on_observations", on_observations, "expected a callable or None")
+    client = None
+    if server is not None:
+        from goodput.client import Client
+
+        client = Client(server, token)  # refuses a bad URL or token here, before Ray starts
     run = _run_options(profile_job_options)
     max_batch_size = run.pop("max_batch_size")
     if max_batch_size is not None:
@@ -177,6 +191,8 @@ def profile_cluster(
 
         console = _console()
 
+    if client is not None:
+        on_observations = _posting(client, job, init_batch_size, max_batch_size, previous, on_observations)
     with connected(address, "profile_cluster") as ray:
         types = discover_types(gpu_types)
         plans = [(t, _replicas(t, options)) for t in types]
@@ -188,6 +204,8 @@ def profile_cluster(
             runner.run(plans)
         finally:
             runner.close()
+            if client is not None:
+                client.close()
     profile = runner.profile()
     if progress:
         from .summary import summary_table
@@ -204,6 +222,24 @@ def profile_cluster(
     if runner.failures:
         raise ClusterProfileError(runner.failures, profile)
     return profile
+
+
+def _posting(client: Any, job: str, init_batch_size: int, max_batch_size: int | None, previous: Profile,
+             then: Callable[[str, list[Observation]], None] | None) -> Callable[[str, list[Observation]], None]:
+    """Register ``job`` with the service, post what ``out`` already held, and return the callback that posts each
+    type's observations as they arrive (then calls ``then``)."""
+    client.put_job(job, init_batch_size=init_batch_size, max_batch_size=max_batch_size)
+    earlier = [o for o in previous.observations if o.job == job]
+    if earlier:
+        client.post_observations(job, earlier)
+
+    def post(gpu_type: str, observations: list[Observation]) -> None:
+        if observations:
+            client.post_observations(job, observations)
+        if then is not None:
+            then(gpu_type, observations)
+
+    return post
 
 
 def _run_options(given: dict[str, Any]) -> dict[str, Any]:

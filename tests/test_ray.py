@@ -172,6 +172,33 @@ def test_a_failing_type_is_named_the_other_kept_and_a_rerun_redoes_only_it(ray_n
     assert profile.metadata["profiler.xeon-b"]["node_id"] == bad_node and Profile.load(out).max_local_bsz == {"xeon-a": 8, "xeon-b": 8}
 
 
+def test_observations_reach_the_goodput_service_as_they_arrive_and_a_rerun_posts_nothing_twice(ray_nodes, tmp_path):
+    from goodput.client import Client
+    from service.app import create_app
+    from service.server import BackgroundServer
+
+    work = tiny_mlp()
+    out = tmp_path / "served.jsonl"
+    options = dict(job="tiny", init_batch_size=16, batch_sizes=[4, 8], replicas=[], time_budget_s=8, out=out, progress=False)
+    with BackgroundServer(create_app(f"sqlite:///{tmp_path / 'goodput.db'}", tokens=("s3cret",))) as server:
+        with pytest.raises(ValidationError, match="token"):  # refused before Ray is touched
+            profile_cluster(work.model, work.optimizer_factory, work.loss_fn, work.make_batch, server=server.url, token=" ", **options)
+        seen = []
+        profile = profile_cluster(work.model, work.optimizer_factory, work.loss_fn, work.make_batch, server=server.url,
+                                  token="s3cret", on_observations=lambda t, obs: seen.append(t), **options)
+        with Client(server.url) as client:
+            record = client.job("tiny")
+            assert record["observations"] == len(profile.observations) == 4 and record["settings"]["init_batch_size"] == 16
+            assert sorted(set(seen)) == list(TYPES)  # the caller's callback still runs after each post
+            # a rerun resends what out holds (the service stores each record once) and measures nothing new
+            profile_cluster(work.model, work.optimizer_factory, work.loss_fn, work.make_batch, server=server.url,
+                            token="s3cret", **options)
+            assert client.job("tiny")["observations"] == 4
+        with pytest.raises(Exception, match="401"):  # a wrong token stops the profiling at the registration
+            profile_cluster(work.model, work.optimizer_factory, work.loss_fn, work.make_batch, server=server.url,
+                            token="wrong", **options)
+
+
 def test_cli_profile_with_ray(ray_nodes, tmp_path, capsys):
     out = tmp_path / "cli.jsonl"
     assert main(["profile", "tests.profiler_jobs:workload_dict", "--ray", "--gpu-types", "xeon-b", "--batch-sizes", "4",
