@@ -21,7 +21,7 @@ for these methods:
 
 * ``bayes``: :class:`goodput.JobModel` (Pollux mean + GP residual), with a
   cross-job prior from the *other* models of the same directory
-  (:class:`goodput.cluster_prior.ClusterPrior`, leave-one-model-out: the
+  (:class:`goodput.hierarchy.ClusterPrior`, leave-one-model-out: the
   "brand-new job on a known cluster" case);
 * ``bayes-noprior``: the same without the cross-job prior (weak defaults only);
 
@@ -29,8 +29,7 @@ for these methods:
   (``--model-sizes FILE``; by default the data directory's ``model-sizes.json``
   or the bundled counts of published models, ``experiments/data/model-sizes/``;
   and ``num_parameters`` in profiles that ``profile_job`` wrote): the cross-job
-  prior then scales another model's sync costs by the ratio of sizes instead
-  of the ratio of size proxies;
+  prior then regresses the parameters on the log of the size (its size slopes);
 * ``pollux``: Pollux's model fitted per type to that type's training data (its defaults elsewhere);
 * ``linear``: linear scaling from 1-GPU profiles (an n-GPU step takes as long
   as a 1-GPU step at the same local batch; Sia's "linear" baseline);
@@ -86,7 +85,7 @@ from experiments.accuracy_reference import reference_by_model, reference_errors,
 from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
 from experiments.accuracy_args import METHODS, P4_SEEDS, PROTOCOLS
-from goodput.cluster_prior import ClusterPrior
+from goodput.hierarchy import ClusterPrior
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.model import JobModel
@@ -371,9 +370,8 @@ def run(
     (:func:`experiments.datasets.read_model_sizes`), ``"auto"`` (the data
     directory's ``model-sizes.json``, else the bundled counts of published
     models whose names the data share; :func:`experiments.datasets.resolve_model_sizes`)
-    or ``None``/``"none"``. A model with a known size scales the sync costs of
-    the other models with known sizes by the ratio of sizes
-    (:mod:`goodput.transfer`); the others use size proxies.
+    or ``None``/``"none"``. Known sizes place each model on the cluster prior's
+    size slopes (:mod:`goodput.hierarchy`).
 
     ``seeds`` (random orders per type in P4) and ``p4_max_test`` (held-out observations per P4
     checkpoint) must be integers >= 1 (:class:`~goodput.errors.ValidationError` otherwise).

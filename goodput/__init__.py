@@ -3,14 +3,14 @@
 The public API (see DESIGN.md)::
 
     from goodput import Observation, Profile, JobModel, GoodputTable, Cluster, allocate
-    from goodput import ClusterPrior   # other jobs on the cluster, a new job's prior (goodput.cluster_prior)
+    from goodput import ClusterPrior   # other jobs on the cluster, a new job's prior (goodput.hierarchy)
     from goodput.throughput import ThroughputParams, predict_step_time, fit_throughput
     from goodput.efficiency import efficiency
 """
 
 from .allocator import Allocation, JobAllocation, JobSpec, SolverInfo, allocate
 from .cluster import Cluster, NodePool
-from .cluster_prior import ClusterPrior
+from .hierarchy import ClusterPrior
 from .errors import DataFormatError, UnknownGPUTypeError, ValidationError
 from .model import GoodputChoice, JobModel, Prediction
 from .observations import Observation, Profile, ProfileWriter

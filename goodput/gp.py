@@ -20,16 +20,14 @@ the log step time of a configuration with respect to the Pollux prediction
   others in proportion to their learned correlation. ``x`` are the
   configuration features of :func:`config_features`.
 * ``s(x, t)ᵀ δ`` is a Bayesian linear model in the (log) Pollux parameters:
-  ``s`` holds, per GPU type, the sensitivities ``∂ log T / ∂ δ`` of the
-  prediction to each parameter group scaled by that group's prior standard
-  deviation, and ``δ ~ N(0, I)``. Marginalising ``δ`` adds the fixed kernel
-  ``s sᵀ``; conditioning on data is then the linearised (Laplace) posterior of
-  the parameters. This carries the uncertainty of parameters that the job's own
-  data do not identify (transferred from other GPU types or other jobs, see
-  :mod:`goodput.transfer`) and of those fitted from few observations.
+  ``s`` holds the sensitivities ``∂ log T / ∂u`` of the prediction times the
+  Cholesky factor of the parameters' prior covariance, and ``δ ~ N(0, I)``.
+  Marginalising ``δ`` adds the fixed kernel ``s sᵀ``; conditioning on data is
+  then the linearised (Laplace) posterior of the parameters, the job's types
+  coupled as the prior couples them (:mod:`goodput.posterior`,
+  :mod:`goodput.hierarchy`).
 * ``ε ~ N(0, σ² + d(x))``: learned measurement noise plus an optional fixed
-  per-point variance ``d`` (structural error in regimes a type has not been
-  observed in).
+  per-point variance ``d``.
 
 Hyperparameters (Matérn length scales, ``w``, ``v``, ``σ²``) are fitted by
 maximising gpytorch's exact marginal likelihood in float64; the posterior is
@@ -77,6 +75,8 @@ __all__ = [
     "covariance",
     "cholesky_with_jitter",
     "fit_hyperparameters",
+    "fit_shared_hyperparameters",
+    "HyperPrior",
     "gpytorch_posterior",
 ]
 
@@ -202,27 +202,46 @@ class GPHyperparameters:
         v = float(np.mean(self.task_var)) if self.task_var else 0.001
         return w, v
 
-    def borrowed(self, tasks: Any) -> GPHyperparameters:
-        """These hyperparameters with the task parameters of ``tasks`` (indices) set to the mean of the others'.
-
-        A GPU type whose data cannot inform its own task parameters (see
-        :func:`goodput.bayes.build_state`) takes those of a typical type: the
-        prior mean of a hierarchical model in which types share a residual scale.
-        """
-        tasks = sorted({int(k) for k in tasks})
-        others = [k for k in range(self.num_tasks) if k not in tasks]
-        if not tasks or not others:
-            return self
-        w, v = list(self.task_factor), list(self.task_var)
-        w_mean = float(np.mean([w[k] for k in others]))
-        v_mean = float(np.exp(np.mean(np.log(np.maximum([v[k] for k in others], 1e-12)))))
-        for k in tasks:
-            w[k], v[k] = w_mean, v_mean
-        return replace(self, task_factor=tuple(w), task_var=tuple(v))
-
     def to_dict(self) -> dict[str, Any]:
         return {"lengthscale": list(self.lengthscale), "task_factor": list(self.task_factor),
                 "task_var": list(self.task_var), "noise": self.noise, "task_names": list(self.task_names)}
+
+
+@dataclass(frozen=True)
+class HyperPrior:
+    """A prior on the residual GP's hyperparameters: log-normal around typical values (e.g. a cluster's).
+
+    Attributes:
+        lengthscale: median Matérn length scale per feature.
+        signal_var: median variance of each GPU type's residual process (the task covariance's diagonal).
+        noise: median measurement-noise variance.
+        log_std: log-std of every one of them: how far one job may differ.
+    """
+
+    lengthscale: tuple[float, ...]
+    signal_var: float
+    noise: float
+    log_std: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengthscale", tuple(check_float(f"lengthscale[{i}]", v, positive=True) for i, v in enumerate(self.lengthscale)))
+        for name in ("signal_var", "noise", "log_std"):
+            object.__setattr__(self, name, check_float(name, getattr(self, name), positive=True))
+
+    def initial(self, num_tasks: int, correlation: float = 0.9) -> GPHyperparameters:
+        """Hyperparameters at the prior's medians, types correlated by ``correlation``."""
+        w = math.sqrt(correlation * self.signal_var)
+        return GPHyperparameters(self.lengthscale, (w,) * num_tasks, ((1.0 - correlation) * self.signal_var,) * num_tasks,
+                                 max(self.noise, NOISE_FLOOR))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> HyperPrior:
+        if not isinstance(data, dict):
+            raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std}")
+        return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5))
 
 
 def covariance(
@@ -361,14 +380,17 @@ class OnlinePosterior:
             k += self.s @ s.T
         return k
 
-    def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray) -> np.ndarray:
-        """Posterior mean of the residual at query points (the hot path: no variance)."""
+    def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray | None = None) -> np.ndarray:
+        """Posterior mean of the residual at query points (the hot path: no variance).
+
+        ``s=None`` leaves out the linear part (a caller that adds ``s @ weights`` itself, cheaper).
+        """
         ls = np.asarray(self.hyper.lengthscale, dtype=float)
         b = x / ls
         d2 = np.maximum(self._scaled_sq[:, None] + (b * b).sum(1)[None, :] - 2.0 * (self._scaled_x @ b.T), 0.0)
         k = _kern(d2) * self._task[np.ix_(self.t, t)]
         mean = k.T @ self.alpha
-        if self.s.shape[1]:
+        if s is not None and self.s.shape[1]:
             mean = mean + s @ self.weights
         return mean
 
@@ -393,7 +415,7 @@ class OnlinePosterior:
 
 
 def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None,
-                 device: str | None = None):
+                 device: str | None = None, hyper_prior: HyperPrior | None = None):
     """A gpytorch ExactGP (Hadamard form) holding ``hyper``; float64, on ``device`` (default CPU)."""
     import gpytorch
     import torch
@@ -401,6 +423,13 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
 
     dtype = torch.float64
     dev = torch.device(device or "cpu")
+    if hyper_prior is None:
+        lengthscale_prior = gpytorch.priors.GammaPrior(2.0, 0.5)
+        noise_prior = gpytorch.priors.LogNormalPrior(math.log(NOISE_PRIOR), 1.0)
+    else:
+        lengthscale_prior = gpytorch.priors.LogNormalPrior(torch.log(torch.as_tensor(hyper_prior.lengthscale, dtype=dtype)),
+                                                           hyper_prior.log_std)
+        noise_prior = gpytorch.priors.LogNormalPrior(math.log(hyper_prior.noise), hyper_prior.log_std)
     tx = torch.as_tensor(x, dtype=dtype, device=dev)
     tt = torch.as_tensor(t, dtype=torch.long, device=dev).reshape(-1, 1)
     ts = torch.as_tensor(s, dtype=dtype, device=dev).reshape(len(y), -1)
@@ -412,7 +441,7 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
             super().__init__((tx, tt, ts), ty, likelihood)
             self.mean_module = gpytorch.means.ZeroMean()
             self.data_kernel = gpytorch.kernels.MaternKernel(
-                nu=2.5, ard_num_dims=x.shape[1], lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 0.5),
+                nu=2.5, ard_num_dims=x.shape[1], lengthscale_prior=lengthscale_prior,
                 lengthscale_constraint=gpytorch.constraints.Interval(0.05, 50.0),
             )
             self.task_kernel = gpytorch.kernels.IndexKernel(num_tasks=hyper.num_tasks, rank=1)
@@ -424,10 +453,9 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
             return gpytorch.distributions.MultivariateNormal(self.mean_module(xi), covar)
 
     constraint = gpytorch.constraints.GreaterThan(NOISE_FLOOR)
-    # A weak prior on the noise variance, centred on a 3% spread of step times: with a handful of
-    # observations the Pollux mean fits them almost exactly, and the maximum-likelihood noise
-    # would collapse to the floor (overconfident intervals); with many, the data decide.
-    noise_prior = gpytorch.priors.LogNormalPrior(math.log(NOISE_PRIOR), 1.0)
+    # A prior on the noise variance (without a hyper_prior: weak, centred on a 3% spread of step
+    # times): with a handful of observations the Pollux mean fits them almost exactly, and the
+    # maximum-likelihood noise would collapse to the floor (overconfident intervals); with many, the data decide.
     if float(d.max() if d.numel() else 0.0) > 0:
         # learned homoscedastic noise on top of the fixed per-point variance d
         likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=d, learn_additional_noise=True, noise_constraint=constraint,
@@ -479,12 +507,17 @@ def fit_hyperparameters(
     extra_noise: np.ndarray | None = None,
     max_iter: int = 60,
     device: str | None = None,
+    hyper_prior: HyperPrior | None = None,
 ) -> GPHyperparameters:
-    """Maximise gpytorch's exact marginal likelihood (with the length-scale prior) by L-BFGS, from ``init``.
+    """Maximise gpytorch's exact marginal likelihood plus the hyperparameters' log prior by L-BFGS, from ``init``.
 
-    ``device`` (e.g. ``"cuda"``) runs the optimisation there; the default CPU is
-    faster for the few hundred points a job's model holds. Returns ``init``
-    unchanged when the optimisation fails numerically.
+    ``hyper_prior`` (e.g. the cluster's, :func:`fit_shared_hyperparameters`): log-normal priors on the
+    length scales, the noise and each GPU type's residual variance; with a handful of points the
+    marginal likelihood alone overfits (short length scales, noise at the floor, overconfident
+    intervals), with many the data decide. Without one: a Gamma(2, ½) prior on the length scales and a
+    weak one on the noise. ``device`` (e.g. ``"cuda"``) runs the optimisation there; the default CPU is
+    faster for the few hundred points a job's model holds. Returns ``init`` unchanged when the
+    optimisation fails numerically.
     """
     import gpytorch
     import torch
@@ -494,15 +527,20 @@ def fit_hyperparameters(
     try:
         with gpytorch.settings.max_cholesky_size(100_000), gpytorch.settings.cholesky_jitter(double_value=1e-8), \
                 gpytorch.settings.cholesky_max_tries(4):
-            model, likelihood, inputs, target = _torch_model(init, x, t, s, y, extra_noise, device)
+            model, likelihood, inputs, target = _torch_model(init, x, t, s, y, extra_noise, device, hyper_prior)
             model.train()
             likelihood.train()
             mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
             optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+            present = torch.as_tensor(np.unique(t), dtype=torch.long, device=target.device)
 
             def closure() -> Any:
                 optimizer.zero_grad()
                 loss = -mll(model(*inputs), target)
+                if hyper_prior is not None:  # gpytorch's mll is per data point: so is this prior's term
+                    task = model.task_kernel.covar_matrix.to_dense().diagonal()[present]
+                    z = (torch.log(task) - math.log(hyper_prior.signal_var)) / hyper_prior.log_std
+                    loss = loss + 0.5 * (z**2).sum() / target.numel()
                 loss.backward()
                 return loss
 
@@ -518,6 +556,74 @@ def fit_hyperparameters(
     if not np.all(np.isfinite(values)):
         return init
     return result
+
+
+def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, np.ndarray]], *, max_points: int = 128, max_iter: int = 60,
+                               seed: int = 0) -> HyperPrior | None:
+    """Hyperparameters shared by independent residual processes (one per group), by maximum marginal likelihood.
+
+    ``groups``: ``(features (N, D), residuals (N,))`` of each job on each GPU type of a cluster, each
+    an independent draw of a Matérn-5/2 process plus noise with the same length scales, variance and
+    noise (at most ``max_points`` of each, a random subset). The cluster's typical residual structure:
+    the prior of a new job's (:func:`fit_hyperparameters`). ``None`` without enough points (fewer than
+    8 in all) or when the fit fails.
+    """
+    import torch
+
+    rng = np.random.default_rng(seed)
+    kept = []
+    for x, y in groups:
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        if y.size < 3 or not np.all(np.isfinite(y)):
+            continue
+        if y.size > max_points:
+            idx = np.sort(rng.choice(y.size, max_points, replace=False))
+            x, y = x[idx], y[idx]
+        kept.append((torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y - y.mean(), dtype=torch.float64)))
+    if sum(int(y.numel()) for _, y in kept) < 8:
+        return None
+    dims = kept[0][0].shape[1]
+    total = sum(int(y.numel()) for _, y in kept)
+    variance = float(np.mean([float((y**2).mean()) for _, y in kept]))
+    log_ls = torch.zeros(dims, dtype=torch.float64).fill_(math.log(2.0)).requires_grad_()
+    log_sig = torch.tensor(math.log(max(0.7 * variance, 1e-6)), dtype=torch.float64, requires_grad=True)
+    log_noise = torch.tensor(math.log(max(0.3 * variance, NOISE_FLOOR)), dtype=torch.float64, requires_grad=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        optimizer = torch.optim.LBFGS([log_ls, log_sig, log_noise], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+        def closure() -> Any:
+            optimizer.zero_grad()
+            ls = torch.exp(log_ls).clamp(0.05, 50.0)
+            loss = torch.zeros((), dtype=torch.float64)
+            for x, y in kept:
+                a = x / ls
+                d2 = ((a[:, None, :] - a[None, :, :]) ** 2).sum(-1)
+                r = torch.sqrt(5.0 * d2 + 1e-12)
+                k = torch.exp(log_sig) * (1.0 + r + r * r / 3.0) * torch.exp(-r)
+                k = k + (torch.exp(log_noise) + NOISE_FLOOR) * torch.eye(y.numel(), dtype=torch.float64)
+                chol = torch.linalg.cholesky(k)
+                alpha = torch.cholesky_solve(y[:, None], chol)
+                loss = loss + 0.5 * (y[:, None] * alpha).sum() + torch.log(torch.diagonal(chol)).sum()
+            # the single-job fit's Gamma(2, 1/2) prior on the length scales
+            ls_prior = -(torch.log(ls) - 0.5 * ls).sum()
+            loss = (loss + ls_prior) / total
+            loss.backward()
+            return loss
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimizer.step(closure)
+        ls = np.clip(np.exp(log_ls.detach().numpy()), 0.05, 50.0)
+        sig, noise = math.exp(float(log_sig.detach())), math.exp(float(log_noise.detach())) + NOISE_FLOOR
+    except Exception:  # noqa: BLE001 - numerical failure: no shared prior
+        return None
+    finally:
+        torch.set_num_threads(threads)
+    if not (np.all(np.isfinite(ls)) and math.isfinite(sig) and math.isfinite(noise)):
+        return None
+    return HyperPrior(tuple(float(v) for v in ls), max(sig, 1e-6), noise)
 
 
 def gpytorch_posterior(

@@ -1,30 +1,29 @@
 """A job's performance model: throughput per GPU type, efficiency, goodput.
 
-:class:`JobModel` holds every observation of one job. It fits Pollux's
-throughput model (:mod:`goodput.throughput`) per GPU type, tracks the job's
-gradient statistics for statistical efficiency (:mod:`goodput.efficiency`), and
-answers a scheduler's questions: the step time of a configuration, the best
-batch configuration and goodput of an allocation, and a goodput table over a
-cluster's configurations.
+:class:`JobModel` holds every observation of one job. It models the job's step
+time on each GPU type with Pollux's throughput model (:mod:`goodput.throughput`),
+tracks the job's gradient statistics for statistical efficiency
+(:mod:`goodput.efficiency`), and answers a scheduler's questions: the step time
+of a configuration, the best batch configuration and goodput of an allocation,
+and a goodput table over a cluster's configurations.
 
-The model is Bayesian (``bayesian=True``, the default; see :mod:`goodput.bayes`):
-the mean is Pollux's prediction per GPU type, with the parameters a type's own
-data cannot identify taken from the job's other GPU types and, when given, from
-other jobs on the cluster (:mod:`goodput.transfer`, :mod:`goodput.cluster_prior`); a Gaussian process on the
-residual of log step time, shared across GPU types (:mod:`goodput.gp`), corrects
-it and gives every prediction a calibrated standard deviation.
+The model is Bayesian (``bayesian=True``, the default): one posterior over the
+job's Pollux parameters on all its GPU types and a Gaussian-process residual
+(:mod:`goodput.posterior`), under a hierarchical prior that other jobs on the
+cluster inform (:mod:`goodput.hierarchy`, :class:`ClusterPrior`; weak defaults
+without one). Every observation — on any type, 1 GPU or many — enters through
+that one likelihood; predictions carry a standard deviation.
 
 Updates are online: :meth:`JobModel.observe` conditions the GP posterior on the
-new observations at once (an O(n²) Cholesky update) without refitting anything.
-The Pollux means, the priors and the GP hyperparameters are refitted now and
-then, lazily at the next question: after ``refit_every`` new observations
-(default: a quarter of those held at the last refit, at least 5), when an
-observation is surprising (``|z| > surprise`` under the GP's posterior
-predictive, narrower than the interval :meth:`JobModel.predict` reports),
-when a new GPU type appears, or on :meth:`JobModel.refit`. Only types whose
-data changed are refitted by Pollux's L-BFGS-B. Numerical trouble
-never raises: the GP escalates jitter, then the prediction falls back to the
-parametric one with an inflated ``std`` (:attr:`JobModel.diagnostics`).
+new observations at once (an O(n²) Cholesky update) without refitting. The
+maximum a posteriori parameters (the linearisation point) and the GP
+hyperparameters are refitted now and then, lazily at the next question: after
+``refit_every`` new observations (default: a quarter of those held at the last
+refit, at least 5; the hyperparameters too), when an observation is
+surprising (``|z| > surprise``: the parameters only), when a new GPU type
+appears, or on :meth:`JobModel.refit`. Numerical trouble never raises: the GP
+escalates jitter, then the prediction falls back to the parametric one with an
+inflated ``std`` (:attr:`JobModel.diagnostics`).
 
 With ``bayesian=False`` the model is the plain per-type Pollux fit, refitted
 lazily whenever a type's data change, with ``std`` 0.
@@ -50,21 +49,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .bayes import BayesState, build_state
 from .cluster import Cluster
-from .cluster_prior import ClusterPrior
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
+from .hierarchy import EFFECT_DOF, ClusterPrior, default_means, default_prior
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
-from .regimes import REGIMES, config_regime
+from .posterior import DEFAULT_HYPER_PRIOR, JobPosterior, build_posterior
 from .sync_shape import SyncShape
 from .table import GoodputTable
 from .threads import single_threaded
-from .throughput import ThroughputParams, _prior_values, _step_time, config_arrays, fit_throughput
-from .transfer import TypeTransfer, build_transfer
+from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
@@ -144,30 +141,22 @@ class JobModel:
             ``{gpu_type: (min, max)}`` (memory differs by GPU type); ``None``:
             no limit beyond ``max_batch_size``.
         accumulation: allow gradient accumulation to reach large batches.
-        prior: per GPU type, values for throughput parameters the job's own
-            observations cannot identify (see :func:`fit_throughput`); they
-            take precedence over transferred priors. A :class:`ClusterPrior`
-            here is taken as ``cluster_prior``.
-        bayesian: the GP residual layer with online updates (``False``: the
-            plain Pollux fit, ``std`` 0).
-        cluster_prior: other jobs' fitted models on the same cluster
-            (:class:`~goodput.cluster_prior.ClusterPrior`): priors for what this
-            job has not been observed in (e.g. multi-GPU sync on a type).
-        model_size: the job's parameter count, when known: scales sync priors
-            from other jobs that report theirs.
-        default_prior: use weak default priors (:data:`goodput.transfer.DEFAULTS`)
-            for sync costs nothing else informs; ``False``: Pollux's optimistic
-            zero-sync default.
-        refit_every: refit means and hyperparameters after this many new
-            observations (``None``: a quarter of those held, at least 5).
+        bayesian: the hierarchical prior and GP residual with online updates
+            (``False``: the plain per-type Pollux fit, ``std`` 0).
+        cluster_prior: other jobs on the same cluster
+            (:class:`~goodput.hierarchy.ClusterPrior`): the prior of this job's
+            parameters on every type (weak defaults without one).
+        model_size: the job's parameter count, when known: places it on the
+            cluster prior's size slopes (gradient bytes drive its sync costs).
+        refit_every: refit after this many new observations (``None``: a
+            quarter of those held at the last refit, at least 5).
         surprise: refit when a new observation's ``|z|`` exceeds this.
         gp_hyperparameters: initial GP hyperparameters (e.g. another job's on
-            the same cluster, :attr:`gp_hyperparameters`): the model uses them
-            until its own observations call for a refit of the hyperparameters
-            (``refit_every`` new ones, or a surprising one), which then starts
-            from them (a short warm refit instead of a cold one).
+            the same cluster, :attr:`gp_hyperparameters`): used until the
+            job's own observations call for a refit of the hyperparameters,
+            which then starts from them.
         max_gp_points: a refit conditions the GP on at most this many (most
-            recent) observations; between refits it conditions on up to a
+            recent) step observations; between refits it conditions on up to a
             quarter more (at least 5), then refits.
     """
 
@@ -179,11 +168,9 @@ class JobModel:
         local_bsz_bounds: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
         *,
         accumulation: bool = True,
-        prior: Mapping[str, ThroughputParams | Mapping[str, float]] | ClusterPrior | None = None,
         bayesian: bool = True,
         cluster_prior: ClusterPrior | None = None,
         model_size: float | None = None,
-        default_prior: bool = True,
         refit_every: int | None = None,
         surprise: float = 3.0,
         max_gp_points: int = 1024,
@@ -206,30 +193,13 @@ class JobModel:
                 self._bounds_by_type[name] = check_bounds(f"local_bsz_bounds[{gpu!r}]", bounds)
         else:
             self._bounds_default = check_bounds("local_bsz_bounds", local_bsz_bounds)
-        if not isinstance(accumulation, bool):
-            raise ValidationError("accumulation", accumulation, "expected True or False")
-        self.accumulation = accumulation
-        if isinstance(prior, ClusterPrior):
-            if cluster_prior is not None:
-                raise ValidationError("prior", prior, "a ClusterPrior is given twice (prior= and cluster_prior=)")
-            prior, cluster_prior = None, prior
-        cluster_prior = _checked_cluster_prior(cluster_prior)
-        if prior is not None and not isinstance(prior, Mapping):
-            raise ValidationError("prior", prior, "expected {gpu_type: ThroughputParams or {parameter: value}} or a ClusterPrior")
-        self._prior: dict[str, ThroughputParams | Mapping[str, float]] = {}
-        for gpu, values in (prior or {}).items():
-            _prior_values(values)  # checked now, not at the first refit inside a scheduler's call
-            name = normalize_gpu_type(gpu, "prior")
-            if name in self._prior:
-                raise ValidationError("prior", gpu, f"names GPU type {name!r} twice")
-            self._prior[name] = values
-        for flag, value in (("bayesian", bayesian), ("default_prior", default_prior)):
+        for flag, value in (("accumulation", accumulation), ("bayesian", bayesian)):
             if not isinstance(value, bool):
                 raise ValidationError(flag, value, "expected True or False")
+        self.accumulation = accumulation
         self.bayesian = bayesian
-        self._cluster_prior = cluster_prior
+        self._cluster_prior = _checked_cluster_prior(cluster_prior)
         self._model_size = _checked_model_size(model_size)
-        self.default_prior = default_prior
         self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
         self.surprise = check_float("surprise", surprise, positive=True)
         self.max_gp_points = check_int("max_gp_points", max_gp_points, minimum=2)
@@ -240,16 +210,14 @@ class JobModel:
                                   f"expected one per GP feature ({len(FEATURE_NAMES)}: {', '.join(FEATURE_NAMES)})")
         self._gp_init = gp_hyperparameters
         self._observations: dict[str, list[Observation]] = {}
-        self._params: dict[str, ThroughputParams] = {}  # each type's own Pollux fit
-        self._cache: dict[Any, Any] = {}  # γ-held fits used as transfer sources
+        self._params: dict[str, ThroughputParams] = {}  # each type's plain Pollux fit (bayesian=False, own_fit)
         self._dirty: set[str] = set()
         self.grad_sqr: float | None = None
         self.grad_var: float | None = None
         # the Bayesian layer
-        self._state: BayesState | None = None
+        self._state: JobPosterior | None = None
         self._refit_due = True
-        # the next refit also re-optimises the GP hyperparameters (not at first when given some)
-        self._hyper_due = gp_hyperparameters is None
+        self._hyper_due = gp_hyperparameters is None  # the next refit also refits the GP hyperparameters
         self._pending = 0  # observations since the last refit
         self.refits = 0
         self.last_z: float | None = None  # largest |z| of the last online update
@@ -257,7 +225,7 @@ class JobModel:
     # ------------------------------------------------------------------ what the fits depend on
     @property
     def cluster_prior(self) -> ClusterPrior | None:
-        """The cross-job prior; setting it (a scheduler's refreshed one) refits everything made under the old one."""
+        """The cross-job prior; setting it (a scheduler's refreshed one) refits at the next question."""
         return self._cluster_prior
 
     @cluster_prior.setter
@@ -267,7 +235,7 @@ class JobModel:
 
     @property
     def model_size(self) -> float | None:
-        """The job's trainable parameter count (scales other jobs' sync costs); setting it refits."""
+        """The job's trainable parameter count (places it on the cluster prior's size slopes); setting it refits."""
         return self._model_size
 
     @model_size.setter
@@ -276,10 +244,10 @@ class JobModel:
         self._invalidate()
 
     def _invalidate(self) -> None:
-        """Forget the own fits (their sync shape), the transfer sources and the state: the next use refits."""
+        """Forget the fits (their sync shape) and the posterior: the next question refits from scratch."""
         self._params.clear()
-        self._cache.clear()
         self._dirty.update(self._observations)
+        self._state = None
         self._refit_due = self._hyper_due = True
 
     # ------------------------------------------------------------------ construction helpers
@@ -326,10 +294,9 @@ class JobModel:
 
         Bayesian model: the GP posterior is conditioned on them at once (no
         refit); a refit is scheduled when due (see the module docstring) and
-        runs lazily at the next question, refitting Pollux only for the GPU
-        types whose data changed. Plain model: the touched types are refitted
-        lazily. Observations carrying ``grad_sqr``/``grad_var`` update the
-        job's gradient statistics (the latest one wins: the reporter smooths them).
+        runs lazily at the next question. Plain model: the touched types are
+        refitted lazily. Observations carrying ``grad_sqr``/``grad_var`` update
+        the job's gradient statistics (the latest one wins: the reporter smooths them).
         """
         if isinstance(observations, (str, bytes)) or not isinstance(observations, (Observation, Iterable)):
             raise ValidationError("observations", observations, "expected an Observation or an iterable of them")
@@ -344,90 +311,80 @@ class JobModel:
             self._dirty.add(obs.gpu_type)
             if obs.grad_sqr is not None:
                 self.grad_sqr, self.grad_var = obs.grad_sqr, obs.grad_var
-        if batch:
+        if batch and self.bayesian:
             self._on_observe(batch)
         return self
 
     def _on_observe(self, batch: list[Observation]) -> None:
         """Condition the GP posterior on the new observations (no refit); schedule a refit when due."""
-        if not self.bayesian:
-            return
         self._pending += len(batch)
         state = self._state
         if self._refit_due or state is None or state.posterior is None or any(o.gpu_type not in state.index for o in batch):
-            self._refit_due = True
             if state is not None and (state.posterior is None or any(o.gpu_type not in state.index for o in batch)):
                 self._hyper_due = True  # a new GPU type (a new task) or a failed posterior
+            self._refit_due = True
             return
-        for o in batch:  # a regime the type had not been observed in: its transferred prior gives way to data
-            # (the means and transfers are refitted; the GP hyperparameters only on the triggers below)
-            if int(config_regime(o.num_nodes, o.num_replicas)) not in state.transfers[o.gpu_type].regimes.covered:
-                self._refit_due = True
         try:
             self.last_z = state.condition(batch)
         except (GPNumericalError, np.linalg.LinAlgError, ValueError, FloatingPointError):
             self._refit_due = self._hyper_due = True
             return
         threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
-        # a refit keeps max_gp_points: refitting when the posterior reaches them would refit at every observation
-        held_limit = self.max_gp_points + max(5, self.max_gp_points // 4)
-        if self.last_z > self.surprise or self._pending >= threshold or len(state.posterior) >= held_limit:
+        if self.last_z > self.surprise:
+            self._refit_due = True  # the linearisation point is off: a new MAP (hyperparameters when due)
+        if self._pending >= threshold or len(state.posterior) >= 2 * (self.max_gp_points + max(5, self.max_gp_points // 4)):
             self._refit_due = self._hyper_due = True
 
     # ------------------------------------------------------------------ refits
     def _own_fit(self, name: str) -> ThroughputParams:
-        """The type's Pollux fit to its own data (with the caller's explicit prior), cached until its data change."""
+        """The type's plain Pollux fit to its own data, cached until its data change."""
         if name in self._dirty or name not in self._params:
-            # a refit after new observations starts from the previous fit (online, see fit_throughput(initial=))
-            self._params[name] = fit_throughput(self._observations[name], prior=self._prior.get(name),
-                                                initial=self._params.get(name), sync_shape=self.sync_shape(name))
+            self._params[name] = fit_throughput(self._observations[name], initial=self._params.get(name),
+                                                sync_shape=self.sync_shape(name))
             self._dirty.discard(name)
         return self._params[name]
 
     def sync_shape(self, gpu_type: str) -> SyncShape | None:
         """The cluster prior's inter-node sync shape on ``gpu_type`` (:mod:`goodput.sync_shape`); ``None`` without one."""
-        return self.cluster_prior.sync_shape(gpu_type) if self.cluster_prior is not None else None
+        return self.cluster_prior.sync_shape(normalize_gpu_type(gpu_type)) if self.cluster_prior is not None else None
 
     def own_fit(self, gpu_type: str) -> ThroughputParams:
-        """The type's Pollux fit to its own observations (with the caller's explicit prior, no transferred one), refitted if they changed."""
+        """The type's plain Pollux fit to its own observations alone (no prior), refitted if they changed."""
         return self._own_fit(self._known(gpu_type))
 
-    def transfers(self) -> dict[str, TypeTransfer]:
-        """Per GPU type: its own fit and the ensembles for regimes it has not been observed in (:mod:`goodput.transfer`)."""
-        own = {t: self._own_fit(t) for t in self._observations}
-        return build_transfer(own, self._observations, self.cluster_prior, size=self.model_size, defaults=self.default_prior,
-                              keep_own=self._prior, cache=self._cache)
+    def prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean (T, 7) and covariance (7T, 7T) of the job's coordinates (:mod:`goodput.parametric`) on :attr:`gpu_types`:
+        the cluster prior's, or the weak defaults around each type's observed compute."""
+        if self.cluster_prior is not None and len(self.cluster_prior):
+            return self.cluster_prior.prior(self.gpu_types, self.model_size)
+        return default_prior([default_means(self._observations[t]) for t in self.gpu_types])
 
     @single_threaded
     def refit(self, *, hyperparameters: bool = True) -> JobModel:
-        """Refit now: Pollux fits of changed types, transfers and (unless ``hyperparameters=False``) the GP
-        hyperparameters; rebuild the posterior. Lazy refits pass ``hyperparameters`` only when they are due."""
+        """Refit now: the MAP parameters on every type and the GP posterior on all observations (its
+        hyperparameters too unless ``hyperparameters=False``). Lazy refits pass ``hyperparameters`` only when due."""
         if not self._observations:
             return self
         if not self.bayesian:
             for gpu in self._observations:
                 self._own_fit(gpu)
             return self
-        previous = self._state.hyper if self._state is not None else self._gp_init
-        fit_hyper = hyperparameters or previous is None
-        self._state = build_state(self._observations, self.transfers(), previous, max_points=self.max_gp_points,
-                                  fit_hyper=fit_hyper)
-        if self.cluster_prior is not None:
-            # Predictions in regimes a type has not been observed in rest on transfer rules whose
-            # reliability the cluster's own leave-one-job-out calibrations measure: for a cold job
-            # (1-GPU profiles only) the other jobs' sync, for a warm one the rules that carry its
-            # own single-node data to multi-node and to other types.
-            if not any(o.num_replicas > 1 for obs in self._observations.values() for o in obs):
-                factors = {t: self.cluster_prior.cold_factor(t) for t in self._observations}
-                self._state.regime_scale = {t: dict.fromkeys((1, 2, 3), f) for t, f in factors.items() if f != 1.0}
-            else:
-                self._state.regime_scale = {t: self.cluster_prior.warm_factors(self._state.transfers[t].regimes) for t in self._observations}
+        mean, cov = self.prior()
+        shapes = {t: self.sync_shape(t) for t in self.gpu_types}
+        previous = self._state
+        fit_hyper = hyperparameters or (previous is None and self._gp_init is None)
+        gp_prior = self.cluster_prior.gp_prior if self.cluster_prior is not None else None
+        self._state = build_posterior(self._observations, mean, cov, shapes, previous,
+                                      hyper=self._gp_init if previous is None else None,
+                                      hyper_prior=gp_prior or DEFAULT_HYPER_PRIOR,
+                                      prior_dof=EFFECT_DOF if self.cluster_prior is not None and len(self.cluster_prior) else None,
+                                      fit_hyper=fit_hyper, max_points=self.max_gp_points)
         self._refit_due = self._hyper_due = False
         self._pending = 0
         self.refits += 1
         return self
 
-    def _current(self) -> BayesState:
+    def _current(self) -> JobPosterior:
         if self._refit_due or self._state is None:
             self.refit(hyperparameters=self._hyper_due)
         assert self._state is not None
@@ -440,7 +397,7 @@ class JobModel:
 
     @property
     def diagnostics(self) -> dict[str, Any]:
-        """State of the Bayesian layer: refits, hyperparameters, task correlation, prior sources, fallback reason."""
+        """State of the Bayesian layer: refits, hyperparameters, task correlation, the MAP parameters, fallback reason."""
         if not self.bayesian:
             return {"bayesian": False, "observations": len(self.observations)}
         state = self._current() if self._observations else None
@@ -455,14 +412,11 @@ class JobModel:
             "types": list(state.types),
             "hyperparameters": state.hyper.to_dict(),
             "task_correlation": state.hyper.task_correlation().round(3).tolist(),
-            "transfers": {t: {"covered": [REGIMES[r] for r in tr.regimes.covered], "sources": tr.sources,
-                              "members": {REGIMES[r]: len(m) for r, m in tr.members.items()},
-                              # factor on the predictive std of each unobserved regime (the cluster's calibrations)
-                              "spread_scale": {REGIMES[r]: round(f, 3) for r, f in state.regime_scale.get(t, {}).items()
-                                               if r not in tr.regimes.covered},
-                              # the cluster's factor on inter-node sync per "nodes×replicas" (goodput.sync_shape)
-                              "sync_shape": {f"{n}x{r}": round(f, 3) for (n, r), f in sorted(tr.shape.factors.items())} if tr.shape else {}}
-                          for t, tr in state.transfers.items()},
+            "noise_std": round(state.noise_std, 4),
+            "params": {t: ThroughputParams(*state.theta(t).tolist()).to_dict() for t in state.types},
+            "prior": "cluster" if self.cluster_prior is not None and len(self.cluster_prior) else "defaults",
+            "sync_shape": {t: {f"{n}x{r}": round(f, 3) for (n, r), f in sorted(s.factors.items())}
+                           for t, s in state.shapes.items() if s},
             "fallback": state.posterior is None,
             "reason": state.reason,
             "jitter": None if state.posterior is None else state.posterior.jitter,
@@ -481,13 +435,14 @@ class JobModel:
         """The Pollux parameters of one GPU type in use as the mean.
 
         Plain model: the type's fit, refitted if new data arrived. Bayesian
-        model: that fit with unidentified parameters from the priors, as of
-        the last refit (refits happen now and then, see the module docstring).
+        model: the maximum a posteriori parameters of the last refit (refits
+        happen now and then, see the module docstring); the GP's correction
+        comes on top of them.
         """
         name = self._known(gpu_type)
         if not self.bayesian:
             return self._own_fit(name)
-        return self._current().means[name]
+        return ThroughputParams(*self._current().theta(name).tolist())
 
     def _mean_and_log_std(
         self, gpu_type: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray
@@ -499,7 +454,7 @@ class JobModel:
             return mean, np.zeros_like(mean)
         state = self._current()
         shape = np.broadcast(nodes, replicas, bsz, accum).shape
-        log_mean, log_std = state.predict(gpu_type, nodes, replicas, bsz, accum)
+        log_mean, log_std = state.predict(gpu_type, *_flat(nodes, replicas, bsz, accum))
         return np.exp(log_mean).reshape(shape), log_std.reshape(shape)
 
     def _step_time_mean(self, gpu_type: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
@@ -507,7 +462,7 @@ class JobModel:
         if not self.bayesian:
             return _step_time(self.params(gpu_type).as_array(), nodes, replicas, bsz, accum, self.sync_shape(gpu_type))
         shape = np.broadcast(nodes, replicas, bsz, accum).shape
-        return np.exp(self._current().log_mean(gpu_type, nodes, replicas, bsz, accum)).reshape(shape)
+        return np.exp(self._current().log_mean(gpu_type, *_flat(nodes, replicas, bsz, accum))).reshape(shape)
 
     @single_threaded
     def predict(
@@ -648,3 +603,8 @@ def _checked_cluster_prior(value: Any) -> ClusterPrior | None:
 
 def _checked_model_size(value: Any) -> float | None:
     return None if value is None else check_float("model_size", value, positive=True)
+
+
+def _flat(*arrays: Any) -> tuple[np.ndarray, ...]:
+    """Broadcast configuration arrays together and flatten them (float)."""
+    return tuple(np.asarray(a, dtype=float).ravel() for a in np.broadcast_arrays(*arrays))

@@ -14,7 +14,7 @@ job's own data predicts, those of one GPU per node 7–27% less.
 inter-node sync of Pollux's form, per GPU type, learned by
 :func:`learn_sync_shape` jointly with each job's own parameters (each job
 keeps its own α_n, β_n: the shape only says how the cluster bends them).
-A job's model uses the shape of its :class:`~goodput.cluster_prior.ClusterPrior`,
+A job's model uses the shape of its :class:`~goodput.hierarchy.ClusterPrior`,
 so a new job predicts placements it has not run from what the cluster's other
 jobs showed. Configurations on one node, and (nodes, replicas) cells that
 fewer than :data:`SHAPE_MIN_JOBS` of the jobs ran, keep φ = 1 (Pollux's form).

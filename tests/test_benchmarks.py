@@ -32,7 +32,7 @@ def test_bench_model_quick(tmp_path):
     # the path of a job partly predicted by transfer, with a cluster prior: timed without refits
     transfer = [row for row in figures["rows"] if "by transfer" in row["what"]]
     assert len(transfer) == 1 and transfer[0]["refits_during"] == 0, transfer
-    assert any("calibrations" in w for w in whats)
+    assert any("hierarchy by EM" in w for w in whats)
 
 
 def test_bench_service_quick(tmp_path):

@@ -31,7 +31,7 @@ MODULES = _modules_with_examples()
 
 def test_the_examples_are_found():
     # modules whose docstrings are known to carry examples: a broken discovery would skip them all
-    assert {"goodput.cluster", "goodput.regimes", "goodput.throughput", "goodput.sync_shape", "profilers.zoo",
+    assert {"goodput.cluster", "goodput.parametric", "goodput.throughput", "goodput.sync_shape", "profilers.zoo",
             "experiments.accuracy_intervals", "experiments.accuracy_protocols", "experiments.accuracy_baselines",
             "experiments.accuracy_report", "goodput.lognormal", "goodput.table"} <= set(MODULES)
 

@@ -1,19 +1,21 @@
-"""The residual GP: online conditioning equals batch conditioning, jitter, fallback, shrinking uncertainty."""
+"""The residual GP: online conditioning equals batch conditioning, jitter, fallback, shrinking uncertainty, shared hyperparameters."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from goodput import JobModel, Observation
-from goodput import bayes as bayes_module
+from goodput import JobModel, Observation, ValidationError
+from goodput import posterior as posterior_module
 from goodput.gp import (
     GPHyperparameters,
     GPNumericalError,
+    HyperPrior,
     OnlinePosterior,
     cholesky_with_jitter,
     config_features,
     fit_hyperparameters,
+    fit_shared_hyperparameters,
     gpytorch_posterior,
 )
 from goodput.throughput import ThroughputParams, predict_step_time
@@ -86,12 +88,12 @@ def test_fallback_to_the_parametric_prediction_never_raises(monkeypatch):
     # A deliberately ill-conditioned input: identical observations, zero noise, and no jitter allowed.
     monkeypatch.setattr("goodput.gp.JITTERS", (0.0,))
     singular = GPHyperparameters((2.0,) * 6, (0.1,), (0.0,), noise=0.0)
-    monkeypatch.setattr(bayes_module, "fit_hyperparameters", lambda *args, **kwargs: singular)
+    monkeypatch.setattr(posterior_module, "fit_hyperparameters", lambda *args, **kwargs: singular)
     model = JobModel("j", init_batch_size=32).observe(_duplicates())
     pred = model.predict("t4", 1, 2, 32)
     assert model.diagnostics["fallback"] and "positive definite" in model.diagnostics["reason"]
     assert pred.step_time == pytest.approx(0.1, rel=0.05)  # the Pollux mean
-    assert pred.log_std >= bayes_module.FALLBACK_LOG_STD  # with an inflated std
+    assert pred.log_std >= posterior_module.FALLBACK_LOG_STD  # with an inflated std
     table = model.table(__import__("goodput").Cluster.parse("t4:2x4"))
     assert np.isfinite(table.frame["std"]).all() and (table.frame["goodput"] > 0).all()
     # an online update that cannot be factorised schedules a refit instead of raising
@@ -102,18 +104,19 @@ def test_fallback_to_the_parametric_prediction_never_raises(monkeypatch):
     assert np.isfinite(model.predict("t4", 1, 2, 32).step_time)
 
 
-def test_a_posterior_that_fails_at_prediction_keeps_the_structural_variance_of_unobserved_regimes(monkeypatch):
+def test_a_posterior_that_fails_at_prediction_falls_back_to_the_parametric_mean(monkeypatch):
     truth = ThroughputParams(0.02, 0.001, 0.25, 0.02, 0.08, 0.01, 1.6)
     model = JobModel("j", init_batch_size=64).observe(synthetic(truth, [(1, 1), (1, 2)], job="j", gpu="t4"))
-    model.predict("t4", 1, 2, 64)
+    healthy = model.predict("t4", 4, 16, 64)
 
     def broken(*args, **kwargs):
         raise FloatingPointError("overflow")
 
     monkeypatch.setattr(OnlinePosterior, "predict", broken)
     seen, unseen = model.predict("t4", 1, 2, 64), model.predict("t4", 4, 16, 64)  # several nodes: never observed
-    assert seen.log_std == pytest.approx(model._state.fallback_log_std)
-    assert unseen.log_std > seen.log_std  # the fallback widens what the posterior would, not less
+    assert seen.log_std == pytest.approx(model._state.fallback_log_std) == unseen.log_std
+    assert unseen.log_std >= posterior_module.FALLBACK_LOG_STD
+    assert unseen.step_time == pytest.approx(healthy.step_time, rel=0.2)  # the prior mean, near the posterior's
 
 
 def test_uncertainty_shrinks_where_data_arrive():
@@ -183,3 +186,36 @@ def test_another_jobs_hyperparameters_are_matched_to_gpu_types_by_name():
     assert dict(zip(used.task_names, used.task_var)) == {"a100": 1e-6, "t4": 0.05}
     with pytest.raises(ValidationError, match="task_names"):
         GPHyperparameters((2.0,) * 6, (0.1, 0.3), (0.05, 1e-6), 1e-3, task_names=("t4",))
+
+
+def test_shared_hyperparameters_recover_the_process_several_jobs_share():
+    """Independent draws of one Matérn process (one per job): the fit finds its variance, noise and length scale."""
+    rng = np.random.default_rng(3)
+    true_ls, true_var, true_noise = 1.5, 0.01, 0.001
+    hyper = GPHyperparameters((true_ls,) + (50.0,) * 5, (0.0,), (true_var,), true_noise)
+    groups = []
+    for _ in range(6):
+        bsz = 2.0 ** np.sort(rng.uniform(3, 10, 40))
+        x = config_features(np.ones(40), np.ones(40), bsz, np.zeros(40))
+        from goodput.gp import covariance
+
+        k = covariance(hyper, x, np.zeros(40, int), np.zeros((40, 0)), x, np.zeros(40, int), np.zeros((40, 0)))
+        y = rng.multivariate_normal(np.zeros(40), k + true_noise * np.eye(40))
+        groups.append((x, y))
+    fitted = fit_shared_hyperparameters(groups)
+    assert isinstance(fitted, HyperPrior)
+    assert fitted.signal_var == pytest.approx(true_var, rel=0.6)
+    assert fitted.noise == pytest.approx(true_noise, rel=0.6)
+    assert fitted.lengthscale[0] == pytest.approx(true_ls, rel=0.5)
+    assert fit_shared_hyperparameters([(np.zeros((2, 6)), np.zeros(2))]) is None  # too few points
+
+
+def test_a_hyper_prior_keeps_a_few_points_from_collapsing_the_noise():
+    x, t, s, y = _data(6, tasks=1, seed=5)
+    prior = HyperPrior((2.0,) * 6, 0.004, 0.002, log_std=0.5)
+    free = fit_hyperparameters(x, t, np.zeros((6, 0)), y, GPHyperparameters.default(num_tasks=1))
+    held = fit_hyperparameters(x, t, np.zeros((6, 0)), y, prior.initial(1), hyper_prior=prior)
+    assert held.noise > free.noise and held.noise == pytest.approx(0.002, rel=1.5)
+    with pytest.raises(ValidationError, match="signal_var"):
+        HyperPrior((2.0,) * 6, -1.0, 0.001)
+    assert HyperPrior.from_dict(prior.to_dict()) == prior

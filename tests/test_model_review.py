@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from goodput import JobModel, Observation
-from goodput.bayes import _recent_window
-from goodput.cluster_prior import ClusterPrior
+from goodput.hierarchy import ClusterPrior
+from goodput.posterior import _recent_window
 from goodput.errors import ValidationError
 from goodput.gp import FEATURE_NAMES, GPHyperparameters
 from goodput.observations import Profile
@@ -110,8 +110,6 @@ def test_observe_and_predict_raise_validation_errors_naming_the_fields():
         model.predict("t4", [1, 2], [1, 2, 3], 64)
     with pytest.raises(ValidationError, match="twice"):
         JobModel("j", 128, local_bsz_bounds={"t4": (1, 2), "T4": (1, 4)})
-    with pytest.raises(ValidationError, match="twice"):
-        JobModel("j", 128, prior={"t4": {"alpha_n": 0.1}, "T4": {"alpha_n": 0.2}})
 
 
 # ---------------------------------------------------------------- the GP's window

@@ -56,7 +56,7 @@ def test_sweep_measures_real_steps_that_grow_with_the_batch(tmp_path):
     assert loaded.observations == profile.observations and loaded.max_local_bsz == {"cpu": 8192}
     model = JobModel.from_profile(loaded, max_batch_size=1024)
     assert model.has_gradient_stats and model.limits("cpu").max_local_bsz == 8192
-    assert model.model_size == 85_002  # scales other jobs' sync costs (goodput.transfer)
+    assert model.model_size == 85_002  # places the job on the cluster prior's size slopes (goodput.hierarchy)
     assert 0 < model.predict("cpu", 1, 1, 256).step_time < float("inf")
 
 

@@ -11,7 +11,7 @@ from goodput import JobModel, Observation
 from goodput.errors import ValidationError
 from goodput.sync_shape import SyncShape, learn_sync_shape
 from goodput.throughput import ThroughputParams, fit_throughput, predict_compute_time, predict_step_time
-from goodput.transfer import ClusterPrior
+from goodput.hierarchy import ClusterPrior
 
 # A cluster whose network bends Pollux's inter-node sync: 2 nodes full of GPUs wait long,
 # one GPU per node waits little (as on Pollux's T4 traces).
@@ -94,7 +94,7 @@ def test_a_new_job_predicts_placements_it_has_not_run_from_the_clusters_shape():
     model = JobModel("new", 8, cluster_prior=prior).observe(new)
     assert model.sync_shape("t4") is shape
     assert model.own_fit("t4").alpha_n == pytest.approx(shaped.alpha_n, rel=1e-3)
-    assert model.diagnostics["transfers"]["t4"]["sync_shape"]["2x8"] == pytest.approx(shape.factors[(2, 8)], abs=1e-3)
+    assert model.diagnostics["sync_shape"]["t4"]["2x8"] == pytest.approx(shape.factors[(2, 8)], abs=1e-3)
     bayes = model.predict("t4", nodes, replicas, bsz).step_time
     assert np.median(np.abs(bayes / step - 1)) < 0.05
     # saved and loaded with the prior; leaving a job out relearns it from the others

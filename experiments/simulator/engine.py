@@ -193,7 +193,7 @@ class SimResult:
 class ClusterKnowledge:
     """What the scheduler learns across jobs, and hands to each new job's model.
 
-    * ``prior``: a :class:`~goodput.cluster_prior.ClusterPrior` summarising the
+    * ``prior``: a :class:`~goodput.hierarchy.ClusterPrior` summarising the
       finished jobs that ran on several GPUs (a rolling window of the
       ``window`` most recent), so a new job's multi-GPU predictions are not
       blind (its bootstrap profile holds 1-GPU runs only);
@@ -204,20 +204,26 @@ class ClusterKnowledge:
     window: int = 24
     summaries: list[Any] = field(default_factory=list)
     gp_hyperparameters: Any = None
+    _prior: Any = field(default=None, repr=False)
 
     def prior(self) -> Any:
-        from goodput.cluster_prior import ClusterPrior
+        """The prior of the finished jobs learned so far (one object until the next :meth:`learn`: its
+        hierarchy is fitted once, at the first new job that uses it)."""
+        from goodput.hierarchy import ClusterPrior
 
-        return ClusterPrior(list(self.summaries)) if self.summaries else None
+        if self._prior is None and self.summaries:
+            self._prior = ClusterPrior(list(self.summaries))
+        return self._prior
 
     def learn(self, model: JobModel) -> None:
         """Fold a finished job's model in (only jobs observed on several GPUs teach anything new)."""
         if model is None or not any(o.num_replicas > 1 for o in model.observations):
             return
-        from goodput.cluster_prior import ClusterPrior
+        from goodput.hierarchy import ClusterPrior
 
         self.summaries = [s for s in self.summaries if s.job != model.job]
         self.summaries += ClusterPrior.from_models([model]).summaries
+        self._prior = None
         jobs = list(dict.fromkeys(s.job for s in self.summaries))
         if len(jobs) > self.window:
             keep = set(jobs[-self.window:])

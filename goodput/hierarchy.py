@@ -1,0 +1,538 @@
+"""The prior over a job's Pollux parameters on every GPU type, and what other jobs on the cluster teach it.
+
+In the coordinates ``u`` of :mod:`goodput.parametric` (log compute and sync
+costs, the network's premium, the growth ratios, the overlap), job *j* on GPU
+type *t* has
+
+    u[j, t] = m[t] + a[j] + e[j, t],     a[j] ~ N(0, A),   e[j, t] ~ N(0, diag(E))
+
+a two-way random-effects model (Gelman & Hill, *Data Analysis Using Regression
+and Multilevel/Hierarchical Models*, 2007, ch. 13): ``m[t]`` is the typical
+job on type *t*; ``a[j]`` is the job's own effect, shared by all its types (a
+larger model computes more and synchronises more bytes everywhere; ``A`` is a
+full covariance, so what the job's compute shows moves its sync too); and
+``e[j, t]`` is what is particular to the job on that type. Every source of
+evidence enters through this one prior and the job's own likelihood
+(:mod:`goodput.posterior`): its observations on a type inform ``m + a + e``
+there, and through ``a`` its other types; other jobs inform ``m``, ``A`` and
+``E``. Nothing is borrowed by a rule, so more evidence can only move the
+posterior toward it.
+
+:class:`ClusterPrior` learns ``m``, ``A`` and ``E`` from the cluster's other
+jobs by empirical Bayes: each (job, type) is summarised by the maximum a
+posteriori coordinates under a weak prior and the information of its data
+(:class:`CellSummary`, a Laplace approximation of its likelihood, so a job that
+never ran multi-GPU on a type says nothing about its sync there), and EM
+(Dempster, Laird & Rubin, *JRSS B* 39, 1977) maximises the marginal
+likelihood, with ``A`` and ``E`` shrunk toward the weak defaults by
+:data:`PRIOR_WEIGHT` pseudo-jobs (conjugate inverse-Wishart / inverse-gamma)
+and each type's mean toward the mean over types (what a type the cluster has
+not run multi-GPU on takes). A job's prior on its types ``t1 … tT`` is then
+``N(m[t], A + δ(t, t')·(diag(E) + V[t]))`` with ``V[t]`` the uncertainty of
+``m[t]``. Without a cluster, weak defaults (:data:`DEFAULT_SHARED_STD`,
+:data:`DEFAULT_TYPE_STD`) around means read off the job's own compute.
+
+Where the cluster's jobs share a shape of inter-node sync over placements,
+the prior also learns it per type (:mod:`goodput.sync_shape`).
+
+Example::
+
+    prior = ClusterPrior.from_observations(other_jobs_observations)   # {job: [Observation]}
+    prior.save("cluster-prior.json")                                   # atomic JSON
+    model = JobModel("new-job", init_batch_size=128, cluster_prior=ClusterPrior.load("cluster-prior.json"))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataFormatError, ValidationError
+from .io import atomic_write_text
+from .gp import HyperPrior, config_features, fit_shared_hyperparameters
+from .observations import Observation, by_gpu_type
+from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
+from .sync_shape import SyncShape, learn_sync_shape
+from .threads import single_threaded
+from .validation import check_float, check_sizes, normalize_gpu_type
+
+__all__ = ["CellSummary", "ClusterPrior", "default_means", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
+           "DEFAULT_TYPE_STD", "EFFECT_DOF"]
+
+# Weak defaults, std of each coordinate of COORDS: the part a job shares across its types, and the part
+# particular to one type. Compute's level is always observed (1-GPU steps); its split between per-sample
+# work and per-step overhead is the job's (its FLOPs against its overheads), anywhere in (0, 1) for a new
+# job (logit-std 1.5) and shared across its types (logit-std 0.3 apart). Sync constants: a factor ~5 either way of half the compute
+# (Pollux's traces: 0.02-2x), intra- and inter-node moving together (the same gradient bytes: correlation
+# SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5.
+DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 0.7])
+DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 0.5, 0.5, 0.5])
+SYNC_CORRELATION = 0.95
+CORRELATION_WEIGHT = 10.0
+# Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, the sync
+# constants, each growth ratio, the overlap. A job's compute says little about its sync beyond what its
+# size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is host-bound),
+# and coupling them lets one odd coordinate pull the others.
+BLOCKS = ((0, 1), (2, 3), (4,), (5,), (6,))
+_BLOCK_MASK = np.zeros((7, 7), dtype=bool)
+for _block in BLOCKS:
+    _BLOCK_MASK[np.ix_(_block, _block)] = True
+# Model size: a job's sync constants grow with its gradient bytes (slope 1 in log), its compute with its
+# FLOPs (about half that, across architectures); the slopes are learned from the cluster around these.
+SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+SIZE_SLOPE_STD = 0.5
+
+
+def default_shared_cov() -> np.ndarray:
+    """A's weak default: :data:`DEFAULT_SHARED_STD` with the sync constants correlated (:data:`SYNC_CORRELATION`)."""
+    cov = np.diag(DEFAULT_SHARED_STD**2)
+    cov[2, 3] = cov[3, 2] = SYNC_CORRELATION * DEFAULT_SHARED_STD[2] * DEFAULT_SHARED_STD[3]
+    return cov
+
+
+TYPE_MEAN_STD = 1.5  # spread of a coordinate's type means around their mean over types (m[t] shrinkage)
+PRIOR_WEIGHT = 0.1  # pseudo-jobs (and pseudo-cells) the weak defaults of A and E count for in the EM
+EM_ITERATIONS = 60
+# Degrees of freedom of the jobs' effects (multivariate Student-t, as a scale mixture of normals): a job
+# far from the others (Pollux's host-bound ncf) is down-weighted in the cluster's estimates and widens only
+# its own prior, so the typical job's is not stretched to cover it.
+EFFECT_DOF = 4.0
+TYPE_SHRINKAGE = 2.0  # pseudo-cells of the pooled E in each type's E
+CELL_NOISE_PRIOR = 0.05  # a cell fit's residual std (log) before its data say otherwise
+NOISE_RANGE = (0.01, 0.5)
+
+
+def default_means(observations: Sequence[Observation]) -> np.ndarray:
+    """Weak prior means of ``u`` on one type, read off the job's compute there (7,).
+
+    ``c̄``: geometric mean of the compute of one micro-batch (1-replica steps, else every step, per
+    micro-batch): compute c̄ at the reference batch, split in halves (Pollux's default at one batch
+    size), α_r = 0.5·c̄, α_n = c̄, growth 5%, γ = 1.5.
+    """
+    single = [o for o in observations if o.num_replicas == 1] or list(observations)
+    c_bar = math.exp(float(np.mean([math.log(o.step_time / (o.accum_steps + 1)) for o in single])))
+    return np.array([math.log(c_bar), 0.0, math.log(0.5 * c_bar), math.log(c_bar), math.log(0.05), math.log(0.05), math.log(0.5)])
+
+
+def default_prior(means: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean (T, 7) and covariance (7T, 7T) of the weak default prior of a job on T types."""
+    mean = np.asarray(means, dtype=float).reshape(-1, K)
+    num = mean.shape[0]
+    cov = np.kron(np.ones((num, num)), default_shared_cov()) + np.kron(np.eye(num), np.diag(DEFAULT_TYPE_STD**2))
+    return mean, cov
+
+
+def step_rows(observations: Sequence[Observation], ref_bsz: float, shape: SyncShape | None) -> tuple[Rows, np.ndarray]:
+    """Configurations and log step times of observations (one type)."""
+    return Rows.of(observations, ref_bsz, shape), np.log([o.step_time for o in observations])
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """What one job's data say about its coordinates on one GPU type (an entry of a :class:`ClusterPrior`).
+
+    Attributes:
+        job, gpu_type: the cell.
+        u: (7,) maximum a posteriori coordinates under the weak default prior.
+        info: (7, 7) information of the data about ``u`` (Gauss–Newton, at ``u``): the cell's
+            likelihood is ∝ exp(−½ (u' − u)ᵀ info (u' − u)); directions the data do not see have 0.
+        n: observations.
+        noise: RMS log residual of its step times under ``u``.
+        size: the job's trainable parameters, when known.
+    """
+
+    job: str
+    gpu_type: str
+    u: np.ndarray
+    info: np.ndarray
+    n: int
+    noise: float
+    size: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"job": self.job, "gpu_type": self.gpu_type, "u": [float(v) for v in self.u],
+               "info": [[float(v) for v in row] for row in self.info], "n": self.n, "noise": self.noise}
+        if self.size is not None:
+            out["size"] = self.size
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CellSummary:
+        u = np.asarray(data["u"], dtype=float)
+        info = np.asarray(data["info"], dtype=float)
+        if u.shape != (K,) or info.shape != (K, K) or not (np.all(np.isfinite(u)) and np.all(np.isfinite(info))):
+            raise ValidationError("u", data.get("u"), f"expected {K} finite coordinates and a {K}x{K} finite information matrix")
+        return cls(str(data["job"]), normalize_gpu_type(data["gpu_type"]), u, 0.5 * (info + info.T), int(data["n"]),
+                   check_float("noise", data["noise"], nonnegative=True),
+                   None if data.get("size") is None else check_float("size", data["size"], positive=True))
+
+
+def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
+                   shape: SyncShape | None = None, size: float | None = None) -> CellSummary:
+    """:class:`CellSummary` of one job's observations on one type: a MAP fit under a weak prior, then its data's information.
+
+    The likelihood's scale is the fit's own residual std (shrunk toward :data:`CELL_NOISE_PRIOR` by
+    2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less.
+    """
+    mean, cov = default_prior([default_means(observations)])
+    chol = np.linalg.cholesky(cov * 4.0)  # twice the default std: weak
+    rows, y = step_rows(observations, ref_bsz, shape)
+    fit = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR)
+    sigma = _shrunk_noise(fit.rms, fit.n)
+    fit = fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u)
+    jac = log_step_time(fit.u[0], rows)[1]
+    info = jac.T @ jac / _shrunk_noise(fit.rms, fit.n) ** 2
+    return CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size)
+
+
+def _shrunk_noise(rms: float, n: int) -> float:
+    value = math.sqrt((n * rms**2 + 2.0 * CELL_NOISE_PRIOR**2) / (n + 2.0))
+    return min(max(value, NOISE_RANGE[0]), NOISE_RANGE[1])
+
+
+@dataclass
+class _Fitted:
+    """The EM's estimates: type means and size slopes (jointly normal), A, E."""
+
+    types: list[str]
+    beta: np.ndarray  # (7T [+ 7],) posterior mean of the type means m[t] (type-major) and, with sizes, the size slopes
+    beta_cov: np.ndarray  # its covariance
+    shared: np.ndarray  # (7, 7) A
+    particular: np.ndarray  # (T, 7) E per type
+    size_center: float | None  # mean log size of the jobs with a known size (None: no size slopes)
+    size_var: float  # variance of their log sizes
+
+    def particular_of(self, gpu: str) -> np.ndarray:
+        """E of a type (a type not in the cluster: the mean over its types)."""
+        return self.particular[self.types.index(gpu)] if gpu in self.types else self.particular.mean(axis=0)
+
+    def mean_and_cov(self, gpu: str, log_size: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """m[t] + B·(log size − center) and its variance for a job of that size (unknown: averaged over the cluster's)."""
+        if gpu in self.types:
+            k = self.types.index(gpu)
+            rows = np.zeros((K, self.beta.size))
+            rows[:, K * k:K * (k + 1)] = np.eye(K)
+            extra = np.zeros((K, K))
+        else:  # a type the cluster has not run: the mean over its types, TYPE_MEAN_STD around it
+            rows = np.zeros((K, self.beta.size))
+            for k in range(len(self.types)):
+                rows[:, K * k:K * (k + 1)] = np.eye(K) / len(self.types)
+            extra = TYPE_MEAN_STD**2 * np.eye(K)
+        if self.size_center is not None:
+            slopes = slice(K * len(self.types), K * (len(self.types) + 1))
+            if log_size is not None:
+                rows[:, slopes] = (log_size - self.size_center) * np.eye(K)
+            else:
+                b = self.beta[slopes]
+                extra = extra + self.size_var * (np.outer(b, b) + self.beta_cov[slopes, slopes])
+        return rows @ self.beta, rows @ self.beta_cov @ rows.T + extra
+
+
+def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS) -> _Fitted:
+    """EM for A and E (module docstring) on the cells' Laplace likelihoods, the type means and size slopes integrated out.
+
+    The type means get a N(μ, :data:`TYPE_MEAN_STD`²) prior around the mean of the cells' coordinates,
+    the size slopes (when 2+ jobs report their size) N(:data:`SIZE_SLOPE_PRIOR`, :data:`SIZE_SLOPE_STD`²).
+    Each job's effects are marginalised to give their information on those (a Schur complement), so they
+    are the generalised-least-squares estimates for the current A and E (with one type, jobs' effects and
+    the type's mean are told apart only so), and the E-step's moments carry their uncertainty.
+    """
+    types = sorted({c.gpu_type for c in cells})
+    index = {t: i for i, t in enumerate(types)}
+    jobs: dict[str, list[CellSummary]] = {}
+    for c in cells:
+        jobs.setdefault(c.job, []).append(c)
+    log_sizes = {job: math.log(cs[0].size) for job, cs in jobs.items() if cs[0].size}
+    center = float(np.mean(list(log_sizes.values()))) if len(log_sizes) >= 2 else None
+    size_var = float(np.var(list(log_sizes.values()))) if center is not None else 0.0
+    a0, e0 = default_shared_cov(), DEFAULT_TYPE_STD**2
+    shared, particular = a0.copy(), np.tile(e0, (len(types), 1))
+    dim_m = K * len(types)
+    dim = dim_m + (K if center is not None else 0)
+    mu = np.mean([c.u for c in cells], axis=0)
+    prior_prec = np.eye(dim) / TYPE_MEAN_STD**2
+    prior_lin = np.concatenate([np.tile(mu, len(types)) / TYPE_MEAN_STD**2] +
+                               ([SIZE_SLOPE_PRIOR / SIZE_SLOPE_STD**2] if center is not None else []))
+    if center is not None:
+        prior_prec[dim_m:, dim_m:] = np.eye(K) / SIZE_SLOPE_STD**2
+    beta, beta_cov = np.linalg.solve(prior_prec, prior_lin), np.linalg.inv(prior_prec)
+    weights = dict.fromkeys(jobs, 1.0)
+    for _ in range(iterations):
+        inv_a = np.linalg.inv(shared)
+        lam, eta = prior_prec.copy(), prior_lin.copy()
+        parts = []
+        for job, job_cells in jobs.items():
+            n = len(job_cells)
+            size = K * (n + 1)
+            q = np.zeros((size, size))
+            w = weights[job]  # the job's scale weight (Student-t effects: an odd job widens only its own prior)
+            q[:K, :K] = w * inv_a
+            f = np.zeros((size, dim))  # z-space image of (means, slopes): Σ Gᵀ H P
+            g = np.zeros(size)  # Σ Gᵀ H û
+            s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
+            for c_i, c in enumerate(job_cells):
+                e = slice(K * (c_i + 1), K * (c_i + 2))
+                design = np.zeros((K, dim))  # P_c: u_c = P_c β + a + e
+                design[:, K * index[c.gpu_type]:K * (index[c.gpu_type] + 1)] = np.eye(K)
+                if center is not None:
+                    design[:, dim_m:] = s_j * np.eye(K)
+                q[e, e] += w * np.diag(1.0 / particular[index[c.gpu_type]]) + c.info
+                q[:K, :K] += c.info
+                q[:K, e] += c.info
+                q[e, :K] += c.info
+                hp = c.info @ design
+                f[:K] += hp
+                f[e] += hp
+                hu = c.info @ c.u
+                g[:K] += hu
+                g[e] += hu
+                lam += design.T @ hp
+                eta += design.T @ hu
+            qi = np.linalg.inv(q)
+            lam -= f.T @ qi @ f
+            eta -= f.T @ qi @ g
+            parts.append((job, job_cells, qi, f, g))
+        beta_cov = np.linalg.inv(0.5 * (lam + lam.T))
+        beta = beta_cov @ eta
+        sum_aa = np.zeros((K, K))
+        sum_ee = np.zeros((len(types), K))
+        count = np.zeros(len(types))
+        for job, job_cells, qi, f, g in parts:
+            z = qi @ (g - f @ beta)
+            qf = qi @ f
+            cov = qi + qf @ beta_cov @ qf.T
+            w = weights[job]
+            second_a = np.outer(z[:K], z[:K]) + cov[:K, :K]
+            sum_aa += w * second_a
+            quad = float(np.trace(inv_a @ second_a))
+            for c_i, c in enumerate(job_cells):
+                e = slice(K * (c_i + 1), K * (c_i + 2))
+                second_e = z[e] ** 2 + np.diag(cov[e, e])
+                sum_ee[index[c.gpu_type]] += w * second_e
+                count[index[c.gpu_type]] += 1
+                quad += float(np.sum(second_e / particular[index[c.gpu_type]]))
+            # E-step of the scale mixture (Lange, Little & Taylor, JASA 84, 1989): E[w | data]
+            weights[job] = (EFFECT_DOF + K * (len(job_cells) + 1)) / (EFFECT_DOF + quad)
+        shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
+        # the correlation of the sync constants' job effects: a few jobs hardly estimate it, and
+        # physics says it is strong (the same gradient bytes cross both interconnects), so it is
+        # shrunk toward SYNC_CORRELATION by CORRELATION_WEIGHT pseudo-jobs (separation strategy:
+        # Barnard, McCulloch & Meng, Statistica Sinica 10, 2000)
+        sd = np.sqrt(np.diag(shared))
+        rho = (CORRELATION_WEIGHT * SYNC_CORRELATION + len(jobs) * shared[2, 3] / (sd[2] * sd[3])) / (CORRELATION_WEIGHT + len(jobs))
+        shared[2, 3] = shared[3, 2] = rho * sd[2] * sd[3]
+        # what is particular to a job on a type, per type (one type's data may say less about a job in
+        # general than another's), shrunk toward the pooled value by TYPE_SHRINKAGE pseudo-cells
+        pooled = (PRIOR_WEIGHT * e0 + sum_ee.sum(0)) / (PRIOR_WEIGHT + len(cells))
+        particular = (TYPE_SHRINKAGE * pooled + sum_ee) / (TYPE_SHRINKAGE + count[:, None])
+    return _Fitted(types, beta, 0.5 * (beta_cov + beta_cov.T), shared, particular, center, size_var)
+
+
+@dataclass
+class ClusterPrior:
+    """What the cluster's other jobs teach a new job's prior (module docstring).
+
+    Build it with :meth:`from_observations` (summarises every (job, GPU type)) or
+    :meth:`from_models` (other :class:`~goodput.model.JobModel`\\ s); save/load
+    it as JSON. :meth:`exclude` drops a job (leave-one-out evaluation).
+    """
+
+    summaries: list[CellSummary] = field(default_factory=list)
+    shapes: dict[str, SyncShape] = field(default_factory=dict)
+    # the residual GP's typical hyperparameters on this cluster (goodput.gp.fit_shared_hyperparameters of
+    # every cell's residuals around its fit): a new job's GP prior
+    gp_prior: HyperPrior | None = None
+    # the jobs' observations when built from them (not saved): exclude() relearns the shapes without a job
+    observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
+    sizes: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    _fitted: _Fitted | None = field(default=None, init=False, repr=False, compare=False)
+    _excluded: dict[str, ClusterPrior] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for index, item in enumerate(self.summaries):
+            if not isinstance(item, CellSummary):
+                raise ValidationError(f"summaries[{index}]", item, "expected a CellSummary")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    @single_threaded
+    def from_observations(cls, observations: Mapping[str, Iterable[Observation]],
+                          sizes: Mapping[str, float] | None = None) -> ClusterPrior:
+        """Summarise every (job, GPU type) of ``{job: observations}``, each type's sync shape learned first."""
+        kept, sizes = _checked_observations(observations), check_sizes("sizes", sizes, allow_unknown=True)
+        shapes = _learn_shapes(kept)
+        cells, residuals = [], []
+        for job, obs in kept.items():
+            ref = reference_bsz(obs)
+            for gpu, items in sorted(by_gpu_type(obs).items()):
+                cell = summarize_cell(job, gpu, items, ref, shapes.get(gpu), sizes.get(job))
+                cells.append(cell)
+                rows, y = step_rows(items, ref, shapes.get(gpu))
+                residuals.append((config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum),
+                                  y - log_step_time(cell.u, rows, jacobian=False)[0]))
+        return cls(cells, shapes=shapes, gp_prior=fit_shared_hyperparameters(residuals), observations=kept,
+                   sizes={k: v for k, v in sizes.items() if v is not None})
+
+    @classmethod
+    def from_models(cls, models: Iterable[Any]) -> ClusterPrior:
+        """The prior of other jobs' :class:`~goodput.model.JobModel` s (their observations and sizes)."""
+        models = list(models)
+        for index, model in enumerate(models):
+            if not isinstance(getattr(model, "job", None), str) or not hasattr(model, "observations"):
+                raise ValidationError(f"models[{index}]", model, "expected a JobModel (with .job and .observations)")
+        return cls.from_observations({m.job: list(m.observations) for m in models},
+                                     sizes={m.job: getattr(m, "model_size", None) for m in models})
+
+    def exclude(self, job: str) -> ClusterPrior:
+        """The prior without ``job``'s summaries (and, when built from observations, its sync shapes relearned without it)."""
+        if job not in self.jobs:
+            return self
+        if job not in self._excluded:  # memoised: a harness asks once per protocol
+            if self.observations is not None:
+                self._excluded[job] = ClusterPrior.from_observations({j: o for j, o in self.observations.items() if j != job},
+                                                                    {j: s for j, s in self.sizes.items() if j != job})
+            else:
+                self._excluded[job] = ClusterPrior([c for c in self.summaries if c.job != job], shapes=dict(self.shapes),
+                                                   gp_prior=self.gp_prior)
+        return self._excluded[job]
+
+    # ------------------------------------------------------------------ what a job takes
+    def fitted(self) -> _Fitted:
+        if self._fitted is None:
+            self._fitted = _fit_hierarchy(self.summaries)
+        return self._fitted
+
+    def prior(self, types: Sequence[str], size: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean (T, 7) and covariance (7T, 7T) of a new job's coordinates on ``types`` (module docstring);
+        ``size``: its trainable parameters, when known (the cluster's size slopes place it)."""
+        fit = self.fitted()
+        log_size = math.log(size) if size else None
+        num = len(types)
+        mean = np.empty((num, K))
+        cov = np.kron(np.ones((num, num)), fit.shared)
+        pieces = [fit.mean_and_cov(t, log_size) for t in types]
+        for i, (m, v) in enumerate(pieces):
+            block = slice(K * i, K * (i + 1))
+            mean[i] = m
+            cov[block, block] += np.diag(fit.particular_of(types[i])) + v
+        # the type means' (and slopes') estimates are shared by the job's types: their covariance across types
+        for i in range(num):
+            for j in range(i + 1, num):
+                cross = _cross_cov(fit, types[i], types[j], log_size)
+                cov[K * i:K * (i + 1), K * j:K * (j + 1)] += cross
+                cov[K * j:K * (j + 1), K * i:K * (i + 1)] += cross.T
+        return mean, 0.5 * (cov + cov.T)
+
+    def describe(self) -> dict[str, Any]:
+        """The fitted hierarchy, for diagnostics: per-coordinate std of job and job × type effects, the job effects' correlation."""
+        fit = self.fitted()
+        std = np.sqrt(np.diag(fit.shared))
+        return {"jobs": len(self.jobs), "types": fit.types,
+                "job_effect_std": dict(zip(COORDS, np.round(std, 3).tolist())),
+                "job_type_std": {t: dict(zip(COORDS, np.round(np.sqrt(fit.particular[k]), 3).tolist())) for k, t in enumerate(fit.types)},
+                "job_effect_correlation": np.round(fit.shared / np.outer(std, std), 3).tolist(),
+                "size_slopes": None if fit.size_center is None else
+                dict(zip(COORDS, np.round(fit.beta[K * len(fit.types):], 3).tolist()))}
+
+    def sync_shape(self, gpu_type: str) -> SyncShape | None:
+        """The inter-node sync shape the cluster's jobs share on ``gpu_type`` (``None``: not learned there)."""
+        return self.shapes.get(gpu_type)
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted({s.job for s in self.summaries})
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return sorted({s.gpu_type for s in self.summaries})
+
+    def __len__(self) -> int:
+        return len(self.summaries)
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        out = {"summaries": [s.to_dict() for s in self.summaries],
+               "sync_shapes": {t: shape.to_dict() for t, shape in sorted(self.shapes.items())}}
+        if self.gp_prior is not None:
+            out["gp_prior"] = self.gp_prior.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterPrior:
+        if not isinstance(data, Mapping) or not isinstance(data.get("summaries"), list):
+            raise ValidationError("cluster_prior", data, "expected {'summaries': [...]}")
+        shapes = data.get("sync_shapes") or {}
+        if not isinstance(shapes, Mapping):
+            raise ValidationError("cluster_prior.sync_shapes", shapes, "expected {gpu_type: sync shape}")
+        summaries = []
+        for index, item in enumerate(data["summaries"]):
+            try:
+                summaries.append(CellSummary.from_dict(item))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ValidationError(f"cluster_prior.summaries[{index}]", item, f"not a cell summary ({type(exc).__name__}: {exc})") from None
+        try:
+            gp_prior = HyperPrior.from_dict(data["gp_prior"]) if data.get("gp_prior") is not None else None
+        except (KeyError, TypeError) as exc:
+            raise ValidationError("cluster_prior.gp_prior", data.get("gp_prior"), f"not a GP prior ({exc})") from None
+        return cls(summaries, shapes={normalize_gpu_type(t): SyncShape.from_dict(v) for t, v in shapes.items()}, gp_prior=gp_prior)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ClusterPrior:
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValidationError) as exc:
+            raise DataFormatError(path, None, "cluster_prior", str(exc)[:80], "not a saved ClusterPrior") from None
+
+
+def _cross_cov(fit: _Fitted, first: str, second: str, log_size: float | None) -> np.ndarray:
+    """Covariance of the estimated prior means of two types (through the shared slopes and averages)."""
+    def rows(gpu: str) -> np.ndarray:
+        out = np.zeros((K, fit.beta.size))
+        if gpu in fit.types:
+            k = fit.types.index(gpu)
+            out[:, K * k:K * (k + 1)] = np.eye(K)
+        else:
+            for k in range(len(fit.types)):
+                out[:, K * k:K * (k + 1)] = np.eye(K) / len(fit.types)
+        if fit.size_center is not None and log_size is not None:
+            out[:, K * len(fit.types):] = (log_size - fit.size_center) * np.eye(K)
+        return out
+    return rows(first) @ fit.beta_cov @ rows(second).T
+
+
+def _checked_observations(observations: Any) -> dict[str, list[Observation]]:
+    """``{job: [Observation, ...]}`` as lists, every item checked (a ValidationError names the first bad one)."""
+    if not isinstance(observations, Mapping):
+        raise ValidationError("observations", type(observations).__name__, "expected {job: [Observation, ...]}")
+    kept: dict[str, list[Observation]] = {}
+    for job, obs in observations.items():
+        if not isinstance(job, str) or not job:
+            raise ValidationError("observations", job, "job names must be non-empty strings")
+        if isinstance(obs, (str, bytes, Observation)) or not isinstance(obs, Iterable):
+            raise ValidationError(f"observations[{job!r}]", type(obs).__name__, "expected an iterable of Observation")
+        kept[job] = list(obs)
+        for index, o in enumerate(kept[job]):
+            if not isinstance(o, Observation):
+                raise ValidationError(f"observations[{job!r}][{index}]", o, "expected an Observation")
+    return {job: obs for job, obs in kept.items() if obs}
+
+
+def _learn_shapes(observations: Mapping[str, Sequence[Observation]]) -> dict[str, SyncShape]:
+    """Per GPU type, :func:`~goodput.sync_shape.learn_sync_shape` of the jobs' observations there (types without one left out)."""
+    per_type: dict[str, list[list[Observation]]] = {}
+    for obs in observations.values():
+        for gpu, items in by_gpu_type(obs).items():
+            per_type.setdefault(gpu, []).append(items)
+    shapes = {gpu: learn_sync_shape(jobs) for gpu, jobs in sorted(per_type.items())}
+    return {gpu: shape for gpu, shape in shapes.items() if shape}

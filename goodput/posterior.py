@@ -1,0 +1,296 @@
+"""The online posterior of one job: Pollux's mean, the hierarchical prior on its parameters, a GP residual.
+
+A job's log step time on GPU type t at configuration x is modelled as
+
+    log y = log T(u_t, x) + f(x, t) + ε,     u ~ prior (goodput.hierarchy),  f ~ GP,  ε ~ N(0, σ²)
+
+with ``T`` Pollux's form in the coordinates of :mod:`goodput.parametric` and
+``f`` a Gaussian process with a Hadamard multitask kernel over GPU types
+(:mod:`goodput.gp`) for what the form misses.
+
+A refit finds the maximum a posteriori ``û`` (:func:`goodput.parametric.fit_map`)
+and linearises ``T`` there (a Laplace approximation: MacKay, "Bayesian
+interpolation", *Neural Computation* 4, 1992): with ``J`` the Jacobian of
+``log T`` at ``û`` and the prior N(m, C = L Lᵀ), the model becomes Gaussian,
+
+    log y − log T(û, x) − J(x)(m − û) = J(x) L z + f(x, t) + ε,    z ~ N(0, I),
+
+a GP whose kernel adds the linear part ``J L (J L)ᵀ`` (every type's rows carry
+the whole ``L``, so the prior's coupling of types through the job's shared
+effect is exact conditioning, not a rule). Every observation, on any type,
+conditions this one GP, so each type's parameters and residual learn from all
+of them; :meth:`JobPosterior.condition` adds observations online (a block
+Cholesky update, no refit), and a refit moves the linearisation point to the
+new MAP. Predictions of log step time are normal: mean
+``log T(û, x) + J(x)(m − û) + E[J L z + f]`` and the GP's variance plus ``σ²``.
+
+The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
+normals): the refit sets its scale from the job's own distance to it (E-steps
+of Lange, Little & Taylor, *JASA* 84, 1989), so an unusual job widens its own
+prior rather than being pulled to the cluster's typical one. The GP's
+hyperparameters (Matérn length scales, task covariance, noise) are fitted by
+gpytorch's exact marginal likelihood to the MAP's residuals, under a prior of
+what the cluster's jobs show (:class:`goodput.gp.HyperPrior`), now and then.
+If the covariance cannot be factorised even with jitter, the state falls back
+to the parametric mean with an inflated log-std and says why (``reason``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .gp import GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
+from .hierarchy import step_rows
+from .observations import Observation
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u
+from .sync_shape import SyncShape
+
+__all__ = ["JobPosterior", "build_posterior", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
+
+FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
+COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
+WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
+MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many observations (random subset)
+NOISE_PRIOR_WEIGHT = 5.0  # pseudo-observations of the cluster's residual std in the MAP's noise
+NOISE_RANGE = (0.005, 0.5)
+# Without a cluster: a residual ~5% (half smooth misfit of the form, half noise), length scales of 2
+# doublings, each a factor e (log-std 1) either way.
+DEFAULT_HYPER_PRIOR = HyperPrior((2.0,) * 6, 0.0015, 0.001, log_std=1.0)
+
+
+def _shrunk(rms: float, n: int, prior: float) -> float:
+    value = math.sqrt((n * rms**2 + NOISE_PRIOR_WEIGHT * prior**2) / (n + NOISE_PRIOR_WEIGHT))
+    return min(max(value, NOISE_RANGE[0]), NOISE_RANGE[1])
+
+
+@dataclass
+class Design:
+    """GP inputs of configurations on one type: features, task, linear part, parametric means of the log."""
+
+    x: np.ndarray  # (N, 6)
+    t: np.ndarray  # (N,)
+    s: np.ndarray  # (N, 7T): J L
+    log_mean: np.ndarray  # (N,) log T(û) + J (m − û): the GP's prior mean
+    log_map: np.ndarray  # (N,) log T(û)
+
+
+@dataclass
+class JobPosterior:
+    """One refit's linearisation point, prior, hyperparameters and (online-updated) posterior."""
+
+    types: list[str]
+    u_hat: np.ndarray  # (T, 7) MAP coordinates
+    prior_mean: np.ndarray  # (T, 7)
+    prior_chol: np.ndarray  # (7T, 7T) lower Cholesky factor of the prior covariance (its scale set by the job)
+    shapes: dict[str, SyncShape | None]
+    ref_bsz: float  # the job's reference micro-batch (goodput.parametric.reference_bsz)
+    hyper: GPHyperparameters
+    noise_std: float  # the MAP's residual std of log step time
+    posterior: OnlinePosterior | None = None
+    reason: str | None = None
+    n_fit: int = 0  # observations the refit conditioned on
+    fallback_log_std: float = FALLBACK_LOG_STD
+    index: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = {t: i for i, t in enumerate(self.types)}
+        self._offset = self.prior_mean - self.u_hat  # the prior mean's offset from the linearisation point
+        self._chol_rows = [self.prior_chol[K * i:K * (i + 1)] for i in range(len(self.types))]
+
+    def theta(self, gpu: str) -> np.ndarray:
+        """Pollux's θ (PARAM_NAMES order) at the MAP on ``gpu``."""
+        return theta_from_u(self.u_hat[self.index[gpu]], self.ref_bsz)
+
+    # ------------------------------------------------------------------ design
+    def _rows(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Rows:
+        shape = self.shapes.get(gpu)
+        return Rows(nodes, replicas, bsz, accum, self.ref_bsz, None if shape is None else np.asarray(shape(nodes, replicas), dtype=float))
+
+    def design(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Design:
+        """GP inputs of configurations (flat float arrays) on ``gpu``."""
+        k = self.index[gpu]
+        log_t, jac = log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum))
+        return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), jac @ self._chol_rows[k],
+                      log_t + jac @ self._offset[k], log_t)
+
+    def rows_of(self, observations: Sequence[Observation]) -> tuple[Design, np.ndarray]:
+        """Design and targets (residuals of log step time around the GP's prior mean) of observations, in their order."""
+        y = np.log([o.step_time for o in observations])
+        parts = []
+        for gpu in dict.fromkeys(o.gpu_type for o in observations):
+            idx = np.array([i for i, o in enumerate(observations) if o.gpu_type == gpu])
+            rows = Rows.of([observations[i] for i in idx], self.ref_bsz)
+            parts.append((idx, self.design(gpu, rows.nodes, rows.replicas, rows.bsz, rows.accum)))
+        order = np.concatenate([idx for idx, _ in parts])
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        design = Design(*(np.concatenate([getattr(d, name) for _, d in parts])[inverse] for name in ("x", "t", "s", "log_mean", "log_map")))
+        return design, y - design.log_mean
+
+    # ------------------------------------------------------------------ prediction
+    def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
+        """Posterior mean of log step time (the hot path: no variance).
+
+        The linear part's posterior mean is ``J L E[z]``: one 7-vector per type, not the (N, 7T) design.
+        """
+        k = self.index[gpu]
+        if self.posterior is None:  # the fallback: the MAP's prediction
+            return log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum), jacobian=False)[0]
+        log_t, jac = log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum))
+        shift = self._offset[k] + self._chol_rows[k] @ self.posterior.weights
+        with np.errstate(all="ignore"):
+            out = log_t + jac @ shift + self.posterior.predict_mean(config_features(nodes, replicas, bsz, accum),
+                                                                  np.full(nodes.size, k))
+        return np.where(np.isfinite(out), out, log_t)
+
+    def predict(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray,
+                accum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and std of log step time of a new measurement (noise included)."""
+        d = self.design(gpu, nodes, replicas, bsz, accum)
+        fallback = np.full(d.log_mean.shape, self.fallback_log_std)  # around the MAP's prediction
+        if self.posterior is None:
+            return d.log_map, fallback
+        try:
+            with np.errstate(all="ignore"):
+                mu, var = self.posterior.predict(d.x, d.t, d.s, noise=True)
+        except (FloatingPointError, ValueError, np.linalg.LinAlgError):
+            return d.log_map, fallback
+        ok = np.isfinite(mu) & np.isfinite(var)
+        return np.where(ok, d.log_mean + mu, d.log_map), np.where(ok, np.sqrt(np.maximum(var, 0.0)), fallback)
+
+    # ------------------------------------------------------------------ online
+    def condition(self, observations: Sequence[Observation]) -> float:
+        """Condition the posterior on observations of known types; returns the largest |z| before the update.
+
+        Raises :class:`GPNumericalError` when the update cannot be factorised.
+        """
+        if self.posterior is None:
+            raise GPNumericalError("no posterior to update")
+        design, y = self.rows_of(observations)
+        mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
+        z = np.abs(y - mu) / np.sqrt(var)
+        self.posterior.condition(design.x, design.t, design.s, y)
+        return float(np.max(z)) if z.size else 0.0
+
+
+def _recent_window(stamps: np.ndarray, gpu_types: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of the ``max_points`` most recent observations, each type keeping its most recent few.
+
+    A type whose observations are older than the others' keeps its ``max_points // (2 × types)``
+    most recent ones (or all it has): without any, the GP would forget its residuals.
+    """
+    order = np.argsort(stamps, kind="stable")
+    types = np.unique(gpu_types)
+    floor = max(1, max_points // (2 * len(types)))
+    chosen = np.zeros(stamps.size, dtype=bool)
+    for gpu in types:
+        chosen[order[gpu_types[order] == gpu][-floor:]] = True
+    newest_first = order[::-1]
+    rest = newest_first[~chosen[newest_first]]
+    chosen[rest[: max(0, max_points - int(chosen.sum()))]] = True
+    return np.flatnonzero(chosen)
+
+
+def _window(observations: Mapping[str, Sequence[Observation]], max_points: int) -> list[Observation]:
+    """At most ``max_points`` observations for the GP: the most recent (by timestamp when all have one)."""
+    obs = [o for t in observations for o in observations[t]]
+    if len(obs) <= max_points:
+        return obs
+    stamps = np.array([o.timestamp if o.timestamp is not None else math.nan for o in obs])
+    if np.isfinite(stamps).all():
+        return [obs[i] for i in _recent_window(stamps, np.array([o.gpu_type for o in obs]), max_points)]
+    per = {t: observations[t][-max(1, max_points * len(observations[t]) // len(obs)):] for t in observations}
+    return [o for t in observations for o in per[t]]
+
+
+def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
+             chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
+             residual_std: float, dof: float | None) -> tuple[MapFit, float, np.ndarray]:
+    """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
+    scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise
+    and the prior's Cholesky factor used."""
+    steps = []
+    for k, gpu in enumerate(types):
+        rows, y = step_rows(observations[gpu], ref_bsz, shapes.get(gpu))
+        steps.append((k, rows, y))
+    fit = fit_map(steps, mean, chol, noise, initial)
+    noise = _shrunk(fit.rms, fit.n, residual_std)
+    base = chol
+    prior_prec = np.linalg.inv(base @ base.T)
+    for _ in range(2 if dof is not None else 1):
+        if dof is not None:
+            # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]), the expectation under the Laplace posterior of δ = u − m
+            info = np.zeros_like(prior_prec)
+            for k, rows, _y in steps:
+                jac = log_step_time(fit.u[k], rows)[1]
+                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac / noise**2
+            delta = (fit.u - mean).ravel()
+            quad = float(delta @ prior_prec @ delta + np.trace(prior_prec @ np.linalg.inv(info + prior_prec)))
+            chol = base * math.sqrt((dof + quad) / (dof + delta.size))
+        fit = fit_map(steps, mean, chol, noise, fit.u)
+    return fit, noise, chol
+
+
+def build_posterior(
+    observations: Mapping[str, Sequence[Observation]],
+    prior_mean: np.ndarray,
+    prior_cov: np.ndarray,
+    shapes: Mapping[str, SyncShape | None],
+    previous: JobPosterior | None = None,
+    hyper: GPHyperparameters | None = None,
+    *,
+    hyper_prior: HyperPrior = DEFAULT_HYPER_PRIOR,
+    prior_dof: float | None = None,
+    fit_hyper: bool = True,
+    max_points: int = 1024,
+    seed: int = 0,
+) -> JobPosterior:
+    """A refit: the MAP of every type's coordinates, then the GP on all observations (hyperparameters refitted when asked).
+
+    ``prior_mean`` (T, 7), ``prior_cov`` (7T, 7T): the prior over the job's coordinates on its types,
+    in the order of ``observations``; ``prior_dof``: the degrees of freedom of a Student-t prior
+    (:data:`goodput.hierarchy.EFFECT_DOF`) whose scale the job's own distance from it sets (``None``:
+    the Gaussian prior as given). ``hyper_prior``: what a job's residual GP typically looks like on this
+    cluster (:attr:`goodput.hierarchy.ClusterPrior.gp_prior`, else weak defaults): the prior of the GP's
+    hyperparameters and, through its variance, of the MAP's noise; few observations cannot estimate them.
+    ``hyper``: hyperparameters to start from (else the previous refit's, else the prior's medians).
+    """
+    types = list(observations)
+    ref_bsz = reference_bsz([o for t in types for o in observations[t]])
+    residual_std = math.sqrt(hyper_prior.signal_var + hyper_prior.noise)
+    chol = np.linalg.cholesky(prior_cov + 1e-10 * np.eye(prior_cov.shape[0]))
+    same = previous is not None and previous.types == types and previous.ref_bsz == ref_bsz
+    fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes,
+                                previous.noise_std if same else residual_std, previous.u_hat if same else None,
+                                residual_std, prior_dof)
+    start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
+    start = (start or hyper_prior.initial(len(types))).for_types(types)
+    state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise)
+    design, y = state.rows_of(_window(observations, max_points))
+    state.n_fit = y.size
+    rms = float(np.sqrt(np.mean(y**2))) if y.size else 0.0
+    state.fallback_log_std = max(FALLBACK_LOG_STD, 3.0 * rms) if np.isfinite(rms) else FALLBACK_LOG_STD
+    if not np.all(np.isfinite(y)):
+        state.reason = "non-finite residuals"
+        return state
+    if fit_hyper and y.size >= 4:
+        # The GP models what Pollux's form misses at the MAP: its hyperparameters are fitted to the MAP's
+        # residuals. (Fitted to the residuals around the prior mean, with the linear part, a job far from
+        # the cluster's typical one would have its prior's miss read as residual structure.)
+        idx = np.arange(y.size)
+        if idx.size > MAX_FIT_POINTS:
+            idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
+        warm = previous is not None and previous.hyper.num_tasks == len(types)
+        at_map = y[idx] + design.log_mean[idx] - design.log_map[idx]
+        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map, start,
+                                          max_iter=WARM_REFIT_ITERATIONS if warm else COLD_FIT_ITERATIONS,
+                                          hyper_prior=hyper_prior)
+    try:
+        state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y)
+    except GPNumericalError as exc:
+        state.reason = f"GP not positive definite: {exc}"
+    return state

@@ -1,0 +1,68 @@
+"""Synthetic jobs drawn from the hierarchical model itself (goodput.hierarchy), for its tests.
+
+A cluster of GPU types with known type means ``m[t]``, job effects ``a ~ N(0, A)`` and job × type effects
+``e ~ N(0, diag(E))`` in the coordinates of goodput.parametric; each job's observations are its Pollux
+step times on a grid of configurations with multiplicative log-normal noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from goodput import Observation
+from goodput.parametric import K, Rows, log_step_time
+
+TYPES = ("t4", "a100", "v100")
+REF_BSZ = 32.0
+# typical jobs on each type: compute 60 / 20 / 30 ms at the reference batch, 60% of it per sample (logit 0.4),
+# α_r 20 / 8 / 12 ms, α_n 80 / 40 / 60 ms, growth 5%, γ = 1.5
+TYPE_MEANS = {
+    gpu: np.array([np.log(c), 0.4, np.log(a_r), np.log(a_n), np.log(0.05), np.log(0.05), np.log(0.5)])
+    for gpu, c, a_r, a_n in (("t4", 0.06, 0.02, 0.08), ("a100", 0.02, 0.008, 0.04), ("v100", 0.03, 0.012, 0.06))
+}
+JOB_STD = np.array([0.8, 0.8, 0.6, 0.6, 0.3, 0.3, 0.3])  # a job's shared effect
+JOB_TYPE_STD = np.array([0.2, 0.2, 0.15, 0.15, 0.1, 0.1, 0.1])  # ... and what is particular to one type
+SYNC_CORR = 0.9  # the job effects of α_r and α_n
+SINGLE = [(1, 1)]
+SINGLE_NODE = [(1, 2), (1, 4)]
+MULTI_NODE = [(2, 4), (2, 8), (4, 16)]
+BSZS = (8, 32, 128)
+
+
+def job_effect_cov() -> np.ndarray:
+    cov = np.diag(JOB_STD**2)
+    cov[2, 3] = cov[3, 2] = SYNC_CORR * JOB_STD[2] * JOB_STD[3]
+    return cov
+
+
+def draw_job(rng: np.random.Generator, types=TYPES) -> dict[str, np.ndarray]:
+    """True coordinates of one job on each type."""
+    shared = rng.multivariate_normal(np.zeros(K), job_effect_cov())
+    return {t: TYPE_MEANS[t] + shared + rng.normal(0.0, JOB_TYPE_STD) for t in types}
+
+
+def observe(job: str, gpu: str, u: np.ndarray, configs, rng: np.random.Generator, noise: float = 0.03,
+            bszs=BSZS) -> list[Observation]:
+    """Noisy observations of ``u`` on ``gpu`` at ``configs`` × ``bszs``."""
+    out = []
+    for nodes, replicas in configs:
+        for bsz in bszs:
+            rows = Rows(np.array([float(nodes)]), np.array([float(replicas)]), np.array([float(bsz)]), np.zeros(1), REF_BSZ)
+            step = float(np.exp(log_step_time(u, rows, jacobian=False)[0][0] + rng.normal(0.0, noise)))
+            out.append(Observation(job=job, gpu_type=gpu, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz, step_time=step))
+    return out
+
+
+def true_log_step(u: np.ndarray, configs, bszs=BSZS) -> np.ndarray:
+    nodes, replicas, bsz = (np.array(v, dtype=float) for v in zip(*[(n, r, b) for n, r in configs for b in bszs]))
+    return log_step_time(u, Rows(nodes, replicas, bsz, np.zeros(nodes.size), REF_BSZ), jacobian=False)[0]
+
+
+def cluster(num_jobs: int, seed: int) -> dict[str, list[Observation]]:
+    """``num_jobs`` jobs with every configuration on every type."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for j in range(num_jobs):
+        truth = draw_job(rng)
+        out[f"job{j}"] = [o for t in TYPES for o in observe(f"job{j}", t, truth[t], SINGLE + SINGLE_NODE + MULTI_NODE, rng)]
+    return out

@@ -1,0 +1,123 @@
+"""The hierarchical prior: EM recovers what a cluster's jobs share, a new job's prior, persistence, outliers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from goodput import JobModel, ValidationError
+from goodput.errors import DataFormatError
+from goodput.hierarchy import ClusterPrior, default_means, default_prior, summarize_cell
+from goodput.parametric import K, reference_bsz
+from tests.hierarchy_jobs import JOB_STD, REF_BSZ, TYPE_MEANS, TYPES, cluster, draw_job, observe
+
+WELL_IDENTIFIED = [0, 2, 3]  # compute, α_r, α_n: every cluster job ran every regime at three batch sizes
+
+
+@pytest.fixture(scope="module")
+def data():
+    return cluster(10, seed=7)
+
+
+@pytest.fixture(scope="module")
+def prior(data):
+    return ClusterPrior.from_observations(data)
+
+
+def test_cells_summarise_a_jobs_data_on_a_type(data):
+    obs = [o for o in data["job0"] if o.gpu_type == "t4"]
+    assert reference_bsz(obs) == pytest.approx(REF_BSZ)
+    cell = summarize_cell("job0", "t4", obs, REF_BSZ)
+    assert cell.u.shape == (K,) and cell.info.shape == (K, K)
+    assert np.all(np.linalg.eigvalsh(cell.info) > -1e-8) and cell.noise < 0.06  # 3% noise generated
+    one_gpu = summarize_cell("job0", "t4", [o for o in obs if o.num_replicas == 1], REF_BSZ)
+    # 1-GPU steps say nothing about sync: those directions carry no information
+    assert np.allclose(one_gpu.info[2:, 2:], 0.0, atol=1e-8) and one_gpu.info[0, 0] > 100
+
+
+def test_em_recovers_type_means_and_job_spread(prior):
+    fit = prior.fitted()
+    assert fit.types == sorted(TYPES)
+    for k, gpu in enumerate(fit.types):
+        np.testing.assert_allclose(fit.beta[K * k:K * (k + 1)][WELL_IDENTIFIED], TYPE_MEANS[gpu][WELL_IDENTIFIED], atol=0.7)
+    spread = np.sqrt(np.diag(fit.shared))
+    assert np.all(spread[WELL_IDENTIFIED] > 0.3 * JOB_STD[WELL_IDENTIFIED])
+    assert np.all(spread[WELL_IDENTIFIED] < 2.5 * JOB_STD[WELL_IDENTIFIED])
+    assert np.all(np.sqrt(fit.particular[:, WELL_IDENTIFIED]) < 0.6)  # types differ by their means, jobs by a shared effect
+    correlation = fit.shared[2, 3] / np.sqrt(fit.shared[2, 2] * fit.shared[3, 3])
+    assert correlation > 0.5
+
+
+def test_a_new_jobs_prior_couples_its_types_through_the_shared_effect(prior):
+    mean, cov = prior.prior(["t4", "a100", "h100"])  # h100: not on this cluster
+    assert mean.shape == (3, K) and cov.shape == (3 * K, 3 * K)
+    assert np.all(np.linalg.eigvalsh(cov) > 0)
+    fit = prior.fitted()
+    np.testing.assert_allclose(cov[:K, K:2 * K], cov[K:2 * K, :K].T)
+    # across types: the job's shared effect A (plus the small uncertainty of the type means' estimates)
+    np.testing.assert_allclose(np.diag(cov[:K, K:2 * K])[WELL_IDENTIFIED], np.diag(fit.shared)[WELL_IDENTIFIED], rtol=0.3)
+    # a type no job has run takes the mean over types, with more spread
+    assert np.all(np.diag(cov)[2 * K:] > np.diag(cov)[:K])
+
+
+def test_observations_on_one_type_move_the_others(prior):
+    rng = np.random.default_rng(3)
+    truth = draw_job(rng)
+    one_gpu = [o for t in TYPES for o in observe("new", t, truth[t], [(1, 1)], rng)]
+    warm = one_gpu + observe("new", "t4", truth["t4"], [(1, 2), (1, 4)], rng)
+    cold_model = JobModel("new", 8, cluster_prior=prior).observe(one_gpu)
+    warm_model = JobModel("new", 8, cluster_prior=prior).observe(warm)
+    cold, hot = cold_model.predict("a100", 1, 4, 32), warm_model.predict("a100", 1, 4, 32)
+    assert hot.log_std < cold.log_std  # a100's sync learned from t4's: the job's shared effect
+
+
+def test_size_slopes_place_a_job_by_its_parameter_count():
+    rng = np.random.default_rng(5)
+    data, sizes = {}, {}
+    for j in range(8):
+        truth = draw_job(rng, types=("t4",))
+        size = float(np.exp(rng.normal(17.0, 1.0)))
+        truth["t4"][2:4] += np.log(size) - 17.0  # sync constants ∝ gradient bytes
+        data[f"j{j}"] = observe(f"j{j}", "t4", truth["t4"], [(1, 1), (1, 2), (1, 4), (2, 8)], rng)
+        sizes[f"j{j}"] = size
+    fitted = ClusterPrior.from_observations(data, sizes).describe()["size_slopes"]
+    assert fitted["log_alpha_r"] == pytest.approx(1.0, abs=0.4) and fitted["log_alpha_n"] == pytest.approx(1.0, abs=0.4)
+    big, small = (ClusterPrior.from_observations(data, sizes).prior(["t4"], size)[0][0, 2] for size in (1e9, 1e6))
+    assert big - small == pytest.approx(np.log(1e3) * fitted["log_alpha_r"], rel=0.05)
+
+
+def test_an_outlying_job_does_not_stretch_the_others_prior(data):
+    rng = np.random.default_rng(11)
+    odd = draw_job(rng)
+    for gpu in TYPES:
+        odd[gpu][3] += 4.0  # inter-node sync e^4 = 55 times the typical job's
+    with_odd = {**data, "odd": [o for t in TYPES for o in observe("odd", t, odd[t], [(1, 1), (1, 2), (2, 8)], rng)]}
+    plain, robust = ClusterPrior.from_observations(data).fitted(), ClusterPrior.from_observations(with_odd).fitted()
+    assert robust.shared[3, 3] < 4.0 * plain.shared[3, 3]  # a Gaussian fit would take ~16/11 ≈ 1.5 more variance than ~0.8
+
+
+def test_save_load_and_exclude(prior, tmp_path):
+    path = prior.save(tmp_path / "prior.json")
+    loaded = ClusterPrior.load(path)
+    assert loaded.jobs == prior.jobs and loaded.gp_prior == prior.gp_prior
+    np.testing.assert_allclose(loaded.prior(["t4"])[0], prior.prior(["t4"])[0])
+    left = prior.exclude("job0")
+    assert "job0" not in left.jobs and len(left.jobs) == len(prior.jobs) - 1
+    assert prior.exclude("nobody") is prior
+    (tmp_path / "bad.json").write_text('{"summaries": [{"job": "a", "gpu_type": "t4", "u": [1, 2], "info": [], "n": 3, "noise": 0.1}]}')
+    with pytest.raises(DataFormatError, match="summaries"):
+        ClusterPrior.load(tmp_path / "bad.json")
+    with pytest.raises(ValidationError, match="observations"):
+        ClusterPrior.from_observations([1, 2])
+    with pytest.raises(ValidationError, match="summaries"):
+        ClusterPrior(["not a cell"])
+
+
+def test_the_weak_default_prior_is_read_off_the_jobs_compute():
+    rng = np.random.default_rng(2)
+    obs = observe("j", "t4", TYPE_MEANS["t4"], [(1, 1)], rng)
+    means = default_means(obs)
+    assert np.exp(means[0]) == pytest.approx(np.exp(np.mean(np.log([o.step_time for o in obs]))))
+    mean, cov = default_prior([means, means])
+    assert cov.shape == (2 * K, 2 * K) and np.all(np.linalg.eigvalsh(cov) > 0)
+    assert cov[1, K + 1] / cov[1, 1] > 0.9  # the compute split: the job's, shared across its types
