@@ -50,7 +50,12 @@ truth does not). In a data-parallel table (one stage), ``sync_time`` is part of
 
 Hybrid-parallel jobs are scaled in whole pipelines (Sia, SOSP'23): a family's
 methods take GPU counts (``num_gpus``), of which ``num_gpus / num_stages`` are
-replicas; GPU counts that are not whole pipelines run at rate 0.
+replicas; GPU counts that are not whole pipelines run at rate 0. The batch
+optimizer (:func:`goodput.optimize.optimize_goodput`) chooses a pipeline's
+micro-batch and micro-batches as a data-parallel job's: the largest micro-batch
+that fits, then as many as the batch needs. With fixed M a smaller micro-batch
+could fill the pipeline better (its bubble is S − 1 slots of M); that choice is
+not searched (Sia fixes one micro-batch size for its pipelined job).
 
 Progress follows Pollux (OSDI'21 §5.1): a job's progress is counted in
 scale-invariant iterations at its reference batch M0, so one second at batch M
