@@ -20,7 +20,10 @@ profiled throughputs), which is generous to it.
 Every policy passes the allocator each job's restart cost (its application's,
 :attr:`JobView.restart_cost_s`: Sia's restart factor and the allocator's
 penalty for moving it) and, for a hybrid-parallel job, its GPUs per replica on
-each type as ``JobSpec.granularity``: it is given whole pipelines only.
+each type as ``JobSpec.granularity``: it is given whole pipelines only. The
+``unaware`` policy's pooled model cannot tell GPU types apart, so it runs a
+hybrid job only if its pipelines have one stage count on every type (the
+simulator refuses the workload otherwise, before any round).
 """
 
 from __future__ import annotations
