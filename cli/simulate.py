@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--truth", default="catalog",
                         help="ground truth: 'catalog' (built in), a catalog JSON, or a directory of measured tables")
     parser.add_argument("--gpu-type", default="t4", help="GPU type of measured tables without a type suffix (placements.csv)")
+    parser.add_argument("--restart-cost", type=float, metavar="S", dest="restart_cost",
+                        help="seconds every job loses per (re)allocation (default: per application: a measured model's "
+                        "application.json, else Sia's measured costs by name, else 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload and of measurement noise")
     parser.add_argument("--round", type=float, dest="round_s", help="seconds between scheduling rounds (policy default)")
     parser.add_argument("--max-hours", type=float, default=24.0 * 14, help="stop after this much simulated time")
@@ -74,19 +77,33 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError("hours", args.hours, "sets the arrival window of a synthetic workload only; "
                               "a --workload CSV gives its own arrival times")
 
+    config = {"max_hours": args.max_hours}
+    if args.restart_cost is not None:
+        config["restart_cost_s"] = args.restart_cost
+
     def task(name: str, jobs: tuple, policy: str, q: float) -> Task:
         return Task(name, jobs, policy, str(cluster), truth=args.truth, default_gpu_type=args.gpu_type,
-                    seed=args.seed, round_s=args.round_s, config={"max_hours": args.max_hours},
+                    seed=args.seed, round_s=args.round_s, config=dict(config),
                     policy_options={} if q == 0.5 else {"goodput_quantile": q})
 
     for policy in policies:  # --round, --max-hours, ...: refused here, before the workload and the worker processes
         for q in quantiles:
             check_task(task("", (), policy, q))
-    families = load_truth(args.truth, cluster, args.gpu_type)
-    workloads = load_workloads(args.workload, families, synthetic=args.synthetic or 0, seed=args.seed,
-                               hours=8.0 if args.hours is None else args.hours)
-    tasks = [task(name, tuple(jobs), policy, q) for name, jobs in workloads for policy in policies for q in quantiles]
     out = console()
+    skipped: dict[str, str] = {}
+    hours = 8.0 if args.hours is None else args.hours
+    if args.workload:  # only the workloads' applications are loaded from the truth
+        workloads = load_workloads(args.workload, {}, seed=args.seed, hours=hours)
+        applications = {job.application for _, jobs in workloads for job in jobs}
+        families = load_truth(args.truth, cluster, args.gpu_type, applications=applications, skipped=skipped)
+    else:
+        families = load_truth(args.truth, cluster, args.gpu_type, skipped=skipped)
+        workloads = load_workloads(None, families, synthetic=args.synthetic or 0, seed=args.seed, hours=hours)
+    for name, reason in skipped.items():
+        out.print(f"truth: skipped {name}: {reason}", markup=False, highlight=False, soft_wrap=True)
+    tasks = [task(name, tuple(jobs), policy, q) for name, jobs in workloads for policy in policies for q in quantiles]
+    for each in tasks:  # a workload the simulator would refuse fails here, before any simulation runs
+        check_task(each, families)
     out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) x {len(quantiles)} quantile(s) on {cluster} "
               f"({cluster.total_gpus} GPUs), truth: {args.truth}")
     parent_id = None

@@ -45,6 +45,8 @@ __all__ = [
     "read_scalability",
     "read_validation",
     "read_pollux_trace",
+    "table_files",
+    "gpu_slug",
     "read_gavel_throughputs",
     "GavelData",
     "parse_placement",
@@ -519,8 +521,12 @@ class Measurements:
     sizes: dict[str, float] = field(default_factory=dict)  # trainable parameters per model, where the data say
 
 
-def _gpu_slug(text: str) -> str:
+def gpu_slug(text: str) -> str:
+    """A GPU type name as table file names give it: ``"RTX 6000"`` → ``"rtx-6000"``."""
     return re.sub(r"[^a-z0-9_.-]+", "-", text.strip().lower()).strip("-")
+
+
+_gpu_slug = gpu_slug
 
 
 def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4") -> Measurements:
@@ -575,6 +581,20 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     if not models:
         raise FileNotFoundError(f"no <model>/placements-<gpu_type>.csv, Gavel, Zeus or *.jsonl data in {root}")
     return Measurements("placements", models, notes)
+
+
+def table_files(model_dir: str | os.PathLike[str], default_gpu_type: str = "t4") -> list[tuple[Path, str, str, bool]]:
+    """A model folder's step-time tables: ``(path, kind, gpu_type, typed)`` per ``placements[-<gpu_type>].csv``
+    or ``scalability[-<gpu_type>].csv``, sorted by name; ``kind`` is ``"placements"`` or ``"scalability"``, the
+    GPU type the slug of the name's suffix (``placements-RTX 6000.csv`` → ``rtx-6000``), else
+    ``default_gpu_type`` with ``typed`` False."""
+    out = []
+    for csv_path in sorted(Path(model_dir).glob("*.csv")):
+        match = _TYPED_FILE.match(csv_path.name)
+        if match is not None:
+            gpu = match.group("gpu")
+            out.append((csv_path, match.group("kind"), _gpu_slug(gpu) if gpu else _gpu_slug(default_gpu_type), bool(gpu)))
+    return out
 
 
 def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu_type: str = "t4",

@@ -28,6 +28,7 @@ from experiments.simulator.workload import read_workload
 from goodput.io import atomic_write_text
 
 CLUSTER = "t4:16x4"
+POLLUX_RESTART_COST_S = 30.0  # Pollux's simulator charges every job the same delay per reallocation (not Sia's per-application costs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = json.loads((data / "pollux" / "results" / "results-jobload" / "pollux-1.0" / "summary.json").read_text())
     names = [f"workload-{w.strip()}" for w in args.workloads.split(",")]
     tasks = [Task(name, tuple(read_workload(data / "pollux" / "workloads" / f"{name}.csv")), args.policy, CLUSTER,
-                  truth=str(data / "pollux" / "traces"), default_gpu_type="t4") for name in names]
+                  truth=str(data / "pollux" / "traces"), default_gpu_type="t4",
+                  config={"restart_cost_s": POLLUX_RESTART_COST_S}) for name in names]
     rows, ratios, correlations = [], [], []
     per_application: dict[str, list[tuple[float, float]]] = {}
 

@@ -155,9 +155,13 @@ class Client:
     # ------------------------------------------------------------------ jobs and observations
     def put_job(self, job: str, init_batch_size: int, max_batch_size: int | None = None,
                 local_bsz_bounds: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
-                gpu_types: Iterable[str] | None = None) -> dict[str, Any]:
-        """Register ``job`` or change its settings; the job's record."""
+                gpu_types: Iterable[str] | None = None,
+                num_stages: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Register ``job`` or change its settings; the job's record. ``num_stages``: GPUs per replica of a
+        hybrid-parallel job (:mod:`goodput.hybrid`)."""
         body: dict[str, Any] = {"init_batch_size": init_batch_size}
+        if num_stages is not None:
+            body["num_stages"] = dict(num_stages) if isinstance(num_stages, Mapping) else num_stages
         if max_batch_size is not None:
             body["max_batch_size"] = max_batch_size
         if local_bsz_bounds is not None:

@@ -59,16 +59,30 @@ class NodePool:
         """Stable node names: ``"<type>-0"``, ``"<type>-1"``, …"""
         return [f"{self.gpu_type}-{i}" for i in range(self.nodes)]
 
-    def configurations(self) -> list[Configuration]:
-        """Sia's set on this pool: 1, 2, 4, … GPUs in one node, then whole nodes."""
+    def configurations(self, num_stages: int = 1, min_replicas: int = 1) -> list[Configuration]:
+        """Sia's set on this pool: 1, 2, 4, … GPUs in one node, then whole nodes.
+
+        For a hybrid-parallel job of ``num_stages`` GPUs per replica
+        (:mod:`goodput.hybrid`) the set holds whole pipelines only: 1, 2, 4, …
+        pipelines within one node, and the most that fit one node, then the
+        whole-node allocations whose GPUs are whole pipelines; all with at
+        least ``min_replicas`` pipelines. So a pipeline never spans nodes
+        unless it is longer than a node (``num_stages > gpus_per_node``) or a
+        node does not hold a whole number of them (a whole-node allocation of
+        3-stage pipelines on 4-GPU nodes). ``num_stages=1`` gives Sia's set.
+        """
+        stages = check_int(f"{self.gpu_type}.num_stages", num_stages, minimum=1)
+        least = check_int("min_replicas", min_replicas, minimum=1) * stages
+        gpn = self.gpus_per_node
         configs: list[Configuration] = []
-        gpus = 1
-        while gpus < self.gpus_per_node:
-            configs.append((self.gpu_type, 1, gpus))
-            gpus *= 2
-        configs.append((self.gpu_type, 1, self.gpus_per_node))
-        configs.extend((self.gpu_type, n, n * self.gpus_per_node) for n in range(2, self.nodes + 1))
-        return configs
+        pipelines = 1
+        while pipelines * stages < gpn:
+            configs.append((self.gpu_type, 1, pipelines * stages))
+            pipelines *= 2
+        if gpn // stages >= 1:
+            configs.append((self.gpu_type, 1, gpn // stages * stages))
+        configs.extend((self.gpu_type, n, n * gpn) for n in range(2, self.nodes + 1) if n * gpn % stages == 0)
+        return list(dict.fromkeys(c for c in configs if c[2] >= least))
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,13 @@ class Cluster:
     def total_gpus(self) -> int:
         return sum(p.gpus for p in self.pools)
 
-    def configurations(self) -> list[Configuration]:
-        """Sia's configuration set, pool by pool: ``(gpu_type, num_nodes, num_gpus)``."""
-        return [c for pool in self.pools for c in pool.configurations()]
+    def configurations(self, num_stages: Any = 1, min_replicas: int = 1) -> list[Configuration]:
+        """Sia's configuration set, pool by pool: ``(gpu_type, num_nodes, num_gpus)``.
+
+        ``num_stages`` (an ``int`` or ``{gpu_type: int}``, :mod:`goodput.hybrid`) and ``min_replicas``
+        give a hybrid-parallel job's set of whole pipelines (:meth:`NodePool.configurations`).
+        """
+        from .hybrid import Stages
+
+        stages = Stages.parse(num_stages)
+        return [c for pool in self.pools for c in pool.configurations(stages.of(pool.gpu_type), min_replicas)]

@@ -54,6 +54,7 @@ from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
 from .hierarchy import EFFECT_DOF, ClusterPrior, default_means, default_prior
+from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
@@ -158,6 +159,17 @@ class JobModel:
         max_gp_points: a refit conditions the GP on at most this many (most
             recent) step observations; between refits it conditions on up to a
             quarter more (at least 5), then refits.
+        num_stages: GPUs per data-parallel replica, an ``int`` or
+            ``{gpu_type: int}`` (:mod:`goodput.hybrid`): 1 for a data-parallel
+            job, the pipeline stages of a hybrid-parallel one. Its replicas are
+            then pipelines (``num_replicas`` everywhere in the model, as in its
+            observations, whose ``num_stages`` must match), and its
+            configurations whole pipelines: :meth:`table` lists only GPU counts
+            that are multiples of the type's stage count, and :meth:`goodput`
+            with ``num_gpus=`` gives 0 for any other (as Sia, SOSP'23, does).
+        min_replicas: the fewest replicas (pipelines) the job runs on;
+            configurations with fewer are left out of :meth:`table` and have
+            goodput 0 in :meth:`goodput`.
     """
 
     def __init__(
@@ -175,8 +187,12 @@ class JobModel:
         surprise: float = 3.0,
         max_gp_points: int = 1024,
         gp_hyperparameters: GPHyperparameters | None = None,
+        num_stages: int | Mapping[str, int] = 1,
+        min_replicas: int = 1,
     ) -> None:
         self.job = check_str("job", job)
+        self._stages = Stages.parse(num_stages)
+        self.min_replicas = check_min_replicas(min_replicas)
         self.init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
         if max_batch_size is not None:
             max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
@@ -250,6 +266,15 @@ class JobModel:
         self._state = None
         self._refit_due = self._hyper_due = True
 
+    @property
+    def num_stages(self) -> int | dict[str, int]:
+        """GPUs per data-parallel replica as given: an ``int`` or ``{gpu_type: int}`` (:mod:`goodput.hybrid`)."""
+        return self._stages.value
+
+    def stages(self, gpu_type: str) -> int:
+        """GPUs per replica (pipeline stages) on ``gpu_type``."""
+        return self._stages.of(normalize_gpu_type(gpu_type))
+
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_profile(cls, profile: Profile, **overrides: Any) -> JobModel:
@@ -272,6 +297,8 @@ class JobModel:
         overrides.setdefault("max_batch_size", profile.max_batch_size)
         if "local_bsz_bounds" not in overrides and profile.max_local_bsz:
             overrides["local_bsz_bounds"] = {gpu: (1, high) for gpu, high in profile.max_local_bsz.items()}
+        if "num_stages" not in overrides:
+            overrides["num_stages"] = stages_of(profile.observations)
         size = (profile.metadata or {}).get("num_parameters")
         if "model_size" not in overrides and isinstance(size, (int, float)) and size > 0:
             overrides["model_size"] = float(size)
@@ -306,6 +333,7 @@ class JobModel:
                 raise ValidationError(f"observations[{index}]", obs, "expected an Observation")
             if obs.job != self.job:
                 raise ValidationError(f"observations[{index}].job", obs.job, f"this model is for job {self.job!r}")
+            check_observation_stages(self._stages, obs, index)
         for obs in batch:
             self._observations.setdefault(obs.gpu_type, []).append(obs)
             self._dirty.add(obs.gpu_type)
@@ -530,13 +558,20 @@ class JobModel:
         return choices, std
 
     @single_threaded
-    def goodput(self, gpu_type: str, num_nodes: int, num_replicas: int) -> GoodputChoice:
-        """The goodput-maximising batch size, local batch and accumulation of an allocation."""
+    def goodput(self, gpu_type: str, num_nodes: int, num_replicas: int | None = None, *,
+                num_gpus: int | None = None) -> GoodputChoice:
+        """The goodput-maximising batch size, local batch and accumulation of an allocation.
+
+        The allocation is given by its replicas or (``num_gpus=``) by its GPUs; they
+        differ for a hybrid-parallel job only (``num_replicas = num_gpus / num_stages``).
+        GPUs that are not whole pipelines, or fewer replicas than ``min_replicas``,
+        give an infeasible choice (goodput 0).
+        """
         name = self._known(gpu_type)
         nodes = check_int("num_nodes", num_nodes, minimum=1)
-        replicas = check_int("num_replicas", num_replicas, minimum=1)
-        if replicas < nodes:
-            raise ValidationError("num_replicas", replicas, f"must be >= num_nodes ({nodes})")
+        replicas = replicas_of(self._stages, name, nodes, num_replicas, num_gpus)
+        if replicas < self.min_replicas:
+            return GoodputChoice(name, nodes, replicas, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
         choices, std = self._choices(name, np.array([nodes], float), np.array([replicas], float))
         return GoodputChoice(
             gpu_type=name,
@@ -556,7 +591,10 @@ class JobModel:
     def table(self, cluster: Cluster) -> GoodputTable:
         """Goodput over the cluster's configuration set (Sia's), one vectorised solve per GPU type.
 
-        GPU types without observations are listed in ``missing_gpu_types``.
+        GPU types without observations are listed in ``missing_gpu_types``. A
+        hybrid-parallel job's rows are its whole-pipeline configurations only
+        (:meth:`goodput.cluster.NodePool.configurations` with its stage count and
+        ``min_replicas``), with a ``num_replicas`` column (pipelines per row).
         """
         if not isinstance(cluster, Cluster):
             raise ValidationError("cluster", cluster, "expected a Cluster")
@@ -566,16 +604,20 @@ class JobModel:
             if pool.gpu_type not in self._observations:
                 missing.append(pool.gpu_type)
                 continue
-            configs = pool.configurations()
+            stages = self._stages.of(pool.gpu_type)
+            configs = pool.configurations(stages, self.min_replicas)
+            if not configs:  # not one pipeline (min_replicas of them) fits this pool
+                continue
             nodes = np.array([c[1] for c in configs], dtype=float)
             gpus = np.array([c[2] for c in configs], dtype=float)
-            choices, std = self._choices(pool.gpu_type, nodes, gpus)
+            choices, std = self._choices(pool.gpu_type, nodes, gpus / stages)
             frames.append(
                 pd.DataFrame(
                     {
                         "gpu_type": pool.gpu_type,
                         "num_nodes": nodes.astype(int),
                         "num_gpus": gpus.astype(int),
+                        **({"num_replicas": (gpus / stages).astype(int)} if self._stages.hybrid else {}),
                         "goodput": choices.goodput,
                         "batch_size": choices.batch_size,
                         "local_bsz": choices.local_bsz,

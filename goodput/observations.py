@@ -54,7 +54,9 @@ class Observation:
         job: the job's name.
         gpu_type: device type, lower-cased (``"t4"``, ``"a100"``, ``"cpu"``).
         num_nodes: nodes the allocation spans (>= 1).
-        num_replicas: data-parallel replicas (>= ``num_nodes``).
+        num_replicas: data-parallel replicas; for a hybrid-parallel job,
+            pipelines of ``num_stages`` GPUs (:mod:`goodput.hybrid`). The
+            allocation holds ``num_replicas · num_stages >= num_nodes`` GPUs.
         local_bsz: per-replica micro-batch size, samples.
         step_time: seconds of one optimizer step: ``accum_steps`` local
             micro-batches then one synchronised micro-batch (DESIGN.md ``T_iter``).
@@ -71,6 +73,11 @@ class Observation:
         source: where the observation came from (``"profile"``, ``"training"``,
             ``"trace:pollux"`` ...).
         timestamp: Unix time of the measurement, seconds.
+        num_stages: GPUs per data-parallel replica: 1 for a data-parallel job,
+            the pipeline stages of a hybrid-parallel one (whose ``local_bsz`` is
+            then the micro-batch and ``accum_steps + 1`` the micro-batches per
+            step). Left out of :meth:`to_dict` when 1, so that records written
+            before the field existed keep their content (and the service its ids).
     """
 
     job: str
@@ -88,6 +95,7 @@ class Observation:
     memory_bytes: int | None = None
     source: str | None = None
     timestamp: float | None = None
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -95,10 +103,15 @@ class Observation:
         set_(self, "gpu_type", normalize_gpu_type(self.gpu_type))
         num_nodes = check_int("num_nodes", self.num_nodes, minimum=1)
         num_replicas = check_int("num_replicas", self.num_replicas, minimum=1)
-        if num_replicas < num_nodes:
-            raise ValidationError(
-                "num_replicas", num_replicas, f"must be >= num_nodes ({num_nodes}): every node holds a replica"
-            )
+        num_stages = check_int("num_stages", self.num_stages, minimum=1)
+        set_(self, "num_stages", num_stages)
+        if num_replicas * num_stages < num_nodes:
+            if num_stages == 1:
+                raise ValidationError(
+                    "num_replicas", num_replicas, f"must be >= num_nodes ({num_nodes}): every node holds a replica"
+                )
+            raise ValidationError("num_replicas", num_replicas, f"{num_replicas} x {num_stages} stages hold fewer GPUs "
+                                  f"than num_nodes ({num_nodes}): every node holds a GPU")
         set_(self, "num_nodes", num_nodes)
         set_(self, "num_replicas", num_replicas)
         set_(self, "local_bsz", check_int("local_bsz", self.local_bsz, minimum=1))
@@ -124,9 +137,14 @@ class Observation:
             set_(self, "source", check_str("source", self.source))
         set_(self, "timestamp", check_optional_float("timestamp", self.timestamp))
         if self.placement is not None:
-            set_(self, "placement", _check_placement(self.placement, num_nodes, num_replicas))
+            set_(self, "placement", _check_placement(self.placement, num_nodes, num_replicas, num_stages))
 
     # ------------------------------------------------------------------ derived
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the configuration: ``num_replicas * num_stages``."""
+        return self.num_replicas * self.num_stages
+
     @property
     def batch_size(self) -> int:
         """Samples per optimizer step: ``num_replicas * local_bsz * (accum_steps + 1)``."""
@@ -153,7 +171,7 @@ class Observation:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or (f.name == "num_stages" and value == 1):
                 continue
             out[f.name] = list(value) if f.name == "placement" else value
         return out
@@ -198,14 +216,15 @@ def indices_by_gpu_type(observations: Sequence[Observation]) -> dict[str, list[i
     return out
 
 
-def _check_placement(placement: Any, num_nodes: int, num_replicas: int) -> tuple[int, ...]:
+def _check_placement(placement: Any, num_nodes: int, num_replicas: int, num_stages: int = 1) -> tuple[int, ...]:
     if isinstance(placement, (str, bytes)) or not isinstance(placement, Iterable):
         raise ValidationError("placement", placement, "expected a sequence of GPUs per node, e.g. (4, 4)")
     values = tuple(check_int("placement", p, minimum=1) for p in placement)
     if len(values) != num_nodes:
         raise ValidationError("placement", placement, f"has {len(values)} nodes but num_nodes={num_nodes}")
-    if sum(values) != num_replicas:
-        raise ValidationError("placement", placement, f"holds {sum(values)} GPUs but num_replicas={num_replicas}")
+    if sum(values) != num_replicas * num_stages:
+        held = f"num_replicas={num_replicas}" if num_stages == 1 else f"num_replicas x num_stages={num_replicas * num_stages}"
+        raise ValidationError("placement", placement, f"holds {sum(values)} GPUs but {held}")
     return values
 
 

@@ -6,9 +6,12 @@ columns are::
 
     gpu_type, num_nodes, num_gpus, goodput            required
     batch_size, local_bsz, accum_steps, throughput,    when known
-    efficiency, step_time, std
+    efficiency, step_time, std, num_replicas
     normalized_goodput                                 derived
 
+``num_replicas`` is given for a hybrid-parallel job (:mod:`goodput.hybrid`): the
+data-parallel replicas, i.e. pipelines, of the row's GPUs, which must be a whole
+multiple of them; without it a row's replicas are its GPUs.
 ``goodput`` is samples/s × statistical efficiency; 0 marks a configuration on
 which no batch within the job's limits fits. ``std`` is the standard deviation
 of goodput (same unit); goodput is log-normal and ``goodput`` its median, so
@@ -40,8 +43,9 @@ __all__ = ["GoodputTable", "save_tables", "load_tables"]
 
 KEY_COLUMNS = ("gpu_type", "num_nodes", "num_gpus")
 REQUIRED_COLUMNS = (*KEY_COLUMNS, "goodput")
-OPTIONAL_COLUMNS = ("batch_size", "local_bsz", "accum_steps", "throughput", "efficiency", "step_time", "std")
-_INT_COLUMNS = ("num_nodes", "num_gpus", "batch_size", "local_bsz", "accum_steps")
+OPTIONAL_COLUMNS = ("batch_size", "local_bsz", "accum_steps", "throughput", "efficiency", "step_time", "std",
+                    "num_replicas")
+_INT_COLUMNS = ("num_nodes", "num_gpus", "batch_size", "local_bsz", "accum_steps", "num_replicas")
 _MAX_COUNT = 2.0**53  # largest integer a float64 holds exactly; larger counts would not survive validation
 _TEXT_COLUMNS = ("job", "gpu_type")  # read from CSV as text: '007', '1e3', 'nan' are names, not numbers
 
@@ -116,6 +120,13 @@ class GoodputTable:
                 frame[column] = values.astype(int)
             else:
                 frame[column] = values
+        if "num_replicas" in frame.columns:
+            partial = (frame["num_replicas"] < 1) | (frame["num_gpus"] % frame["num_replicas"].clip(lower=1) != 0)
+            if partial.any():
+                row = int(np.flatnonzero(partial.to_numpy())[0])
+                raise ValidationError(f"{self.job}: num_replicas[{row}]", int(frame["num_replicas"].iloc[row]),
+                                      f"must be >= 1 and divide num_gpus ({int(frame['num_gpus'].iloc[row])}): "
+                                      "a replica is a whole pipeline of GPUs")
         over = frame["num_nodes"] > frame["num_gpus"]
         if over.any():
             row = int(np.flatnonzero(over.to_numpy())[0])

@@ -45,6 +45,7 @@ from starlette.concurrency import run_in_threadpool
 
 from goodput import Cluster, Observation
 from goodput.errors import UnknownGPUTypeError, ValidationError
+from goodput.hybrid import Stages
 
 from .auth import DEFAULT_MAX_BODY, BodyLimitMiddleware, TokenAuthMiddleware, read_tokens
 from .k8s import Extender
@@ -259,6 +260,7 @@ def create_app(
     def post_observations(job: JobName, batch: ObservationBatch) -> Any:
         """Store observations durably (answered after the commit); a record whose id is stored already is skipped."""
         observations, ids = [], []
+        stages = Stages.parse(registry.record(job).settings.get("num_stages", 1))  # an unknown job: 404
         for index, record in enumerate(batch.observations):
             data = record.model_dump(exclude_unset=True)
             given_id = data.pop("id", None)
@@ -269,6 +271,10 @@ def create_app(
                                                "msg": f"the URL names job {job!r}", "input": data["job"]}])
             try:
                 observation = Observation.from_dict(data)
+                if observation.num_stages != stages.of(observation.gpu_type):  # the job's model would refuse it
+                    raise ValidationError("num_stages", observation.num_stages,
+                                          f"job {job!r} runs {stages.of(observation.gpu_type)} stage(s) per replica on "
+                                          f"{observation.gpu_type} (its settings' num_stages)")
             except ValidationError as exc:
                 raise RequestValidationError(validation_detail(exc, ("body", "observations", index))) from None
             observations.append(observation)

@@ -77,7 +77,8 @@ def build_model(job: str, settings: Mapping[str, Any], **options: Any) -> JobMod
         bounds = {gpu: tuple(pair) for gpu, pair in bounds.items()}
     elif bounds is not None:
         bounds = tuple(bounds)
-    return JobModel(job, settings["init_batch_size"], settings.get("max_batch_size"), bounds, **options)
+    return JobModel(job, settings["init_batch_size"], settings.get("max_batch_size"), bounds,
+                    num_stages=settings.get("num_stages", 1), **options)
 
 
 class Published:
@@ -126,7 +127,7 @@ class Published:
     def goodput(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any]:
         """The best configuration of an allocation (``JobModel.goodput``) as a JSON-ready dict."""
         gpu = normalize_gpu_type(gpu_type)
-        return self.answer(("goodput", gpu, num_nodes, num_gpus), lambda m: _choice_dict(m.goodput(gpu, num_nodes, num_gpus)))
+        return self.answer(("goodput", gpu, num_nodes, num_gpus), lambda m: _choice_dict(m.goodput(gpu, num_nodes, num_gpus=num_gpus), num_gpus))
 
     def table(self, cluster: Cluster) -> GoodputTable:
         """The goodput table over ``cluster``'s configuration set (``JobModel.table``)."""
@@ -147,8 +148,8 @@ class Published:
         return self.answer(("table-json", spec), encode)
 
 
-def _choice_dict(choice: Any) -> dict[str, Any]:
-    return {"gpu_type": choice.gpu_type, "num_nodes": choice.num_nodes, "num_gpus": choice.num_replicas,
+def _choice_dict(choice: Any, num_gpus: int) -> dict[str, Any]:
+    return {"gpu_type": choice.gpu_type, "num_nodes": choice.num_nodes, "num_gpus": num_gpus,
             "goodput": choice.goodput, "std": choice.std, "batch_size": choice.batch_size,
             "local_bsz": choice.local_bsz, "accum_steps": choice.accum_steps, "throughput": choice.throughput,
             "efficiency": choice.efficiency, "step_time": choice.step_time}

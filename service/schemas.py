@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from goodput import Observation
 from goodput.errors import ValidationError
+from goodput.hybrid import check_num_stages
 from goodput.validation import check_bounds, check_int, normalize_gpu_type
 
 __all__ = ["JOB_PATTERN", "RECORD_ID_PATTERN", "ObservationRecord", "ObservationBatch", "ObservationsAccepted",
@@ -98,6 +99,10 @@ class JobSettings(BaseModel):
         None, description="[min, max] per-replica batch, or {gpu_type: [min, max]}")
     gpu_types: list[str] | None = Field(None, description="the GPU types the job may run on (default: all); "
                                         "allocations and the Kubernetes filter keep to them")
+    num_stages: int | dict[str, int] | None = Field(
+        None, description="GPUs per data-parallel replica, or {gpu_type: GPUs}: the pipeline stages of a "
+        "hybrid-parallel job, scaled in whole pipelines (default 1: data parallel); its observations must "
+        "carry the same num_stages")
 
     def checked(self) -> dict[str, Any]:
         """The settings normalised (lower-case GPU types, bounds as lists), checked as the core checks them."""
@@ -124,6 +129,10 @@ class JobSettings(BaseModel):
             if not names:
                 raise ValidationError("gpu_types", self.gpu_types, "allows no GPU type (leave it out for all)")
             out["gpu_types"] = names
+        if self.num_stages is not None:
+            stages = check_num_stages(self.num_stages)
+            if stages != 1:
+                out["num_stages"] = stages
         return out
 
 

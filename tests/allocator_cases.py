@@ -74,7 +74,7 @@ def brute_force(tables, cluster: Cluster, p=-0.5, lam=1.1, current=None, jobs=No
             t, n, g = row["gpu_type"], row["num_nodes"], row["num_gpus"]
             pool = cluster.pool(t)
             shape_ok = (n == 1 and g <= pool.gpus_per_node) or g == n * pool.gpus_per_node
-            if row["goodput"] > 0 and shape_ok and n <= pool.nodes and spec.allows(g) and (
+            if row["goodput"] > 0 and shape_ok and n <= pool.nodes and spec.allows(g, t) and (
                     spec.gpu_types is None or t in spec.gpu_types):
                 factor = 1.0 if old is None or old.configuration == (t, n, g) else spec.restart_factor
                 if factor > 0:

@@ -160,6 +160,51 @@ def test_granularity():
     assert result.info.objective >= free.info.objective  # a constraint never helps a minimisation
 
 
+@pytest.mark.parametrize("policy", ["sia", "unaware", "gavel", "fifo"])
+def test_a_hybrid_job_gets_whole_pipelines_of_each_types_length(policy):
+    """Granularity per GPU type (Sia's hybrid jobs: 8-stage pipelines on RTX, 2-stage on A100) and a minimum of
+    pipelines: every policy gives only multiples of the type's stage count, at least min_replicas of them, even
+    from a table that lists every configuration."""
+    cluster = Cluster.parse("t4:2x4,a100:1x8,rtx2080ti:2x8")
+    stages = {"a100": 2, "rtx2080ti": 8}
+    tables = {"h": scaling_table("h", cluster, {"t4": 1.0, "a100": 4.0, "rtx2080ti": 2.0}, exponent=0.9)}
+    tables.update({f"d{i}": scaling_table(f"d{i}", cluster, {"t4": 1.0, "a100": 2.0, "rtx2080ti": 1.5}) for i in range(3)})
+    spec = JobSpec(granularity=stages, min_replicas=2, requested_gpus=3)
+    assert spec.allows(4, "a100") and spec.allows(6, "a100") and not spec.allows(2, "a100") and not spec.allows(5, "a100")
+    assert spec.allows(2, "t4") and not spec.allows(1, "t4")  # t4 left out: 1 GPU per replica, at least 2 replicas
+    assert [g for g in (1, 2, 4, 8, 16) if spec.allows(g, "rtx2080ti")] == [16]
+    with pytest.raises(ValidationError, match="gpu_type"):
+        spec.allows(4)  # the granularity differs by type: name it
+    result = allocate(tables, cluster, policy=policy, jobs={"h": spec})
+    check_invariants(result, tables, cluster)
+    if policy == "unaware":  # pooled counts may fit no type's pipelines (here 8 GPUs: RTX needs 16); alone it runs
+        assert result["h"] is not None or "pooled" in result.unallocated["h"]
+        result = allocate({"h": tables["h"]}, cluster, policy=policy, jobs={"h": spec})
+    got = result["h"]
+    assert got is not None  # the job is worth running and the cluster has room
+    step = stages.get(got.gpu_type, 1)
+    assert got.num_gpus % step == 0 and got.num_gpus >= 2 * step
+    if policy == "sia":
+        best, _ = brute_force(tables, cluster, jobs={"h": spec})
+        assert sia_objective(tables, result, jobs={"h": spec}) == pytest.approx(best, rel=1e-9)
+    assert JobSpec.from_dict(spec.to_dict()) == spec and spec.to_dict()["granularity"] == stages
+    nowhere = allocate(tables, cluster, policy=policy, jobs={"h": JobSpec(granularity={"t4": 3, "a100": 16, "rtx2080ti": 32},
+                                                                          gpu_types=("t4", "a100", "rtx2080ti"))})
+    assert nowhere["h"] is None and "granularity" in nowhere.unallocated["h"]
+
+
+def test_a_hybrid_jobs_pipelines_stay_within_nodes_when_they_fit_one():
+    """Sia's shapes keep a pipeline of S GPUs (S dividing the node) on one node: a sub-node allocation lies on one
+    node, a whole-node one holds S-divisible GPUs on every node."""
+    cluster = Cluster.parse("a100:3x8")
+    tables = {"h": scaling_table("h", cluster, {"a100": 1.0}, exponent=1.0),
+              "d": scaling_table("d", cluster, {"a100": 1.0}, exponent=0.5)}
+    for spec in (JobSpec(granularity={"a100": 4}, max_gpus=4), JobSpec(granularity={"a100": 4}, min_gpus=16)):
+        result = allocate(tables, cluster, jobs={"h": spec})
+        placement = result["h"].placement
+        assert all(gpus % 4 == 0 for gpus in placement.values()), placement
+
+
 def test_gpu_type_restriction():
     cluster = Cluster.parse("t4:1x4,a100:1x4")
     tables = {"a": scaling_table("a", cluster, {"t4": 1.0, "a100": 5.0})}

@@ -48,3 +48,14 @@ def test_bench_service_quick(tmp_path):
     assert len(queries) == 6 and all(row["errors"] == 0 and 0 < row["p50_ms"] <= row["p99_ms"] for row in queries)
     assert rows["reporter cost per training step"]["reporter_us"] > 0
     assert figures["load_average_before"] and figures["jobs"] == 5
+
+
+def test_bench_heterogeneous_quick(tmp_path):
+    assert bench.main(["--only", "heterogeneous", "--quick", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_heterogeneous.json").read_text())
+    means = {row["what"].split(":")[0]: row for row in figures["rows"] if "mean over" in row["what"]}
+    assert set(means) == {"sia", "unaware", "gavel"}
+    for row in means.values():
+        assert row["finished"] == row["jobs"] > 0
+        assert 0 < row["avg_jct_s"] <= row["p99_jct_s"] and row["makespan_s"] > 0 and row["gpu_hours"] > 0
+    assert figures["restart_cost"] == "per application" and len(figures["load_average_before"]) == 3

@@ -179,6 +179,34 @@ def test_goodput_and_table_answer_as_the_model_in_process(server):
     assert httpx.get(f"{url}/v1/jobs/nobody").status_code == 404
 
 
+def test_a_hybrid_parallel_job_is_scaled_in_whole_pipelines(server):
+    """A job of 2-GPU pipelines: its observations carry num_stages, its answers count GPUs, its table whole pipelines."""
+    from goodput import Observation
+    from goodput.throughput import ThroughputParams, predict_step_time
+
+    url, client, _ = server
+    truth = ThroughputParams(0.02, 0.004, 0.25, 0.01, 0.05, 0.004, 1.3)
+    records = [Observation("pipe", "cpu", 1, r, b, step_time=float(predict_step_time(truth, 1, r, b, a)), accum_steps=a,
+                           grad_sqr=1.0, grad_var=4.0, num_stages=2) for r in (1, 2) for b in (1, 2, 4) for a in (0, 3)]
+    client.put_job("pipe", 8, 256, (1, 4), num_stages=2)
+    assert client.job("pipe")["settings"]["num_stages"] == 2
+    assert client.post_observations("pipe", records)["accepted"] == len(records)
+    data_parallel = {**records[0].to_dict()}
+    del data_parallel["num_stages"]  # a record of 1 stage: not this job's
+    response = httpx.post(f"{url}/v1/jobs/pipe/observations", json={"observations": [data_parallel]},
+                          headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "observations", 0, "num_stages"]
+    wait_for(lambda: client.goodput("pipe", "cpu", 1, 4))
+    model = JobModel("pipe", 8, 256, (1, 4), num_stages=2, bayesian=False).observe(records)
+    answer = client.goodput("pipe", "cpu", 1, 4)  # 4 GPUs: 2 pipelines
+    assert answer["num_gpus"] == 4 and answer["goodput"] == pytest.approx(model.goodput("cpu", 1, num_replicas=2).goodput)
+    assert client.goodput("pipe", "cpu", 1, 3)["goodput"] == 0  # not whole pipelines
+    frame = client.table("pipe", "cpu:2x4").frame
+    assert frame["num_gpus"].tolist() == [2, 4, 8] and frame["num_replicas"].tolist() == [1, 2, 4]
+    with pytest.raises(ServiceValidationError, match="num_stages"):
+        client.put_job("pipe-bad", 8, num_stages={"cpu": 0})
+
+
 def test_allocate_matches_the_in_process_allocation(server):
     url, client, _ = server
     cluster = Cluster.parse("cpu:2x4")

@@ -151,3 +151,38 @@ def test_unfinished_jobs_count_in_jct_with_their_time_so_far():
     end = result.rounds["time_s"].max() + 60.0
     assert summary["avg_jct_s"] == pytest.approx(end)  # both arrived at 0 and were still running at the end
     assert summary["makespan_s"] == pytest.approx(end)
+
+
+def test_a_flat_restart_cost_overrides_the_applications():
+    family = constant_noise_family(work=200_000.0, restart=80.0)
+    cluster = Cluster.parse("t4:1x4,a100:1x4")
+    job = WorkloadJob("hopper", 0.0, "toy", 4, 64)
+    flat = SimConfig(cluster=cluster, restart_cost_s=5.0)
+    steady = Simulator([job], {"toy": family}, flat, FixedPolicy("t4", 4)).run()
+    moving = Simulator([job], {"toy": family}, flat, FixedPolicy("t4", 4, alternate="a100")).run()
+    restarts = int(moving.jobs["restarts"].iloc[0])
+    assert restarts > 10
+    assert moving.jobs["finish_s"].iloc[0] - steady.jobs["finish_s"].iloc[0] == pytest.approx(restarts * 5.0, rel=1e-9)
+    assert moving.settings["restart_cost_s"] == 5.0
+    with pytest.raises(ValidationError, match="restart_cost_s"):
+        SimConfig(cluster=cluster, restart_cost_s=-1.0)
+
+
+def test_each_applications_restart_cost_reaches_the_allocators_restart_penalty(monkeypatch):
+    """Sia's restart factor uses the job's own cost (bert 120 s, ncf 15 s), not one figure for all."""
+    import experiments.simulator.policies as policies
+
+    seen: dict[str, float] = {}
+    real = policies.allocate
+
+    def spy(tables, cluster, current=None, p=-0.5, **options):
+        seen.update({name: spec.restart_cost for name, spec in options["jobs"].items()})
+        return real(tables, cluster, current, p, **options)
+
+    monkeypatch.setattr(policies, "allocate", spy)
+    jobs = [WorkloadJob("b", 0.0, "bert", 1, 12), WorkloadJob("n", 0.0, "ncf", 1, 256)]
+    sim = Simulator(jobs, load_catalog(), SimConfig(cluster=Cluster.parse("t4:1x4"), max_hours=0.1),
+                    policies.make_policy("sia-oracle"))
+    sim.run()
+    assert seen == {"b": 120.0, "n": 15.0}
+    assert [j.restart_cost_s for j in sim.jobs] == [120.0, 15.0]

@@ -168,3 +168,94 @@ def test_the_simulator_refuses_a_row_the_harness_leaves_out(tmp_path):
     assert len(read_measurements(root).models["tiny"]) == 4  # the harness leaves it out, with a note
     with pytest.raises(DataFormatError, match="step_time"):
         load_measured(root)  # a simulation's ground truth is read strictly: nothing dropped silently
+
+
+# ---------------------------------------------------------------------------- restart costs per application
+def test_restart_costs_are_sias_per_application_in_the_catalog_and_by_default():
+    from experiments.simulator.truth import DEFAULT_RESTART_COST_S, RESTART_COST_S, restart_cost_of
+
+    assert RESTART_COST_S == {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0,
+                              "imagenet": 250.0, "ncf": 15.0}
+    assert {name: f.restart_cost_s for name, f in load_catalog().items()} == RESTART_COST_S
+    assert restart_cost_of("gpt") == DEFAULT_RESTART_COST_S == 30.0
+    params = {"t4": ThroughputParams(0.1, 0.01, 0.2, 0.0, 0.1, 0.0, 1.0)}
+    make = dict(init_batch_size=10, max_batch_size=100, min_local_bsz=1, max_local_bsz={"t4": 50}, work=100.0,
+                noise=((0.0, 10.0),), params=params)
+    assert ParametricFamily(name="imagenet", **make).restart_cost_s == 250.0  # by name
+    assert ParametricFamily(name="other", **make).restart_cost_s == 30.0
+    assert ParametricFamily(name="imagenet", restart_cost_s=7.0, **make).restart_cost_s == 7.0  # given
+    with pytest.raises(ValidationError, match="restart_cost_s"):
+        ParametricFamily(name="x", restart_cost_s=-1.0, **make)
+
+
+def test_measured_restart_costs_come_from_application_json_else_the_name(tmp_path):
+    _one_model_tables(tmp_path / "m")
+    assert load_measured(tmp_path / "m")["tiny"].restart_cost_s == 30.0  # an unknown name: the default
+    (tmp_path / "m" / "tiny" / "application.json").write_text('{"restart_cost_s": 42}')
+    assert load_measured(tmp_path / "m")["tiny"].restart_cost_s == 42.0
+    assert load_measured(tmp_path / "m", restart_cost_s=5.0)["tiny"].restart_cost_s == 5.0  # one cost for all
+
+
+@pytest.mark.data
+def test_measured_pollux_traces_take_sias_costs_by_application_name(pollux_traces):
+    from experiments.simulator.truth import RESTART_COST_S
+
+    families = load_measured(pollux_traces, applications={"imagenet", "ncf"})
+    assert {name: f.restart_cost_s for name, f in families.items()} == {"imagenet": 250.0, "ncf": 15.0}
+    assert set(families) == {"imagenet", "ncf"} and set(RESTART_COST_S) > set(families)
+
+
+# ---------------------------------------------------------------------------- only the workload's applications
+def _truth_with_a_broken_model(root):
+    """``tiny`` (good) beside ``broken``: Sia-like pipeline rows (sync_time > step_time) without application.json."""
+    _one_model_tables(root)
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "placements-a100.csv").write_text("local_bsz,step_time,sync_time,placement\n1,0.099,0.3275,8\n")
+    (broken / "validation-12.csv").write_text("progress,iteration,metric,grad_sqr,grad_var\n100,10,0.5,1.0,2.0\n")
+    (root / "notes").mkdir()  # not a model folder
+    return root
+
+
+def test_only_the_workloads_applications_are_loaded_and_the_others_skipped_with_a_reason(tmp_path):
+    root = _truth_with_a_broken_model(tmp_path / "truth")
+    skipped: dict[str, str] = {}
+    families = load_measured(root, applications={"tiny"}, skipped=skipped)
+    assert set(families) == {"tiny"}
+    assert set(skipped) == {"broken", "notes"}
+    assert "not used by the workload" in skipped["broken"] and "placements-a100.csv:2" in skipped["broken"]
+    assert "sync_time" in skipped["broken"] and "num_stages" in skipped["broken"]
+    assert "not a model folder" in skipped["notes"]
+    assert set(load_measured(root, applications={"tiny"})) == {"tiny"}  # without `skipped`, the others are not read
+
+
+def test_a_bad_table_of_a_needed_application_is_a_one_line_error_naming_file_row_and_field(tmp_path):
+    root = _truth_with_a_broken_model(tmp_path / "truth")
+    with pytest.raises(DataFormatError) as info:
+        load_measured(root, applications={"tiny", "broken"})
+    error = info.value
+    assert (error.path, error.line, error.field) == (str(root / "broken" / "placements-a100.csv"), 2, "sync_time")
+    assert str(error).startswith(f"{root / 'broken' / 'placements-a100.csv'}:2: sync_time=0.3275") and "\n" not in str(error)
+    with pytest.raises(DataFormatError, match="no such model folder"):
+        load_measured(root, applications={"tiny", "nosuch"})
+    with pytest.raises(DataFormatError, match="no step-time tables"):
+        load_measured(root, applications={"notes"})  # a needed folder must be a complete model
+    with pytest.raises(DataFormatError, match="sync_time"):
+        load_measured(root)  # every application: the broken one too
+
+
+def test_goodput_simulate_skips_an_unused_bad_model_with_a_printed_warning(tmp_path, capsys):
+    from cli import main
+
+    root = _truth_with_a_broken_model(tmp_path / "truth")
+    write_workload([WorkloadJob("a", 0.0, "tiny", 1, 16)], tmp_path / "w.csv")
+    args = ["simulate", "--workload", str(tmp_path / "w.csv"), "--truth", str(root), "--cluster", "rtx-6000:1x2",
+            "--policy", "sia-oracle", "--processes", "1", "--no-mlflow", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    warning = next(line for line in printed.splitlines() if line.startswith("truth: skipped broken"))
+    assert "placements-a100.csv:2: sync_time=0.3275" in warning
+    write_workload([WorkloadJob("b", 0.0, "broken", 8, 12)], tmp_path / "bad.csv")
+    assert main([*args[:2], str(tmp_path / "bad.csv"), *args[3:]]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "placements-a100.csv:2: sync_time=0.3275" in error

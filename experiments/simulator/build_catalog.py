@@ -32,7 +32,12 @@ here, from these sources, and the file records how:
   them: cifar10 late in training, 2·10⁴ at batch 128 but 1.3·10⁵ at 4096),
   each summarised by 12 knots; the simulator interpolates between the runs that
   bracket a job's batch size, as Pollux's simulator does.
-* **Restart cost**: 30 s per reallocation, the delay Pollux's simulator charges.
+* **Restart cost** per application: the seconds Sia's simulator charges each
+  reallocation, measured on a physical cluster (Jayaram Subramanya et al.,
+  SOSP'23 artifact, ``sia-simulator/applications.py``: bert 120, cifar10 50,
+  deepspeech2 25, imagenet 250, ncf 15, yolov3 80;
+  :data:`experiments.simulator.truth.RESTART_COST_S`). Pollux's simulator
+  charged every job 30 s.
 * **Workload generator**: application mix from the 8 Pollux workloads
   (``pollux/workloads``), GPU-count distribution and hourly arrival profile
   from the Microsoft Philly trace (``pollux/traces/philly.csv``).
@@ -52,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from experiments.datasets import default_data_dir, read_pollux_trace, read_validation
-from experiments.simulator.truth import CATALOG_PATH
+from experiments.simulator.truth import CATALOG_PATH, restart_cost_of
 from goodput.io import atomic_write_text
 from goodput.throughput import ThroughputParams, fit_throughput
 
@@ -87,7 +92,6 @@ POLLUX_EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "
 # Largest local batch Pollux's simulator allows where it differs from the traces' range.
 POLLUX_MAX_LOCAL = {"yolov3": 8}
 HOST_BOUND = {"ncf"}  # data README: ncf is host-bound
-RESTART_COST_S = 30.0  # Pollux's simulator: rescale delay per reallocation
 NOISE_KNOTS = 12
 
 
@@ -210,7 +214,7 @@ def family(trace_dir: Path, speed_model: dict[str, Any], gpu_types: list[str]) -
         "epochs": epochs,
         "work": round(float(work), 3),
         "noise": noise_runs(trace_dir, m0),
-        "restart_cost_s": RESTART_COST_S,
+        "restart_cost_s": restart_cost_of(name),
         "host_bound": name in HOST_BOUND,
         "params": params,
         "t4_fit_observations": len(profile),

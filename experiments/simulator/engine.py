@@ -81,6 +81,7 @@ class JobView:
     table: GoodputTable | None  # goodput per configuration (model or oracle); None for non-adaptive policies
     throughput: GoodputTable | None  # samples/s at the requested batch per configuration (for Gavel/FIFO)
     gpu_types: tuple[str, ...]  # types the job can run on
+    num_stages: Mapping[str, int] = field(default_factory=dict)  # GPUs per replica by type, where more than 1
 
 
 class Policy(Protocol):
@@ -111,6 +112,8 @@ class SimConfig:
         observation_bias: per GPU type of the cluster, a factor on every step time
             the jobs report (1 = honest); to study a misinformed model.
         table_refresh: relative change of a job's noise scale that refreshes an oracle table.
+        restart_cost_s: seconds every job loses per reallocation; ``None`` (default):
+            each application's own (:attr:`Family.restart_cost_s`, Sia's measured costs).
     """
 
     cluster: Cluster
@@ -122,6 +125,7 @@ class SimConfig:
     max_hours: float = 24.0 * 14
     observation_bias: Mapping[str, float] = field(default_factory=dict)
     table_refresh: float = 0.05
+    restart_cost_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cluster, Cluster):
@@ -134,6 +138,8 @@ class SimConfig:
             raise ValidationError("report_every", self.report_every, "must be >= 1")
         self.max_hours = check_float("max_hours", self.max_hours, positive=True)
         self.table_refresh = check_float("table_refresh", self.table_refresh, nonnegative=True)
+        if self.restart_cost_s is not None:
+            self.restart_cost_s = check_float("restart_cost_s", self.restart_cost_s, nonnegative=True)
         for gpu_type, factor in self.observation_bias.items():
             if gpu_type not in self.cluster.gpu_types:
                 raise ValidationError(f"observation_bias[{gpu_type!r}]", gpu_type,
@@ -149,6 +155,7 @@ class SimJob:
 
     spec: WorkloadJob
     family: Family
+    restart_cost_s: float = 0.0  # seconds per (re)allocation
     model: JobModel | None = None
     progress: float = 0.0
     assignment: Assignment | None = None
@@ -243,10 +250,12 @@ def default_model_factory(spec: WorkloadJob, family: Family, cluster: Cluster, k
     types = [g for g in cluster.gpu_types if family.supports(g)]
     if pooled:
         bounds: Any = (family.min_local_bsz, min(family.max_local_bsz[g] for g in types))
+        stages: Any = family.stages(types[0])  # one count on every type (Simulator checks it)
     else:
         bounds = {g: (family.min_local_bsz, family.max_local_bsz[g]) for g in types}
+        stages = {g: family.stages(g) for g in types} if family.hybrid else 1
     return JobModel(spec.name, family.init_batch_size, max_batch_size=family.max_batch_size, local_bsz_bounds=bounds,
-                    cluster_prior=knowledge.prior(), gp_hyperparameters=knowledge.gp_hyperparameters)
+                    cluster_prior=knowledge.prior(), gp_hyperparameters=knowledge.gp_hyperparameters, num_stages=stages)
 
 
 class Simulator:
@@ -281,7 +290,10 @@ class Simulator:
             if not any(family.supports(g) for g in self.cluster.gpu_types):
                 raise ValidationError(f"{spec.name}.application", spec.application,
                                       f"has no measurements on any GPU type of the cluster {self.cluster}")
-            self.jobs.append(SimJob(spec, family))
+            if family.hybrid:
+                _check_hybrid(spec, family, self.cluster, pooled=bool(getattr(policy, "pooled_model", False)))
+            cost = config.restart_cost_s if config.restart_cost_s is not None else family.restart_cost_s
+            self.jobs.append(SimJob(spec, family, restart_cost_s=cost))
         if not self.jobs:
             raise ValidationError("workload", [], "holds no jobs")
         self.jobs.sort(key=lambda j: (j.spec.time, j.name))
@@ -303,26 +315,37 @@ class Simulator:
         t_iter, sync = family.iter_time(gpu_type, nodes, gpus, local_bsz, accum)
         factor = self._noise(self.config.step_noise) * self.config.observation_bias.get(gpu_type, 1.0)
         step = t_iter * factor
-        batch = None if noise_at_reference else gpus * local_bsz * (accum + 1)
+        batch = None if noise_at_reference else family.replicas(gpu_type, gpus) * local_bsz * (accum + 1)
         phi = family.noise_scale(job.progress, batch) * self._noise(self.config.grad_noise)
         m0 = family.init_batch_size
         return Observation(
-            job=job.name, gpu_type=POOLED if self.pooled else gpu_type, num_nodes=nodes, num_replicas=gpus, local_bsz=local_bsz,
+            job=job.name, gpu_type=POOLED if self.pooled else gpu_type, num_nodes=nodes,
+            num_replicas=family.replicas(gpu_type, gpus), local_bsz=local_bsz,
             accum_steps=accum, step_time=step, sync_time=min(sync * factor, step),
-            grad_sqr=1.0, grad_var=phi / m0, source="simulated",
+            grad_sqr=1.0, grad_var=phi / m0, source="simulated", num_stages=family.stages(gpu_type),
         )
 
     def _bootstrap(self, job: SimJob) -> None:
-        """Sia-style profile on arrival: 1 GPU of every type, a few batch sizes."""
+        """Sia-style profile on arrival: 1 GPU of every type, a few batch sizes (a hybrid job: one pipeline,
+        with and without accumulation, whose micro-batches fill the pipeline)."""
         job.model = self.model_factory(job.spec, job.family, self.cluster, self.knowledge, pooled=self.pooled)
         batch: list[Observation] = []
-        for gpu_type in self.cluster.gpu_types:
+        for pool in self.cluster:
+            gpu_type = pool.gpu_type
             if not job.family.supports(gpu_type):
                 continue
+            nodes, gpus, accums = 1, 1, (0,)
+            if job.family.stages(gpu_type) > 1:
+                configs = job.family.configurations(pool)
+                if not configs:  # not one pipeline fits this type's nodes
+                    continue
+                _, nodes, gpus = configs[0]
+                accums = (0, job.family.stages(gpu_type) - 1)
             low, high = job.family.min_local_bsz, job.family.max_local_bsz[gpu_type]
             sizes = sorted({int(round(x)) for x in np.geomspace(low, high, self.config.bootstrap_batches)})
             for bsz in sizes:
-                batch.append(self._measure(job, gpu_type, 1, 1, bsz, 0, noise_at_reference=True))
+                for accum in accums:
+                    batch.append(self._measure(job, gpu_type, nodes, gpus, bsz, accum, noise_at_reference=True))
         job.model.observe(batch)
         job.table_stale = True
 
@@ -347,7 +370,9 @@ class Simulator:
         for pool in self.cluster:
             if not job.family.supports(pool.gpu_type):
                 continue
-            configs = pool.configurations()
+            configs = job.family.configurations(pool)
+            if not configs:
+                continue
             nodes = np.array([c[1] for c in configs])
             gpus = np.array([c[2] for c in configs])
             best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
@@ -398,11 +423,13 @@ class Simulator:
             views.append(JobView(
                 name=job.name, application=job.spec.application, arrival=job.spec.time, age_s=now - job.spec.time,
                 attained_s=min(job.held_seconds, now - job.spec.time),
-                restarts=job.restarts, restart_cost_s=job.family.restart_cost_s,
+                restarts=job.restarts, restart_cost_s=job.restart_cost_s,
                 requested_gpus=job.spec.num_replicas, requested_batch=job.spec.batch_size,
                 current=job.assignment, table=self._table(job) if adaptive else None,
                 throughput=job.throughput_table,
                 gpu_types=tuple(g for g in self.cluster.gpu_types if job.family.supports(g)),
+                num_stages={g: job.family.stages(g) for g in self.cluster.gpu_types
+                            if job.family.supports(g) and job.family.stages(g) > 1},
             ))
         return views
 
@@ -430,9 +457,10 @@ class Simulator:
         if self.policy.oracle:
             best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress)
             return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
-        choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, a.num_gpus)
+        choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, num_gpus=a.num_gpus)
         if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
-            wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus))
+            replicas = job.family.replicas(a.gpu_type, a.num_gpus)
+            wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / replicas))
             return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
 
@@ -451,11 +479,14 @@ class Simulator:
                 continue
             if new is not None and not job.family.supports(new.gpu_type):
                 raise ValidationError(f"{job.name}.gpu_type", new.gpu_type, "the job cannot run on this type")
+            if new is not None and job.family.replicas(new.gpu_type, new.num_gpus) < 1:
+                raise ValidationError(f"{job.name}.num_gpus", new.num_gpus, f"not whole pipelines of "
+                                      f"{job.family.stages(new.gpu_type)} GPUs on {new.gpu_type}")
             if new is not None:
                 if job.starts > 0:
                     job.restarts += 1
                 job.starts += 1
-                job.delay_left = job.family.restart_cost_s
+                job.delay_left = job.restart_cost_s
                 if job.start_time is None:
                     job.start_time = now
                 job.gpu_types_used.add(new.gpu_type)
@@ -555,11 +586,26 @@ class Simulator:
                     "grad_noise": self.config.grad_noise, "report_every": self.config.report_every,
                     "max_hours": self.config.max_hours, "bootstrap_batches": self.config.bootstrap_batches,
                     "table_refresh": self.config.table_refresh,
+                    "restart_cost_s": "per application" if self.config.restart_cost_s is None else self.config.restart_cost_s,
                     "observation_bias": {g: float(f) for g, f in sorted(self.config.observation_bias.items())},
                     "jobs": len(self.jobs), **_policy_settings(self.policy)}
         summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
         summary["wall_seconds"] = _time.perf_counter() - start_wall
         return SimResult(jobs, rounds, summary, settings)
+
+
+def _check_hybrid(spec: WorkloadJob, family: Family, cluster: Cluster, *, pooled: bool) -> None:
+    """A hybrid job needs one pipeline to fit some GPU type of the cluster; a pooled (heterogeneity-unaware)
+    model cannot tell types apart, so its pipeline must have one stage count on every type it may use."""
+    types = [pool.gpu_type for pool in cluster if family.supports(pool.gpu_type) and family.configurations(pool)]
+    if not types:
+        raise ValidationError(f"{spec.name}.application", spec.application,
+                              f"one pipeline ({family.num_stages} GPUs) fits no node pool of the cluster {cluster}")
+    counts = {family.stages(g) for g in cluster.gpu_types if family.supports(g)}
+    if pooled and len(counts) > 1:
+        raise ValidationError(f"{spec.name}.application", spec.application,
+                              f"its pipelines have {family.num_stages} stages by GPU type; a heterogeneity-unaware "
+                              "policy pools the types, so it cannot run them")
 
 
 def _policy_settings(policy: Policy) -> dict[str, Any]:

@@ -42,19 +42,22 @@ def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segmen
     return float(best.goodput[0]) / family.init_batch_size  # progress per second
 
 
-def isolated_time(family: Any, cluster: Cluster, contention: float) -> float:
-    """Seconds to finish alone on a 1/``contention`` share of the cluster (see module docstring)."""
+def isolated_time(family: Any, cluster: Cluster, contention: float, restart_cost_s: float | None = None) -> float:
+    """Seconds to finish alone on a 1/``contention`` share of the cluster (see module docstring), plus one
+    start (``restart_cost_s``, default the family's). A hybrid-parallel job's share is whole pipelines,
+    at least one."""
     mids, widths = _segments()
     best = np.inf
     share = max(contention, 1.0)
     for pool in cluster:
-        if not family.supports(pool.gpu_type):
+        configs = family.configurations(pool) if family.supports(pool.gpu_type) else []
+        if not configs:
             continue
-        allowed = [c for c in pool.configurations() if c[2] <= max(1.0, pool.gpus / share)]
+        allowed = [c for c in configs if c[2] <= max(configs[0][2], pool.gpus / share)]
         rates = np.array([max(_best_rate(family, pool.gpu_type, n, g, k) for _, n, g in allowed) for k in range(len(mids))])
         if np.all(rates > 0):
             best = min(best, float(np.sum(widths * family.work / rates)))
-    return best + family.restart_cost_s
+    return best + (family.restart_cost_s if restart_cost_s is None else restart_cost_s)
 
 
 def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, round_s: float = 60.0) -> dict[str, Any]:
@@ -99,7 +102,7 @@ def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, rou
     for job in sim_jobs:
         if not job.active_jobs_seen:
             continue  # arrived after the simulation stopped
-        ideal = isolated_time(job.family, cluster, float(np.mean(job.active_jobs_seen)))
+        ideal = isolated_time(job.family, cluster, float(np.mean(job.active_jobs_seen)), job.restart_cost_s)
         if np.isfinite(ideal) and ideal > 0:
             first_round = np.ceil(job.spec.time / round_s) * round_s
             finish = job.finish_time if job.finish_time is not None else end  # unfinished: a lower bound of its ρ

@@ -16,6 +16,14 @@ count it asked for capped at the largest GPU type's (they place a job on one
 type; without the cap a larger request would wait forever); Gavel is
 given each job's true throughput at that batch on every type (Gavel assumes
 profiled throughputs), which is generous to it.
+
+Every policy passes the allocator each job's restart cost (its application's,
+:attr:`JobView.restart_cost_s`: Sia's restart factor and the allocator's
+penalty for moving it) and, for a hybrid-parallel job, its GPUs per replica on
+each type as ``JobSpec.granularity``: it is given whole pipelines only. The
+``unaware`` policy's pooled model cannot tell GPU types apart, so it runs a
+hybrid job only if its pipelines have one stage count on every type (the
+simulator refuses the workload otherwise, before any round).
 """
 
 from __future__ import annotations
@@ -61,7 +69,8 @@ class AllocatorPolicy:
         specs = {
             j.name: JobSpec(age=j.age_s, restarts=j.restarts, restart_cost=j.restart_cost_s, attained=j.attained_s,
                             requested_gpus=None if j.requested_gpus is None else min(j.requested_gpus, largest),
-                            arrival=j.arrival, gpu_types=j.gpu_types)
+                            arrival=j.arrival, gpu_types=j.gpu_types,
+                            granularity=dict(getattr(j, "num_stages", None) or {}) or 1)
             for j in jobs
         }
         allocation = allocate(tables, cluster, current, p=self.p, policy=self.allocator_policy, jobs=specs, **self.options)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,17 +52,24 @@ class Task:
             names.add(job.name)
 
 
-def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4") -> dict[str, Family]:
+def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4", *,
+               applications: Iterable[str] | None = None, skipped: dict[str, str] | None = None) -> dict[str, Family]:
     """Families from the built-in catalog, another catalog file, or a measured-tables directory.
 
-    Raises :class:`~goodput.errors.ValidationError` when a GPU type of ``cluster`` has no data in the truth.
+    From a directory only ``applications`` (a workload's; ``None``: all) are loaded, so that a bad
+    table of another model stops nothing; ``skipped`` receives each folder left out and why
+    (:func:`~experiments.simulator.truth.load_measured`).
+
+    Raises :class:`~goodput.errors.ValidationError` when a GPU type of ``cluster`` has no data in the truth
+    (of those applications), :class:`~goodput.errors.DataFormatError` for a bad table of a needed one.
     """
     if truth == "catalog":
         families: dict[str, Family] = dict(load_catalog(CATALOG_PATH, cluster.gpu_types))
     elif Path(truth).is_file():
         families = dict(load_catalog(Path(truth), cluster.gpu_types))
     else:
-        families = dict(load_measured(Path(truth), default_gpu_type=default_gpu_type))
+        families = dict(load_measured(Path(truth), default_gpu_type=default_gpu_type, applications=applications,
+                                      skipped=skipped))
     check_cluster_types(families, cluster)
     return families
 
@@ -91,10 +98,15 @@ def load_workloads(source: str | None, families: dict[str, Family], *, synthetic
              synthetic_workload(catalog_workload_stats(catalog), families, num_jobs=count, hours=hours, seed=seed))]
 
 
-def check_task(task: Task) -> None:
+def check_task(task: Task, families: Mapping[str, Family] | None = None) -> None:
     """Raise :class:`~goodput.errors.ValidationError` for a task's policy settings (``round_s``, options) or
-    simulation settings that :func:`run_task` would refuse, without loading its truth or running it."""
-    _policy_and_config(task, Cluster.parse(task.cluster))
+    simulation settings that :func:`run_task` would refuse, without loading its truth or running it; with
+    the truth's ``families``, also for a workload the simulator would refuse (an unknown application, a
+    hybrid job the policy cannot run), so that a sweep fails before any of it runs."""
+    cluster = Cluster.parse(task.cluster)
+    policy, config = _policy_and_config(task, cluster)
+    if families is not None:
+        Simulator(task.jobs, families, config, policy)  # validates the workload; runs nothing
 
 
 def _policy_and_config(task: Task, cluster: Cluster) -> tuple[Any, SimConfig]:
@@ -107,7 +119,7 @@ def _policy_and_config(task: Task, cluster: Cluster) -> tuple[Any, SimConfig]:
 def run_task(task: Task) -> tuple[Task, SimResult]:
     """Run one simulation (in whichever process calls it)."""
     cluster = Cluster.parse(task.cluster)
-    families = load_truth(task.truth, cluster, task.default_gpu_type)
+    families = load_truth(task.truth, cluster, task.default_gpu_type, applications={job.application for job in task.jobs})
     policy, config = _policy_and_config(task, cluster)
     result = Simulator(task.jobs, families, config, policy).run()
     result.settings.update(truth_settings(task.truth, task.default_gpu_type))

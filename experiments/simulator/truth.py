@@ -8,10 +8,54 @@ Two sources share one interface, :class:`Family`:
 * :func:`load_measured` — a directory of measured tables, one folder per model
   with ``placements-<gpu_type>.csv``, ``scalability-<gpu_type>.csv`` and
   ``validation-<batch>.csv`` (Pollux's formats; a plain ``placements.csv`` /
-  ``scalability.csv`` is read as ``default_gpu_type``). Step times are
-  interpolated across batch sizes within a measured placement and, for
-  placements never measured, across (nodes, replicas, local batch) — as
-  Pollux's simulator does — with a Pollux fit as the fallback outside the data.
+  ``scalability.csv`` is read as ``default_gpu_type``), and optionally an
+  ``application.json`` (below). Step times are interpolated across batch sizes
+  within a measured placement and, for placements never measured, across
+  (nodes, GPUs, local batch) — as Pollux's simulator does — with a Pollux fit
+  as the fallback outside the data (the nearest measurement for pipeline tables).
+
+``application.json`` beside a model's tables (every key optional)::
+
+    {"restart_cost_s": 80, "num_stages": {"rtx2080ti": 8, "a100": 2}}
+
+``restart_cost_s``: seconds the job loses on every (re)allocation: checkpoint,
+restart, restore. Without it the application's name picks one of Sia's
+measured costs (:data:`RESTART_COST_S`), else 30 s. ``num_stages``: GPUs per
+data-parallel replica, an ``int`` or ``{gpu_type: int}`` (types left out: 1):
+the tables of a GPU type with more than one stage are *pipeline-parallel*
+tables (Sia's format, e.g. its artifact's ``gpt_pmp``)::
+
+    placement,local_bsz,step_time,sync_time            (placements-<gpu_type>.csv)
+    local_bsz,step_time,sync_time,num_nodes,num_replicas   (scalability-<gpu_type>.csv)
+
+Every GPU count counts GPUs: a placement's digits are GPUs per node (``88`` =
+2 nodes of 8 GPUs) and scalability's ``num_replicas`` column is GPUs too; each
+``num_stages`` of them form one pipeline replica, so every count must be a
+multiple of ``num_stages`` (else a one-line error naming file, row and field).
+``local_bsz`` is the micro-batch per pipeline; ``step_time`` the seconds of one
+forward pass of one micro-batch through one stage; ``sync_time`` the seconds of
+communication per optimizer step that compute does not hide (gradient
+all-reduce between replicas, activations between stages). It may exceed
+``step_time``, which is per micro-batch: that is no error in a pipeline table,
+where each time must only be a finite number (``step_time`` > 0, ``sync_time`` ≥ 0).
+An optimizer step of M = ``accum_steps + 1`` micro-batches on S stages takes
+
+    T_iter = 3 · (S − 1 + M) · step_time + sync_time
+
+(a GPipe schedule: a backward pass costs two forward passes, and the pipeline
+fills and drains in S − 1 micro-batch slots — the step time Sia's goodput model
+gives such jobs; Sia's simulator leaves ``sync_time`` out of it, which this
+truth does not). In a data-parallel table (one stage), ``sync_time`` is part of
+``step_time`` and must not exceed it.
+
+Hybrid-parallel jobs are scaled in whole pipelines (Sia, SOSP'23): a family's
+methods take GPU counts (``num_gpus``), of which ``num_gpus / num_stages`` are
+replicas; GPU counts that are not whole pipelines run at rate 0. The batch
+optimizer (:func:`goodput.optimize.optimize_goodput`) chooses a pipeline's
+micro-batch and micro-batches as a data-parallel job's: the largest micro-batch
+that fits, then as many as the batch needs. With fixed M a smaller micro-batch
+could fill the pipeline better (its bubble is S − 1 slots of M); that choice is
+not searched (Sia fixes one micro-batch size for its pipelined job).
 
 Progress follows Pollux (OSDI'21 §5.1): a job's progress is counted in
 scale-invariant iterations at its reference batch M0, so one second at batch M
@@ -25,7 +69,7 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,17 +77,37 @@ from typing import Any
 
 import numpy as np
 
-from experiments.datasets import read_model_tables, read_validation
+from experiments.datasets import (gpu_slug, read_csv_rows, read_placements, read_scalability, read_validation,
+                                  table_files)
 from goodput.errors import DataFormatError, ValidationError
+from goodput.hybrid import Stages, check_num_stages
 from goodput.io import read_json
-from goodput.observations import Observation, by_gpu_type
-from goodput.optimize import BatchLimits, optimize_goodput
+from goodput.observations import Observation
+from goodput.optimize import BatchLimits, GoodputChoices, optimize_goodput
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
+from goodput.validation import check_float
 
 __all__ = ["Family", "ParametricFamily", "MeasuredFamily", "check_cluster_types", "load_catalog", "load_measured",
-           "CATALOG_PATH"]
+           "CATALOG_PATH", "RESTART_COST_S", "DEFAULT_RESTART_COST_S", "restart_cost_of", "APPLICATION_FILE"]
 
 CATALOG_PATH = Path(__file__).with_name("catalog.json")
+
+#: Seconds each application loses per (re)allocation — checkpoint, restart, restore — as measured on a
+#: physical cluster and charged by Sia's simulator (Jayaram Subramanya et al., "Sia: Heterogeneity-aware,
+#: goodput-optimized ML-cluster scheduling", SOSP'23; artifact github.com/siasosp23/artifacts,
+#: ``sia-simulator/applications.py``, ``Application.rescale_time``). Other applications:
+#: :data:`DEFAULT_RESTART_COST_S`, the artifact's default (and Pollux's flat delay).
+RESTART_COST_S: dict[str, float] = {"bert": 120.0, "cifar10": 50.0, "deepspeech2": 25.0, "imagenet": 250.0,
+                                    "ncf": 15.0, "yolov3": 80.0}
+DEFAULT_RESTART_COST_S = 30.0
+
+#: the optional per-model settings file of a measured-tables folder (see the module docstring)
+APPLICATION_FILE = "application.json"
+
+
+def restart_cost_of(application: str) -> float:
+    """The bundled restart cost of an application by name (:data:`RESTART_COST_S`, else the default), seconds."""
+    return RESTART_COST_S.get(application, DEFAULT_RESTART_COST_S)
 
 
 @dataclass(eq=False)  # identity semantics: families are hashed by identity in caches
@@ -61,7 +125,16 @@ class Family(ABC):
             ``{batch size of the run: ((fraction of work, φ), ...)}`` — one
             trajectory per batch size the job was trained at (Pollux's
             validation runs); a single ``((fraction, φ), ...)`` is the run at M0.
-        restart_cost_s: seconds lost on every reallocation.
+        restart_cost_s: seconds lost on every reallocation (default: the
+            application's in :data:`RESTART_COST_S`, else 30).
+        num_stages: GPUs per data-parallel replica, an ``int`` or
+            ``{gpu_type: int}`` (:mod:`goodput.hybrid`): more than one for a
+            hybrid-parallel (pipelined) job, whose replicas are pipelines.
+
+    The speed methods take GPU counts (``num_gpus``); a hybrid job runs
+    ``num_gpus / num_stages`` replicas (:meth:`replicas`), and a GPU count that
+    is not whole pipelines is refused by :meth:`step_sync` and :meth:`iter_time`
+    and runs at rate 0 (goodput 0 in :meth:`best_config`).
     """
 
     name: str
@@ -71,10 +144,15 @@ class Family(ABC):
     max_local_bsz: dict[str, int]
     work: float
     noise: Any
-    restart_cost_s: float = 30.0
+    restart_cost_s: float | None = None
+    num_stages: Any = 1
     _noise_runs: list[tuple[float, np.ndarray, np.ndarray]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.restart_cost_s = (restart_cost_of(self.name) if self.restart_cost_s is None else
+                               check_float(f"{self.name}.restart_cost_s", self.restart_cost_s, nonnegative=True))
+        self._stages = Stages.parse(self.num_stages, f"{self.name}.num_stages")
+        self.num_stages = self._stages.value
         runs = self.noise if isinstance(self.noise, Mapping) else {self.init_batch_size: self.noise}
         self._noise_runs = []
         for batch, knots in sorted(runs.items()):
@@ -94,6 +172,31 @@ class Family(ABC):
 
     def supports(self, gpu_type: str) -> bool:
         return gpu_type in self.max_local_bsz
+
+    # ------------------------------------------------------------------ pipelines (goodput.hybrid)
+    @property
+    def hybrid(self) -> bool:
+        """Whether the job runs pipelines of several GPUs on some GPU type."""
+        return self._stages.hybrid
+
+    def stages(self, gpu_type: str) -> int:
+        """GPUs per replica (pipeline stages) on ``gpu_type``."""
+        return self._stages.of(gpu_type)
+
+    def replicas(self, gpu_type: str, num_gpus: int) -> int:
+        """Replicas (pipelines) on ``num_gpus`` GPUs of ``gpu_type``; 0 when they are not whole pipelines."""
+        return self._stages.replicas(gpu_type, int(num_gpus))
+
+    def configurations(self, pool: Any) -> list[tuple[str, int, int]]:
+        """Sia's configurations of a node pool for this job: whole pipelines only (:meth:`NodePool.configurations`)."""
+        return pool.configurations(self.stages(pool.gpu_type))
+
+    def _replicas_of(self, gpu_type: str, num_gpus: Any) -> int:
+        replicas = self.replicas(gpu_type, num_gpus)
+        if replicas < 1:
+            raise ValidationError(f"{self.name}.num_gpus", num_gpus,
+                                  f"not whole pipelines of {self.stages(gpu_type)} GPUs on {gpu_type}")
+        return replicas
 
     def limits(self, gpu_type: str, fixed_batch: int | None = None) -> BatchLimits:
         """Batch limits on a type; ``fixed_batch`` pins the total batch (strong scaling)."""
@@ -134,40 +237,68 @@ class Family(ABC):
 
     # ------------------------------------------------------------------ speed
     @abstractmethod
-    def step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
-        """(step seconds, sync seconds) of one synchronised step without accumulation."""
+    def _step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
+        """(step seconds, sync seconds) of one synchronised step without accumulation, for ``num_replicas`` replicas."""
 
-    def iter_time(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float, accum_steps: int) -> tuple[float, float]:
-        """(seconds of one optimizer step T_iter, sync seconds): accumulation adds compute-only micro-batches."""
-        step, sync = self.step_sync(gpu_type, num_nodes, num_replicas, local_bsz)
+    def _iter_time(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float, accum_steps: int) -> tuple[float, float]:
+        """(T_iter, sync seconds) for ``num_replicas`` replicas: accumulation adds compute-only micro-batches."""
+        step, sync = self._step_sync(gpu_type, num_nodes, num_replicas, local_bsz)
         return step + accum_steps * (step - sync), sync
 
-    def rate(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: int, accum_steps: int, progress: float) -> float:
-        """Progress per second, E(M) · M / M0 / T_iter."""
-        t_iter, _ = self.iter_time(gpu_type, num_nodes, num_replicas, local_bsz, accum_steps)
-        batch = num_replicas * local_bsz * (accum_steps + 1)
+    def step_sync(self, gpu_type: str, num_nodes: int, num_gpus: int, local_bsz: float) -> tuple[float, float]:
+        """(step seconds, sync seconds) of one synchronised step without accumulation on ``num_gpus`` GPUs."""
+        return self._step_sync(gpu_type, num_nodes, self._replicas_of(gpu_type, num_gpus), local_bsz)
+
+    def iter_time(self, gpu_type: str, num_nodes: int, num_gpus: int, local_bsz: float, accum_steps: int) -> tuple[float, float]:
+        """(seconds of one optimizer step T_iter, sync seconds) on ``num_gpus`` GPUs."""
+        return self._iter_time(gpu_type, num_nodes, self._replicas_of(gpu_type, num_gpus), local_bsz, accum_steps)
+
+    def rate(self, gpu_type: str, num_nodes: int, num_gpus: int, local_bsz: int, accum_steps: int, progress: float) -> float:
+        """Progress per second, E(M) · M / M0 / T_iter, with M = replicas · local_bsz · (accum_steps + 1)."""
+        replicas = self.replicas(gpu_type, num_gpus)
+        if replicas < 1:
+            return 0.0
+        t_iter, _ = self._iter_time(gpu_type, num_nodes, replicas, local_bsz, accum_steps)
+        batch = replicas * local_bsz * (accum_steps + 1)
         return float(self.efficiency(progress, batch)) * batch / self.init_batch_size / t_iter
 
-    def best_config(self, gpu_type: str, num_nodes: Any, num_replicas: Any, progress: float, fixed_batch: int | None = None):
-        """The true goodput-optimal batch configurations (an oracle's view) as :class:`GoodputChoices`."""
+    def best_config(self, gpu_type: str, num_nodes: Any, num_gpus: Any, progress: float,
+                    fixed_batch: int | None = None) -> GoodputChoices:
+        """The true goodput-optimal batch configurations (an oracle's view) on ``num_gpus`` GPUs each;
+        GPU counts that are not whole pipelines get goodput 0."""
 
         def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._vector_iter_time(gpu_type, n, r, b, a)
 
-        return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_replicas,
+        stages = self.stages(gpu_type)
+        if stages == 1:
+            return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_gpus,
+                                    self.limits(gpu_type, fixed_batch))
+        gpus = np.asarray(num_gpus)
+        whole = gpus % stages == 0
+        replicas = np.where(whole, gpus // stages, 1)
+        best = optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, replicas,
                                 self.limits(gpu_type, fixed_batch))
+        if np.all(whole):
+            return best
+        return GoodputChoices(*(np.where(whole, getattr(best, f), 0) for f in GoodputChoices.__dataclass_fields__))
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
+        """T_iter for arrays of (nodes, replicas, local batch, accumulation)."""
         out = np.empty(np.broadcast(n, r, b, a).shape)
         flat = [np.broadcast_to(x, out.shape).ravel() for x in (n, r, b, a)]
         for i, (ni, ri, bi, ai) in enumerate(zip(*flat)):
-            out.flat[i] = self.iter_time(gpu_type, int(ni), int(ri), float(bi), int(ai))[0]
+            out.flat[i] = self._iter_time(gpu_type, int(ni), int(ri), float(bi), int(ai))[0]
         return out
 
 
 @dataclass(eq=False)
 class ParametricFamily(Family):
-    """Truth given by Pollux's throughput model per GPU type (the built-in catalog)."""
+    """Truth given by Pollux's throughput model per GPU type (the built-in catalog).
+
+    For a hybrid-parallel family the model's replicas are pipelines: the parameters describe one
+    pipeline's micro-batch and the synchronisation between pipelines.
+    """
 
     params: dict[str, ThroughputParams] = field(default_factory=dict)
 
@@ -175,7 +306,7 @@ class ParametricFamily(Family):
         super().__post_init__()
         self._theta = {g: p.as_array() for g, p in self.params.items()}
 
-    def step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
+    def _step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
         theta = self._theta[gpu_type]
         step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
         compute = theta[0] + theta[1] * local_bsz
@@ -231,7 +362,8 @@ def _family_from_json(name: str, entry: Mapping[str, Any], gpu_types: list[str] 
         max_local_bsz={g: int(entry["max_local_bsz"][g]) for g in types},
         work=float(entry["work"]),
         noise=_noise_from_json(entry["noise"]),
-        restart_cost_s=float(entry.get("restart_cost_s", 30.0)),
+        restart_cost_s=float(entry["restart_cost_s"]) if "restart_cost_s" in entry else None,
+        num_stages=entry.get("num_stages", 1),
         params={g: ThroughputParams(**entry["params"][g]) for g in types},
     )
 
@@ -253,57 +385,89 @@ def catalog_workload_stats(path: str | Path = CATALOG_PATH) -> Mapping[str, Any]
 
 @dataclass
 class _TypeTables:
-    """One GPU type's measurements of one model, prepared for interpolation."""
+    """One GPU type's measurements of one model, prepared for interpolation (counts are GPUs, not replicas)."""
 
     by_placement: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]  # bsz, step, sync
-    points: np.ndarray  # (k, 3): nodes, replicas, log bsz
+    points: np.ndarray  # (k, 3): nodes, GPUs, log bsz
     values: np.ndarray  # (k, 2): log step, log sync (+ tiny)
-    fallback: ThroughputParams
+    fallback: ThroughputParams | None  # a Pollux fit (data-parallel); None: the nearest measurement (pipelines)
 
 
 @dataclass(eq=False)
 class MeasuredFamily(Family):
-    """Truth interpolated from measured tables (Pollux's simulator approach)."""
+    """Truth interpolated from measured tables (Pollux's simulator approach); a GPU type with several
+    stages per replica reads pipeline tables (see the module docstring)."""
 
     tables: dict[str, _TypeTables] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._interp: dict[str, Any] = {}
+        self._nearest: dict[str, Any] = {}
         self._cached = lru_cache(maxsize=100_000)(self._interpolate)
 
-    def step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
-        return self._cached(gpu_type, int(num_nodes), int(num_replicas), float(local_bsz))
+    def _step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
+        """(step, sync) seconds as the tables give them; for a pipeline type, (one micro-batch's forward pass
+        through one stage, communication per optimizer step)."""
+        return self._cached(gpu_type, int(num_nodes), int(num_replicas) * self.stages(gpu_type), float(local_bsz))
 
-    def _interpolate(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
+    def _iter_time(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float, accum_steps: int) -> tuple[float, float]:
+        stages = self.stages(gpu_type)
+        if stages == 1:
+            return super()._iter_time(gpu_type, num_nodes, num_replicas, local_bsz, accum_steps)
+        forward, sync = self._step_sync(gpu_type, num_nodes, num_replicas, local_bsz)
+        return pipeline_step_time(forward, sync, stages, accum_steps + 1), sync
+
+    def _interpolate(self, gpu_type: str, num_nodes: int, num_gpus: int, local_bsz: float) -> tuple[float, float]:
         tables = self.tables[gpu_type]
-        placement = _even_placement(num_nodes, num_replicas)
+        pipeline = tables.fallback is None
+        placement = _even_placement(num_nodes, num_gpus)
         key = _canonical_placement(placement)
         if key in tables.by_placement:
             bsz, step, sync = tables.by_placement[key]
             x = min(max(float(local_bsz), bsz[0]), bsz[-1])
             return float(np.interp(x, bsz, step)), float(np.interp(x, bsz, sync))
+        point = [[num_nodes, num_gpus, math.log(local_bsz)]]
         interp = self._interp.get(gpu_type)
         if interp is None and len(tables.points) >= 4:
             from scipy.interpolate import LinearNDInterpolator
 
             try:
                 interp = LinearNDInterpolator(tables.points, tables.values)
-            except Exception:  # degenerate point sets (all on a plane): use the fallback fit
+            except Exception:  # degenerate point sets (all on a plane): use the fallback
                 interp = False
             self._interp[gpu_type] = interp
         if interp:
-            value = interp([[num_nodes, num_replicas, math.log(local_bsz)]])[0]
+            value = interp(point)[0]
             if np.all(np.isfinite(value)):
                 step, sync = float(np.exp(value[0])), float(np.exp(value[1]))
-                return step, min(sync, step)
+                return (step, sync) if pipeline else (step, min(sync, step))
+        if pipeline:  # outside the measured hull: the nearest measurement (a pipeline's times do not follow Pollux's model)
+            nearest = self._nearest.get(gpu_type)
+            if nearest is None:
+                from scipy.interpolate import NearestNDInterpolator
+
+                nearest = self._nearest[gpu_type] = NearestNDInterpolator(tables.points, tables.values)
+            value = nearest(point)[0]
+            return float(np.exp(value[0])), float(np.exp(value[1]))
         theta = tables.fallback.as_array()
-        step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
+        step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_gpus), np.float64(local_bsz), 0.0))
         return step, max(step - (theta[0] + theta[1] * local_bsz), 0.0)
 
 
-def _even_placement(num_nodes: int, num_replicas: int) -> tuple[int, ...]:
-    base, extra = divmod(num_replicas, num_nodes)
+def pipeline_step_time(forward: Any, sync: Any, num_stages: int, num_microbatches: Any) -> Any:
+    """Seconds of one optimizer step of a pipeline: ``3 · (S − 1 + M) · forward + sync``.
+
+    ``forward``: one micro-batch's forward pass through one stage (s); ``sync``: communication per step
+    that compute does not hide (s); S stages; M micro-batches. A backward pass costs two forward passes
+    and the pipeline fills and drains in S − 1 slots (GPipe's schedule; Sia's goodput model for
+    pipeline-parallel jobs, SOSP'23 artifact ``GoodputFunctionPMP``).
+    """
+    return 3.0 * (num_stages - 1 + np.asarray(num_microbatches, dtype=float)) * forward + sync
+
+
+def _even_placement(num_nodes: int, num_gpus: int) -> tuple[int, ...]:
+    base, extra = divmod(num_gpus, num_nodes)
     return tuple(base + (1 if i < extra else 0) for i in range(num_nodes))
 
 
@@ -313,64 +477,214 @@ def _canonical_placement(placement: tuple[int, ...]) -> tuple[int, ...]:
     return min(p[i:] + p[:i] for i in range(len(p)))
 
 
-def _type_tables(observations: list[Observation]) -> _TypeTables:
-    groups: dict[tuple[int, ...], list[Observation]] = {}
-    for obs in observations:
-        placement = obs.placement or _even_placement(obs.num_nodes, obs.num_replicas)
-        groups.setdefault(_canonical_placement(placement), []).append(obs)
+Row = tuple[tuple[int, ...], int, float, float]  # placement (GPUs per node), local batch, step s, sync s
+
+
+def _type_tables(rows: list[Row], observations: list[Observation] | None) -> _TypeTables:
+    """Tables of one type from its rows; ``observations`` (data-parallel tables) give the Pollux fallback fit."""
+    groups: dict[tuple[int, ...], dict[int, list[tuple[float, float]]]] = {}
+    for placement, bsz, step, sync in rows:
+        groups.setdefault(_canonical_placement(placement), {}).setdefault(bsz, []).append((step, sync))
     by_placement = {}
-    for key, obs in groups.items():
-        rows: dict[int, list[tuple[float, float]]] = {}
-        for o in obs:
-            rows.setdefault(o.local_bsz, []).append((o.step_time, o.sync_time or 0.0))
-        bsz = np.array(sorted(rows), dtype=float)
-        step = np.array([np.mean([r[0] for r in rows[b]]) for b in sorted(rows)])
-        sync = np.array([np.mean([r[1] for r in rows[b]]) for b in sorted(rows)])
-        by_placement[key] = (bsz, step, sync)
-    points = np.array([[o.num_nodes, o.num_replicas, math.log(o.local_bsz)] for o in observations])
-    values = np.array([[math.log(o.step_time), math.log(max(o.sync_time or 0.0, 1e-9))] for o in observations])
-    return _TypeTables(by_placement, points, values, fit_throughput(observations))
+    for key, by_bsz in groups.items():
+        sizes = sorted(by_bsz)
+        by_placement[key] = (np.array(sizes, dtype=float),
+                             np.array([np.mean([r[0] for r in by_bsz[b]]) for b in sizes]),
+                             np.array([np.mean([r[1] for r in by_bsz[b]]) for b in sizes]))
+    points = np.array([[len(p), sum(p), math.log(b)] for p, b, _, _ in rows])
+    values = np.array([[math.log(step), math.log(max(sync, 1e-9))] for _, _, step, sync in rows])
+    return _TypeTables(by_placement, points, values, fit_throughput(observations) if observations else None)
 
 
-def load_measured(directory: str | Path, default_gpu_type: str = "t4", restart_cost_s: float = 30.0) -> dict[str, MeasuredFamily]:
-    """Families from ``<dir>/<model>/placements-<gpu_type>.csv`` (+ scalability, validation) tables.
+class IncompleteModelError(DataFormatError):
+    """A folder of the truth directory lacks step-time tables or validation traces (not a model folder)."""
+
+
+@dataclass
+class _ModelData:
+    """One model folder, read and checked (no fits yet)."""
+
+    name: str
+    rows: dict[str, list[Row]]  # per GPU type
+    observations: dict[str, list[Observation]]  # per data-parallel GPU type
+    validations: list[tuple[int, Any]]  # (batch size of the run, its rows), by batch size
+    restart_cost_s: float | None
+    num_stages: Any
+
+
+def _read_settings(model_dir: Path) -> tuple[float | None, Any]:
+    """``(restart_cost_s or None, num_stages)`` from the folder's ``application.json`` (module docstring)."""
+    path = model_dir / APPLICATION_FILE
+    if not path.exists():
+        return None, 1
+    data = read_json(path)
+    if not isinstance(data, Mapping):
+        raise DataFormatError(path, None, "application", type(data).__name__,
+                              'expected a JSON object such as {"restart_cost_s": 80, "num_stages": 2}')
+    unknown = sorted(set(data) - {"restart_cost_s", "num_stages"})
+    if unknown:
+        raise DataFormatError(path, None, unknown[0], data[unknown[0]], "unknown key (known: num_stages, restart_cost_s)")
+    try:
+        cost = check_float("restart_cost_s", data["restart_cost_s"], nonnegative=True) if "restart_cost_s" in data else None
+        stages = data.get("num_stages", 1)
+        if isinstance(stages, Mapping):
+            stages = {gpu_slug(str(k)): v for k, v in stages.items()}
+        return cost, check_num_stages(stages)
+    except ValidationError as exc:
+        raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+
+def _pipeline_rows(path: Path, kind: str, stages: int) -> list[Row]:
+    """Rows of a pipeline-parallel table (module docstring), each GPU count checked to be whole pipelines."""
+    if kind == "placements":
+        schema = {"placement": "placement", "local_bsz": "int+", "step_time": "float+"}
+    else:
+        schema = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+"}
+    rows: list[Row] = []
+    for line_no, row in read_csv_rows(path, schema, {"sync_time": "float0"}):
+        if kind == "placements":
+            placement, column, value = row["placement"], "placement", "".join(map(str, row["placement"]))
+        else:
+            if row["num_replicas"] < row["num_nodes"]:
+                raise DataFormatError(path, line_no, "num_replicas", row["num_replicas"],
+                                      f"fewer GPUs than num_nodes ({row['num_nodes']})")
+            placement, column, value = _even_placement(row["num_nodes"], row["num_replicas"]), "num_replicas", row["num_replicas"]
+        if sum(placement) % stages:
+            raise DataFormatError(path, line_no, column, value, f"{sum(placement)} GPUs are not whole pipelines of "
+                                  f"num_stages={stages} GPUs ({APPLICATION_FILE})")
+        rows.append((tuple(placement), row["local_bsz"], row["step_time"], row["sync_time"] or 0.0))
+    return rows
+
+
+def _read_model(model_dir: Path, default_gpu_type: str) -> _ModelData:
+    """Read and check one model folder; raises :class:`DataFormatError` (one line: file, row, field) on a bad
+    table, :class:`IncompleteModelError` for a folder without tables or validation traces."""
+    name = model_dir.name
+    cost, num_stages = _read_settings(model_dir)
+    stages = Stages.parse(num_stages)
+    rows: dict[str, list[Row]] = {}
+    observations: dict[str, list[Observation]] = {}
+    for path, kind, gpu, _typed in table_files(model_dir, default_gpu_type):
+        if stages.of(gpu) > 1:
+            rows.setdefault(gpu, []).extend(_pipeline_rows(path, kind, stages.of(gpu)))
+            continue
+        reader = read_placements if kind == "placements" else read_scalability
+        try:
+            read = reader(path, name, gpu, source=f"{kind}:{path.name}")
+        except DataFormatError as exc:
+            if exc.field == "sync_time" and "step_time" in exc.reason:  # Sia's pipeline tables look like this
+                raise DataFormatError(path, exc.line, exc.field, exc.value,
+                                      f"{exc.reason} (a pipeline-parallel table? declare its num_stages in "
+                                      f"{model_dir / APPLICATION_FILE})") from None
+            raise
+        observations.setdefault(gpu, []).extend(read)
+        rows.setdefault(gpu, []).extend(
+            (o.placement or _even_placement(o.num_nodes, o.num_replicas), o.local_bsz, o.step_time, o.sync_time or 0.0)
+            for o in read)
+    validations = []
+    for path in model_dir.glob("validation-*.csv"):
+        batch = path.stem.split("-", 1)[1]
+        if not batch.isdigit() or int(batch) < 1:
+            raise DataFormatError(path, None, "file name", path.name, "expected validation-<batch size>.csv")
+        validations.append((int(batch), read_validation(path)))
+    validations.sort(key=lambda item: item[0])
+    files = sorted(p.name for p in model_dir.iterdir())[:6]
+    if not rows:
+        raise IncompleteModelError(model_dir, None, "files", files, "no step-time tables (placements-<gpu_type>.csv "
+                                   "or scalability-<gpu_type>.csv)")
+    if not validations:
+        raise IncompleteModelError(model_dir, None, "files", files, "no validation-<batch>.csv (the work and gradient "
+                                   "noise of a training run)")
+    for batch, trace in validations:
+        if not trace:
+            raise DataFormatError(model_dir / f"validation-{batch}.csv", None, "rows", 0, "the trace holds no epoch")
+    return _ModelData(name, rows, observations, validations, cost, num_stages)
+
+
+def _family(data: _ModelData, model_dir: Path, restart_cost_s: float | None) -> MeasuredFamily:
+    m0, max_bs = data.validations[0][0], data.validations[-1][0]
+    traces = [trace for _, trace in data.validations]
+    work = min(t[-1].progress for t in traces)
+    noise = {}
+    for batch, trace in data.validations:
+        kept = [r for r in trace if r.grad_sqr > 0]  # φ is undefined where |g|² vanished
+        if kept:
+            noise[batch] = tuple((r.progress / trace[-1].progress, m0 * r.grad_var / r.grad_sqr) for r in kept)
+    local = sorted({r[1] for rows in data.rows.values() for r in rows})
+    try:
+        return MeasuredFamily(
+            name=data.name,
+            init_batch_size=m0,
+            max_batch_size=max_bs,
+            min_local_bsz=local[0],
+            max_local_bsz={g: max(r[1] for r in rows) for g, rows in data.rows.items()},
+            work=float(work),
+            noise=noise,
+            restart_cost_s=restart_cost_s if restart_cost_s is not None else data.restart_cost_s,
+            num_stages=data.num_stages,
+            tables={g: _type_tables(rows, data.observations.get(g)) for g, rows in data.rows.items()},
+        )
+    except ValidationError as exc:
+        raise DataFormatError(model_dir, None, exc.field, exc.value, exc.reason) from None
+
+
+def load_measured(directory: str | Path, default_gpu_type: str = "t4", restart_cost_s: float | None = None,
+                  applications: Iterable[str] | None = None,
+                  skipped: dict[str, str] | None = None) -> dict[str, MeasuredFamily]:
+    """Families from ``<dir>/<model>/placements-<gpu_type>.csv`` (+ scalability, validation, application.json).
 
     The tables are read as the accuracy harness reads them
     (:func:`experiments.datasets.read_model_tables`: the same GPU type names), but strictly: a row
-    whose step time is empty, 0 or NaN raises :class:`~goodput.errors.DataFormatError` rather than
-    being left out, since a simulation's ground truth should not lose configurations silently.
+    whose step time is empty, 0 or NaN raises :class:`~goodput.errors.DataFormatError` (one line: file,
+    row, field) rather than being left out, since a simulation's ground truth should not lose
+    configurations silently.
+
+    Args:
+        restart_cost_s: seconds every family loses per reallocation; ``None``: each model's own
+            (its ``application.json``, else :func:`restart_cost_of` its name).
+        applications: the models to load (a workload's applications); the other folders are not
+            loaded, so a bad table there stops nothing. ``None``: every model folder (folders
+            without tables or validation traces are passed over).
+        skipped: filled with ``{folder: why it was not loaded}``: not used by the workload (and, if
+            its tables do not load, why), or not a model folder. Without it the unused folders are
+            not read at all.
+
+    Raises:
+        DataFormatError: a needed model's table, trace or ``application.json`` is bad, or a needed
+            application has no complete folder.
+        FileNotFoundError: ``directory`` does not exist or holds no model.
     """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"measured tables directory not found: {directory}")
+    folders = {p.name: p for p in sorted(directory.iterdir()) if p.is_dir()}
+    wanted = None if applications is None else set(applications)
+    if wanted is not None:
+        missing = sorted(wanted - set(folders))
+        if missing:
+            raise DataFormatError(directory, None, "application", missing[0],
+                                  f"no such model folder (the directory holds: {', '.join(folders) or 'none'})")
     families = {}
-    for model_dir in sorted(p for p in directory.iterdir() if p.is_dir()):
-        per_type = by_gpu_type(read_model_tables(model_dir, model_dir.name, default_gpu_type, strict=True))
-        validations = sorted(model_dir.glob("validation-*.csv"), key=lambda p: int(p.stem.split("-")[1]))
-        if not per_type or not validations:
+    for name, folder in folders.items():
+        if wanted is not None and name not in wanted:
+            if skipped is not None:
+                try:
+                    _read_model(folder, default_gpu_type)
+                    skipped[name] = "not used by the workload"
+                except IncompleteModelError as exc:
+                    skipped[name] = f"not a model folder: {exc}"
+                except DataFormatError as exc:
+                    skipped[name] = f"not used by the workload, and its tables do not load: {exc}"
             continue
-        m0 = int(validations[0].stem.split("-")[1])
-        max_bs = int(validations[-1].stem.split("-")[1])
-        traces = [read_validation(p) for p in validations]
-        work = min(t[-1].progress for t in traces)
-        noise = {}
-        for path, trace in zip(validations, traces):
-            rows = [r for r in trace if r.grad_sqr > 0]  # φ is undefined where |g|² vanished
-            if rows:
-                noise[int(path.stem.split("-")[1])] = tuple((r.progress / trace[-1].progress, m0 * r.grad_var / r.grad_sqr)
-                                                            for r in rows)
-        local = sorted({o.local_bsz for obs in per_type.values() for o in obs})
-        families[model_dir.name] = MeasuredFamily(
-            name=model_dir.name,
-            init_batch_size=m0,
-            max_batch_size=max_bs,
-            min_local_bsz=local[0],
-            max_local_bsz={g: max(o.local_bsz for o in obs) for g, obs in per_type.items()},
-            work=float(work),
-            noise=noise,
-            restart_cost_s=restart_cost_s,
-            tables={g: _type_tables(obs) for g, obs in per_type.items()},
-        )
+        try:
+            data = _read_model(folder, default_gpu_type)
+        except IncompleteModelError as exc:
+            if wanted is not None:
+                raise
+            if skipped is not None:
+                skipped[name] = f"not a model folder: {exc}"
+            continue
+        families[name] = _family(data, folder, restart_cost_s)
     if not families:
         raise FileNotFoundError(f"no model folders with placements and validation tables in {directory}")
     return families

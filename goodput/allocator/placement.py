@@ -19,6 +19,13 @@ Per GPU type, given each job's configuration (num_nodes, num_gpus):
 A job that still cannot be placed is reported as failed, never half-placed.
 Every node's capacity is respected by construction.
 
+Hybrid-parallel jobs (pipelines of S GPUs, :mod:`goodput.hybrid`) need no rule
+of their own: their configurations are whole pipelines in Sia's shapes
+(:meth:`goodput.cluster.NodePool.configurations`), so a sub-node allocation
+holds its pipelines on one node and a whole-node one fills its nodes. A
+pipeline therefore crosses nodes only when it is longer than a node or when a
+node does not hold a whole number of them (3-stage pipelines on 4-GPU nodes).
+
 Example::
 
     >>> from goodput import Cluster

@@ -267,12 +267,14 @@ def prepare(
     # ---------------------------------------------------------------- per-row feasibility (vectorised)
     min_g = np.ones(n_jobs, dtype=np.int64)
     max_g = np.full(n_jobs, np.iinfo(np.int64).max, dtype=np.int64)
-    gran = np.ones(n_jobs, dtype=np.int64)
+    gran = np.ones((n_jobs, len(gpu_types)), dtype=np.int64)  # GPUs per replica, per job and type
+    min_r = np.ones(n_jobs, dtype=np.int64)
     rigid = np.full(n_jobs, -1, dtype=np.int64)
     fixed = np.full(n_jobs, -1, dtype=np.int64)
     for key in specs_in:  # only jobs with a spec differ from the defaults
         i, spec = index[key], specs[index[key]]
-        min_g[i], gran[i] = spec.min_gpus, spec.granularity
+        min_g[i], min_r[i] = spec.min_gpus, spec.min_replicas
+        gran[i] = [spec.granularity_of(t) for t in gpu_types]
         if spec.max_gpus is not None:
             max_g[i] = spec.max_gpus
         if spec.rigid_gpus is not None:
@@ -287,9 +289,11 @@ def prepare(
     node_gpus = gpn[row_type]
     shape_ok = (((row_nodes == 1) & (row_gpus <= node_gpus)) | (row_gpus == row_nodes * node_gpus)) & (
         row_nodes <= pool_nodes[row_type])
-    count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % gran[j] == 0)
+    row_gran = gran[j, row_type] if row_job.size else np.ones(0, dtype=np.int64)
+    count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % row_gran == 0)
+    count_ok &= row_gpus >= min_r[j] * row_gran
     count_ok &= (rigid[j] < 0) | (row_gpus == rigid[j])
-    count_ok &= (fixed[j] < 0) | (row_gpus // gran[j] <= fixed[j])
+    count_ok &= (fixed[j] < 0) | (row_gpus // row_gran <= fixed[j])
     fits = row_gpus <= free[row_type]
     allowed = positive & type_ok & shape_ok & count_ok & fits
 
@@ -358,7 +362,8 @@ def _why(prep: Prepared, i: int, stages: tuple[np.ndarray, ...]) -> str:
         f"no configuration on the allowed GPU types {list(spec.gpu_types or [])}",
         "no configuration fits the cluster's nodes (sub-node on one node, or whole nodes)",
         f"no configuration with an allowed GPU count (rigid={spec.rigid_gpus}, min={spec.min_gpus}, "
-        f"max={spec.max_gpus}, granularity={spec.granularity}, fixed_batch_size={spec.fixed_batch_size})",
+        f"max={spec.max_gpus}, granularity={spec.granularity}, min_replicas={spec.min_replicas}, "
+        f"fixed_batch_size={spec.fixed_batch_size})",
         "every allowed configuration needs more GPUs than are free (non-preemptible jobs hold the rest)",
     )
     ok = np.ones(rows.stop - rows.start, dtype=bool)

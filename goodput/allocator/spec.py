@@ -7,6 +7,12 @@ it requested (FIFO and Gavel schedule the requested GPU count). The default is
 an elastic, preemptible job of age 0 that accepts any configuration of its
 table.
 
+Hybrid-parallel jobs (data-parallel replicas that are pipelines of several
+GPUs, :mod:`goodput.hybrid`) set ``granularity`` to their GPUs per replica, an
+``int`` or ``{gpu_type: int}``, and optionally ``min_replicas``: every policy
+then gives them whole pipelines only, at least that many (Sia, SOSP'23).
+:meth:`goodput.JobModel.table` of such a job lists only those rows already.
+
 Strong-scaling jobs (fixed total batch) get their tables from
 ``JobModel(job, init_batch_size=M, max_batch_size=M)``: goodput is then
 throughput at batch M. Setting ``fixed_batch_size=M`` makes the allocator
@@ -31,6 +37,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import ValidationError
+from ..hybrid import check_min_replicas, check_num_stages
 from ..validation import check_float, check_int, normalize_gpu_type
 
 __all__ = ["JobSpec", "restart_factor", "DEFAULT_RESTART_COST"]
@@ -82,8 +89,14 @@ class JobSpec:
         rigid_gpus: run on exactly this many GPUs (any allowed type); ``None``
             for elastic jobs.
         min_gpus, max_gpus: bounds on the GPU count (``max_gpus=None``: none).
-        granularity: the GPU count must be a multiple of this (hybrid-parallel
-            jobs whose data-parallel replicas are pipelines of k GPUs).
+        granularity: the GPU count must be a multiple of this: an ``int``, or
+            ``{gpu_type: int}`` (types left out: 1) for a hybrid-parallel job
+            whose data-parallel replicas are pipelines of that many GPUs on
+            each type (:mod:`goodput.hybrid`; Sia, SOSP'23, scales such jobs
+            in whole pipelines).
+        min_replicas: the fewest replicas (pipelines of ``granularity`` GPUs):
+            on each type at least ``min_replicas × granularity`` GPUs (Sia's
+            minimum for hybrid jobs; 1 by default).
         gpu_types: the GPU types the job may run on (``None``: all).
         preemptible: ``False`` pins a running job to its current allocation
             (e.g. while it checkpoints or restores); a job that is not running
@@ -104,7 +117,8 @@ class JobSpec:
     rigid_gpus: int | None = None
     min_gpus: int = 1
     max_gpus: int | None = None
-    granularity: int = 1
+    granularity: int | Mapping[str, int] = 1
+    min_replicas: int = 1
     gpu_types: tuple[str, ...] | None = None
     preemptible: bool = True
     requested_gpus: int | None = None
@@ -121,14 +135,16 @@ class JobSpec:
             raise ValidationError("attained", attained, f"cannot exceed age ({self.age} s)")
         set_(self, "attained", attained)
         set_(self, "min_gpus", check_int("min_gpus", self.min_gpus, minimum=1))
-        set_(self, "granularity", check_int("granularity", self.granularity, minimum=1))
+        granularity = check_num_stages(self.granularity, "granularity")
+        set_(self, "granularity", granularity if isinstance(granularity, int) else _FrozenMapping(granularity))
+        set_(self, "min_replicas", check_min_replicas(self.min_replicas))
         if self.max_gpus is not None:
             set_(self, "max_gpus", check_int("max_gpus", self.max_gpus, minimum=self.min_gpus))
         if self.rigid_gpus is not None:
             rigid = check_int("rigid_gpus", self.rigid_gpus, minimum=self.min_gpus)
             if self.max_gpus is not None and rigid > self.max_gpus:
                 raise ValidationError("rigid_gpus", rigid, f"exceeds max_gpus ({self.max_gpus})")
-            if rigid % self.granularity:
+            if isinstance(self.granularity, int) and rigid % self.granularity:
                 raise ValidationError("rigid_gpus", rigid, f"is not a multiple of granularity ({self.granularity})")
             set_(self, "rigid_gpus", rigid)
         if self.gpu_types is not None:
@@ -167,13 +183,23 @@ class JobSpec:
         """FIFO order: ``arrival`` if given, else ``-age`` (older first)."""
         return self.arrival if self.arrival is not None else -self.age
 
-    def allows(self, num_gpus: int) -> bool:
-        """Whether a GPU count satisfies the rigid/min/max/granularity options."""
+    def granularity_of(self, gpu_type: str) -> int:
+        """GPUs per replica on ``gpu_type`` (the ``granularity`` of that type)."""
+        if isinstance(self.granularity, int):
+            return self.granularity
+        return self.granularity.get(normalize_gpu_type(gpu_type), 1)
+
+    def allows(self, num_gpus: int, gpu_type: str | None = None) -> bool:
+        """Whether a GPU count satisfies the rigid/min/max/granularity/min_replicas options (on ``gpu_type``:
+        needed when ``granularity`` differs by type)."""
         if self.rigid_gpus is not None and num_gpus != self.rigid_gpus:
             return False
         if num_gpus < self.min_gpus or (self.max_gpus is not None and num_gpus > self.max_gpus):
             return False
-        return num_gpus % self.granularity == 0
+        if gpu_type is None and not isinstance(self.granularity, int):
+            raise ValidationError("gpu_type", None, "this job's granularity differs by GPU type: name the type")
+        step = self.granularity_of(gpu_type) if gpu_type is not None else self.granularity
+        return num_gpus % step == 0 and num_gpus >= self.min_replicas * step
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +207,8 @@ class JobSpec:
         out = {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
         if "gpu_types" in out:
             out["gpu_types"] = list(out["gpu_types"])
+        if isinstance(self.granularity, Mapping):
+            out["granularity"] = dict(self.granularity)
         return out
 
     @classmethod
@@ -197,6 +225,31 @@ class JobSpec:
             return cls(**dict(data))
         except ValidationError as exc:
             raise ValidationError(f"{prefix}{exc.field}", exc.value, exc.reason) from None
+
+
+class _FrozenMapping(Mapping):
+    """A read-only, hashable ``{gpu_type: int}`` (a frozen dataclass's field stays immutable)."""
+
+    def __init__(self, data: Mapping[str, int]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> int:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._data.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._data) == dict(other)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
 
 
 #: the spec of a job given none: elastic, preemptible, age 0
