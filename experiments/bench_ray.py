@@ -5,11 +5,15 @@
     labelled ``accelerator_type:bench-cpu``), the wall seconds of
     ``profile_cluster`` for each zoo job on that type against plain
     ``profile_job`` on this host's CPU in this process, same settings (default
-    20 s budget). Their difference is what Ray adds per type: a fresh worker
-    process, shipping the job (cloudpickle), an untimed warm-up step, streaming
-    the observations back, and the replicas re-importing the worker's main
-    module. Target: at most 3 s per type. Both stop at the same time budget, so
-    the observations each measured are reported beside the times.
+    20 s budget). Their difference is what a user waits for extra (target: at
+    most 3 s per type). Both are budget-bound, so the difference also holds
+    where each happened to stop; beside it, the breakdown: the actor's start
+    (``ray_start_s``: a worker process, the job unpickled there, which imports
+    torch), and Ray's part (the type's wall in ``profile_cluster`` less
+    ``profile_job``'s own seconds in the actor: the start, streaming the
+    observations back and ending the actor), with each side's own profiling
+    seconds, its replica phase's seconds (the actor's replicas are spawned from
+    a Ray worker), and what each measured.
 (b) Sweep fan-out: ``run_sweep`` over the 8 Philly-derived workloads of
     Pollux's artifact (``pollux/workloads``) with Pollux's T4 traces as ground
     truth (``pollux/traces``, cluster ``t4:16x4``, policy ``unaware`` as in the
@@ -44,7 +48,8 @@ def _profile_facts(profile, gpu_type: str) -> dict:
     info = profile.metadata[f"profiler.{gpu_type}"]
     multi = sum(o.gpu_type == gpu_type and o.num_replicas > 1 for o in profile.observations)
     return {"observations": sum(o.gpu_type == gpu_type for o in profile.observations),
-            "sizes": len(info["measured"]), "sync_obs": multi, "inner_s": info["seconds"]}
+            "sizes": len(info["measured"]), "sync_obs": multi, "inner_s": info["seconds"],
+            "sync_s": info["phase_seconds"].get("sync", 0.0)}
 
 
 def profiling_overhead(names: list[str], budget: float) -> list[dict]:
@@ -60,18 +65,20 @@ def profiling_overhead(names: list[str], budget: float) -> list[dict]:
         cluster = profile_cluster(**work.profile_args(), gpu_types=[LABEL], time_budget_s=budget, progress=False)
         cluster_wall = time.perf_counter() - start
         ours, theirs = _profile_facts(plain, "cpu"), _profile_facts(cluster, LABEL)
+        info = cluster.metadata[f"profiler.{LABEL}"]
         rows.append({
             "what": f"profile {name}", "budget_s": budget,
             "profile_job_wall_s": round(plain_wall, 2), "profile_cluster_wall_s": round(cluster_wall, 2),
+            # what the user waits for extra: the headline figure, judged against the target
             "ray_overhead_s": round(cluster_wall - plain_wall, 2), "target_s": 3.0,
             "within_target": cluster_wall - plain_wall <= 3.0,
+            "ray_start_s": info["ray_start_s"],
+            # Ray's own part: the type's wall seconds in profile_cluster less profile_job's inside the actor (first-call
+            # costs of the fresh worker fall inside the latter, as in a fresh process); apart from the wall difference,
+            # which also holds where each budget-bound profiling stopped
+            "ray_part_s": round(info["ray_wall_s"] - theirs["inner_s"], 2),
             "inner_s (job / cluster)": f"{ours['inner_s']:.1f} / {theirs['inner_s']:.1f}",
-            "ray_start_s": cluster.metadata[f"profiler.{LABEL}"]["ray_start_s"],
-            "warm_up_s": cluster.metadata[f"profiler.{LABEL}"]["warm_up_s"],
-            "ray_wall_s": cluster.metadata[f"profiler.{LABEL}"]["ray_wall_s"],
-            # Ray's own part: the type's wall seconds in profile_cluster less profile_job's inside the actor (the
-            # walls also differ by where each budget-bound profiling happened to stop)
-            "ray_part_s": round(cluster.metadata[f"profiler.{LABEL}"]["ray_wall_s"] - theirs["inner_s"], 2),
+            "sync_s (job / cluster)": f"{ours['sync_s']:.1f} / {theirs['sync_s']:.1f}",
             "sizes (job / cluster)": f"{ours['sizes']} / {theirs['sizes']}",
             "sync obs (job / cluster)": f"{ours['sync_obs']} / {theirs['sync_obs']}",
         })
