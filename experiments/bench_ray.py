@@ -24,6 +24,10 @@
     synthetic workloads on the built-in catalog.
 
 The instance's start is timed apart (a cluster is started once, not per call).
+``--preload-torch`` starts it with Ray's ``preload_python_modules=["torch"]``
+(what ``RAY_preload_python_modules=torch ray start`` sets on a real cluster):
+idle workers import torch before they are given an actor, so the actor's
+start no longer includes it. The default is a cluster as Ray starts it.
 
 Run: ``python -m experiments.bench_ray`` (~13 min on 2 cores); ``--quick``: the
 MLP with a 4 s budget and two 24-job workloads; ``--parts profile`` or
@@ -130,21 +134,27 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("bench_ray", __doc__)
     p.add_argument("--parts", default="profile,sweep", help="profile, sweep or both (default)")
     p.add_argument("--policy", default="unaware", help="the sweep's policy (default: unaware)")
+    p.add_argument("--preload-torch", action="store_true",
+                   help="start the instance with Ray's preload_python_modules=['torch'] (idle workers import torch)")
     args = p.parse_args(argv)
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
     if not parts or parts - {"profile", "sweep"}:
         p.error(f"--parts: expected profile, sweep or both, got {args.parts!r}")
     from profilers.rayutil import local_cluster
 
+    node = {"num_cpus": os.cpu_count() or 1, "resources": {f"accelerator_type:{LABEL}": 1}}
+    if args.preload_torch:
+        node["_system_config"] = {"preload_python_modules": ["torch"]}
     start = time.perf_counter()
-    with local_cluster([{"num_cpus": os.cpu_count() or 1, "resources": {f"accelerator_type:{LABEL}": 1}}]):
+    with local_cluster([node]):
         started = time.perf_counter() - start
         print(f"private Ray instance started in {started:.1f} s", flush=True)
         if "profile" in parts:
             load = os.getloadavg()
             names, budget = (["mlp"], 4.0) if args.quick else (["resnet", "transformer", "mlp"], 20.0)
             rows = profiling_overhead(names, budget)
-            report("bench_ray_profile", rows, args, extra={"ray_start_s": round(started, 2), **_loads(load)})
+            report("bench_ray_profile", rows, args,
+                   extra={"ray_start_s": round(started, 2), "preload_torch": args.preload_torch, **_loads(load)})
         if "sweep" in parts:
             load = os.getloadavg()
             rows, source = sweep_fan_out(args.quick, args.policy)

@@ -32,6 +32,13 @@ made of lambdas) importable: install it there, or connect with a runtime
 environment first (``ray.init(address, runtime_env={"py_modules": [...]})``);
 ``profile_cluster`` uses a connection the process already has.
 
+What Ray adds to a type's wall time is mostly its actor's start: a Ray worker
+process unpickling the job, which imports torch there (1.5-2 s on this
+project's 2-core host). A cluster started with ``RAY_preload_python_modules=torch``
+(``ray start``'s environment on each node) has its idle workers import torch
+before they are given work, which takes that off the start where an idle worker
+is waiting (``python -m experiments.bench_ray --preload-torch`` measures both).
+
 Example::
 
     from profilers import profile_cluster, zoo
