@@ -32,6 +32,13 @@ made of lambdas) importable: install it there, or connect with a runtime
 environment first (``ray.init(address, runtime_env={"py_modules": [...]})``);
 ``profile_cluster`` uses a connection the process already has.
 
+What Ray adds to a type's wall time is mostly its actor's start: a Ray worker
+process unpickling the job, which imports torch there (1.5-2 s on this
+project's 2-core host). A cluster started with ``RAY_preload_python_modules=torch``
+(``ray start``'s environment on each node) has its idle workers import torch
+before they are given work, which takes that off the start where an idle worker
+is waiting (``python -m experiments.bench_ray --preload-torch`` measures both).
+
 Example::
 
     from profilers import profile_cluster, zoo
@@ -159,9 +166,10 @@ def profile_cluster(
     Returns:
         Every observation of the job (earlier runs in ``out`` included), in
         ``out``'s order, each type's facts under ``metadata["profiler.<type>"]``
-        (with the Ray ``node_id`` and ``host`` it ran on, and seconds of Ray's
-        part: ``ray_start_s`` from submitting to the actor's start, the untimed
-        ``warm_up_s``, and ``ray_wall_s`` in all) and its ``max_local_bsz``.
+        (with the Ray ``node_id`` and ``host`` it ran on, ``ray_start_s`` from
+        submitting its actor to the actor's start, and ``ray_wall_s`` from
+        submitting to its end; ``ray_wall_s`` less ``seconds``, profile_job's own,
+        is what Ray added) and its ``max_local_bsz``.
 
     Raises:
         ValidationError: a bad argument (names it), or a type the cluster does not offer.
@@ -283,19 +291,6 @@ def _node_device_type(task: TypeTask) -> Any:
     return dataclasses.replace(chosen, gpu_type=task.gpu_type)
 
 
-def _warm_up(pieces: JobPieces, device: str, bsz: int) -> None:
-    """One untimed training step on a copy of the model, so that a fresh worker process's first-call
-    costs (BLAS and allocator set-up: 1.6 s for the first matmul on this project's 2-core host) are
-    not charged to the type's time budget. A failure is left to ``profile_job``, which names it."""
-    import copy
-
-    with contextlib.suppress(Exception):
-        model = copy.deepcopy(pieces.model).to(device)
-        optimizer = pieces.optimizer_factory(model.parameters())
-        pieces.loss_fn(model, pieces.make_batch(bsz, device)).backward()
-        optimizer.step()
-
-
 class NodeProfiler:
     """One type's profiling on one of its nodes: the body of a Ray actor (``ray.remote(NodeProfiler)``).
 
@@ -305,6 +300,11 @@ class NodeProfiler:
     actor, not a streaming generator task, so that it works through Ray Client (``ray://``) too.
     ``prior`` (this type's records from the caller's ``out``) is written to a file here that
     ``profile_job`` resumes from, so what was measured before is not measured again.
+
+    The worker process is fresh, so its first-call costs (torch imports ``torch._dynamo`` when the first
+    optimizer is built: 1-2 s on this project's 2-core host) fall inside the type's time budget, before
+    any timed step, as they do for ``profile_job`` in a fresh process: they cost that budget's
+    measurements, not the caller's wall time.
     """
 
     def __init__(self, pieces: JobPieces, task: TypeTask, prior: Profile, settings: dict[str, Any]) -> None:
@@ -329,9 +329,6 @@ class NodeProfiler:
                 path = Path(folder) / "profile.jsonl"
                 if len(self.prior) or self.prior.meta_dict():
                     self.prior.save(path)
-                started = time.perf_counter()
-                _warm_up(self.pieces, dtype.device, min(self.settings["batch_sizes"]))
-                self.outcome["warm_up_s"] = round(time.perf_counter() - started, 3)
                 self.outcome["profile"] = profile_job(*self.pieces, devices=[dtype], replicas=list(self.task.replicas),
                                                       out=path, progress=False, on_observation=self.found.put, **self.settings)
         except BaseException as exc:  # noqa: BLE001 - raised to the caller by poll()
@@ -361,7 +358,6 @@ class NodeProfiler:
             raise self.outcome["error"]
         profile = self.outcome["profile"]
         return observations, {"max_local_bsz": profile.max_local_bsz.get(self.task.gpu_type),
-                              "warm_up_s": self.outcome["warm_up_s"],
                               "report": profile.metadata.get(f"profiler.{self.task.gpu_type}", {})}
 
 
@@ -496,10 +492,10 @@ class _Runner:
 
     def _finished(self, gpu_type: str, facts: dict[str, Any]) -> None:
         where = self.where.get(gpu_type, {})
-        # where it ran, and what Ray cost before profile_job's clock started: from submitting the task to its
-        # first message (a worker process, the job unpickled there), then the untimed warm-up step
+        # where it ran, and what Ray cost: from submitting the task to its first message (a worker process, the
+        # job unpickled there, which imports torch), and from submitting to the type's facts arriving here
         report = {**facts["report"], "node_id": where.get("node_id"), "host": where.get("host"),
-                  "ray_start_s": where.get("start_s"), "warm_up_s": facts.get("warm_up_s"),
+                  "ray_start_s": where.get("start_s"),
                   "ray_wall_s": round(time.perf_counter() - self.submitted[gpu_type], 3)}
         self.reports[gpu_type] = report
         if facts["max_local_bsz"]:

@@ -172,6 +172,30 @@ def test_a_failing_type_is_named_the_other_kept_and_a_rerun_redoes_only_it(ray_n
     assert profile.metadata["profiler.xeon-b"]["node_id"] == bad_node and Profile.load(out).max_local_bsz == {"xeon-a": 8, "xeon-b": 8}
 
 
+def test_a_fresh_workers_first_call_costs_fall_in_the_types_budget_and_on_no_timed_step(ray_nodes, tmp_path):
+    """The actor's process is new, as ``profile_job``'s is in a fresh process: what its first calls cost (here a
+    1.5 s first optimizer, as torch's first optimizer imports ``torch._dynamo``) is charged to the type's budget,
+    before the noise phase's deadline, and lands in no timed step; not in wall seconds outside the budget."""
+    import time
+
+    work = tiny_mlp()
+    first = {"pending": True}  # shipped by value: the actor's own copy
+
+    def slow_first_optimizer(params):
+        if first["pending"]:
+            first["pending"] = False
+            time.sleep(1.5)
+        return work.optimizer_factory(params)
+
+    profile = profile_cluster(work.model, slow_first_optimizer, work.loss_fn, work.make_batch, job="tiny", init_batch_size=16,
+                              gpu_types="xeon-a", batch_sizes=[4, 8], replicas=[], time_budget_s=6, progress=False)
+    report = profile.metadata["profiler.xeon-a"]
+    assert "warm_up_s" not in report and report["phase_seconds"]["noise"] >= 1.5  # profile_job's clock ran during it
+    assert report["ray_wall_s"] >= report["seconds"] >= 1.5 and report["ray_start_s"] <= report["ray_wall_s"] - report["seconds"]
+    steps = [o.step_time for o in profile.observations]  # b=4, and b=8 where a loaded host left time for it
+    assert 4 in report["measured"] and steps and max(steps) < 0.5  # no timed step took the sleep
+
+
 def test_observations_reach_the_goodput_service_as_they_arrive_and_a_rerun_posts_nothing_twice(ray_nodes, tmp_path):
     from goodput.client import Client
     from service.app import create_app
