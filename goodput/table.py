@@ -84,49 +84,62 @@ class GoodputTable:
 
     # ------------------------------------------------------------------ validation
     def _validated(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The checked, typed frame (with ``normalized_goodput``), built once from numpy columns.
+
+        Schedulers build a table per job and round, so this is a hot path: columns
+        already numeric skip pandas' coercion, and the result is one DataFrame
+        constructed from arrays instead of a copy edited column by column.
+        """
         missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
         if missing:
             raise ValidationError("columns", list(frame.columns), f"missing required column(s) {missing}")
         unknown = [c for c in frame.columns if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
         if unknown:
             raise ValidationError("columns", unknown, f"unknown column(s); known: {REQUIRED_COLUMNS + OPTIONAL_COLUMNS}")
-        frame = frame.drop(columns=["normalized_goodput"], errors="ignore").reset_index(drop=True).copy()
-        frame["gpu_type"] = [normalize_gpu_type(v, f"{self.job}: gpu_type") for v in frame["gpu_type"]]
+        columns: dict[str, Any] = {}
         for column in frame.columns:
-            if column == "gpu_type":
+            if column == "normalized_goodput":
                 continue
-            _reject_booleans(f"{self.job}: {column}", frame[column])
-            values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+            series = frame[column]
+            if column == "gpu_type":
+                columns[column] = _gpu_types(series, f"{self.job}: gpu_type")
+                continue
+            if series.dtype.kind in "iuf":  # numeric already: no booleans, no text to coerce
+                values = series.to_numpy(dtype=float)
+            else:
+                _reject_booleans(f"{self.job}: {column}", series)
+                values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)
             if column in ("num_nodes", "num_gpus"):
                 bad |= values < 1
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
                 raise ValidationError(
-                    f"{self.job}: {column}[{row}]", frame[column].iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
+                    f"{self.job}: {column}[{row}]", series.iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
                 )
             if column in _INT_COLUMNS:
                 if np.any(values > _MAX_COUNT):
                     row = int(np.flatnonzero(values > _MAX_COUNT)[0])
-                    raise ValidationError(f"{self.job}: {column}[{row}]", frame[column].iloc[row],
+                    raise ValidationError(f"{self.job}: {column}[{row}]", series.iloc[row],
                                           "too large: counts must be <= 2**53 (exact as a float)")
                 if np.any(values != np.round(values)):
                     row = int(np.flatnonzero(values != np.round(values))[0])
                     raise ValidationError(f"{self.job}: {column}[{row}]", values[row], "must be an integer")
-                frame[column] = values.astype(int)
+                columns[column] = values.astype(int)
             else:
-                frame[column] = values
-        over = frame["num_nodes"] > frame["num_gpus"]
+                columns[column] = values
+        nodes, gpus = columns["num_nodes"], columns["num_gpus"]
+        over = nodes > gpus
         if over.any():
-            row = int(np.flatnonzero(over.to_numpy())[0])
-            raise ValidationError(f"{self.job}: num_nodes[{row}]", int(frame["num_nodes"].iloc[row]), "exceeds num_gpus")
-        duplicated = frame.duplicated(list(KEY_COLUMNS))
-        if duplicated.any():
-            row = int(np.flatnonzero(duplicated.to_numpy())[0])
-            key = tuple(frame.loc[row, list(KEY_COLUMNS)])
-            raise ValidationError(f"{self.job}: configuration", key, "appears twice")
-        frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
-        return frame
+            row = int(np.flatnonzero(over)[0])
+            raise ValidationError(f"{self.job}: num_nodes[{row}]", int(nodes[row]), "exceeds num_gpus")
+        seen: set[tuple[str, int, int]] = set()
+        for key in zip(columns["gpu_type"], nodes.tolist(), gpus.tolist()):
+            if key in seen:
+                raise ValidationError(f"{self.job}: configuration", key, "appears twice")
+            seen.add(key)
+        columns["normalized_goodput"] = _normalize(columns["goodput"])
+        return pd.DataFrame(columns)
 
     # ------------------------------------------------------------------ access
     @property
@@ -278,6 +291,19 @@ def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:
     if rows:
         return None
     return list(REQUIRED_COLUMNS)
+
+
+def _gpu_types(column: pd.Series, field: str) -> list[str]:
+    """The column's GPU type names, normalized (each distinct name checked once)."""
+    names: dict[str, str] = {}
+    out = []
+    for value in column.tolist():
+        name = names.get(value) if type(value) is str else None
+        if name is None:
+            name = normalize_gpu_type(value, field)  # raises for anything but a valid name
+            names[value] = name
+        out.append(name)
+    return out
 
 
 def _reject_booleans(field: str, column: pd.Series) -> None:
