@@ -71,6 +71,81 @@ def test_fast_path_close_to_exact_at_scale():
     assert both.info.objective == pytest.approx(exact_obj, rel=1e-6)
 
 
+def test_uncontended_round_needs_no_solver():
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    tables = random_tables(cluster, 3, np.random.default_rng(3), max_gpus=8)
+    result = allocate(tables, cluster)
+    exact = allocate(tables, cluster, solver="milp")
+    assert result.info.solver == "unconstrained" and result.info.status == "optimal" and result.info.gap == 0
+    assert result.info.objective == pytest.approx(exact.info.objective, rel=1e-9)
+    for job in tables:  # each job got its own best configuration
+        best = max(tables[job].frame.itertuples(), key=lambda r: r.goodput)
+        assert result[job].configuration == (best.gpu_type, best.num_nodes, best.num_gpus)
+    contended = random_tables(SMALL, 6, np.random.default_rng(4))
+    assert allocate(contended, SMALL).info.solver == "milp"  # the best options overfill the cluster
+
+
+def _dual_bound(prob, prices):
+    reduced = prob.opt_cost + prices[prob.opt_type] * prob.opt_gpus
+    best = np.zeros(len(prob.names))
+    np.minimum.at(best, prob.opt_job, reduced)
+    return best.sum() - prices @ prob.capacity
+
+
+@pytest.mark.parametrize("p", [-0.5, 0.5])
+def test_smoothed_prices_reach_the_lp_bound(p):
+    """The fast path's bound is L at its prices, a true lower bound, and at least as tight as the LP relaxation's
+    (HiGHS) to 1e-8: the smoothed Newton steps find the dual optimum where coordinate ascent alone stalls."""
+    from scipy.optimize import linprog
+    from scipy import sparse
+
+    cluster = Cluster.parse("t4:24x4,a100:8x8,rtx2080ti:12x8")  # 256 GPUs
+    tables = random_tables(cluster, 160, np.random.default_rng(11))
+    prob = sia_problem(prepare(tables, cluster), p, 1.1)
+    m, n = prob.num_options, len(prob.names)
+    rows = sparse.vstack([sparse.csr_array((np.ones(m), (prob.opt_job, np.arange(m))), shape=(n, m)),
+                          sparse.csr_array((prob.opt_gpus.astype(float), (prob.opt_type, np.arange(m))),
+                                           shape=(len(prob.gpu_types), m))])
+    lp = linprog(prob.opt_cost, A_ub=rows, b_ub=np.r_[np.ones(n), prob.capacity], bounds=(0, 1), method="highs")
+    fast = solve_lagrangian(prob)
+    plain = solve_lagrangian(prob, smoothing=False)
+    assert fast.bound == pytest.approx(_dual_bound(prob, fast.prices)) or fast.bound == pytest.approx(fast.total)
+    assert fast.bound <= lp.fun + 1e-9 * abs(lp.fun)  # weak duality
+    assert fast.bound >= lp.fun - 1e-8 * abs(lp.fun)  # and tight (what certifies a gap of mip_rel_gap = 1e-6)
+    assert fast.bound >= plain.bound - 1e-12 * abs(lp.fun)
+    exact = solve_milp(prob)
+    assert exact.total <= fast.total + 1e-12 and fast.bound <= exact.total + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reduced_cost_fixing_keeps_the_optimum(seed):
+    """auto's exact fallback: options whose reduced cost exceeds the gap are dropped, jobs left with one fixed,
+    and the MILP on the rest finds the full MILP's optimum."""
+    from goodput.allocator.lagrangian import fix_by_reduced_costs
+    from goodput.allocator.sia import solve
+
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    tables = random_tables(cluster, 40, np.random.default_rng(200 + seed))
+    prob = sia_problem(prepare(tables, cluster), 0.5 if seed % 2 else -0.5, 1.1)
+    exact = solve_milp(prob)
+    fast = solve_lagrangian(prob)
+    reduced = fix_by_reduced_costs(prob, fast.prices, fast.total)
+    assert reduced.problem.num_options < prob.num_options
+    optimum = np.flatnonzero(exact.choice >= 0)
+    chosen = set(exact.choice[optimum].tolist())
+    if exact.total < fast.total - 1e-9:  # a better solution exists: its options all survive
+        kept = set(reduced.problem.opt_row.tolist()) | set(reduced.choice[reduced.choice >= 0].tolist())
+        assert chosen <= kept
+    solution, notes = solve(prob, milp_first=0)  # force the fast path first
+    assert solution.total == pytest.approx(exact.total, rel=1e-9, abs=1e-12)
+    assert solution.bound is not None and solution.bound <= exact.total + 1e-9
+    if fast.gap > 1e-6:
+        assert solution.solver == "lagrangian+milp" and "reduced-cost fixing left" in notes[-1]
+    used = np.bincount(prob.opt_type[solution.choice[solution.choice >= 0]],
+                       weights=prob.opt_gpus[solution.choice[solution.choice >= 0]], minlength=3)
+    assert np.all(used <= prob.capacity + 1e-9)
+
+
 def test_capacity_forces_tradeoffs_and_unallocated_reasons():
     cluster = Cluster.parse("t4:1x4")
     tables = {f"j{i}": scaling_table(f"j{i}", cluster, {"t4": 1.0}) for i in range(6)}

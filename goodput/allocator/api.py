@@ -88,7 +88,7 @@ def allocate(
                                           {"gpu_type": "a100", "num_nodes": 1, "num_gpus": 8, "goodput": 900.0}])}
         allocation = allocate(tables, cluster)
         allocation["a"]          # JobAllocation(gpu_type='a100', num_nodes=1, num_gpus=8, placement={'a100-0': 8})
-        allocation.info.solver   # 'milp'
+        allocation.info.solver   # 'unconstrained': the job's best option fits, no solver needed
     """
     started = time.perf_counter()
     options = dict(policy_options)

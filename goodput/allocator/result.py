@@ -98,8 +98,11 @@ class SolverInfo:
     Attributes:
         policy: ``"sia"``, ``"gavel"``, ``"gavel-throughput"``, ``"unaware"`` or ``"fifo"``.
         solver: ``"milp"`` (scipy/HiGHS branch and bound), ``"lagrangian"``
-            (the fast path), ``"linprog"`` (Gavel's LP, then rounding),
-            ``"greedy"`` (FIFO) or ``"none"`` (nothing to decide).
+            (the fast path), ``"lagrangian+milp"`` (the fast path, then the
+            MILP over the options its reduced costs leave: exact),
+            ``"unconstrained"`` (every job's best option fits: optimal, no
+            solver), ``"linprog"`` (Gavel's LP, then rounding), ``"greedy"``
+            (FIFO) or ``"none"`` (nothing to decide).
         status: ``"optimal"``, ``"time_limit"`` (best found within the limit),
             ``"heuristic"`` (a feasible answer with a bound), ``"lp+rounding"``.
         objective: the policy's objective at the answer (Sia: the sum of
