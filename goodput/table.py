@@ -80,6 +80,7 @@ class GoodputTable:
             except TypeError:
                 raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
         self._frame = self._validated(frame)
+        self._arrays: dict[str, np.ndarray] | None = None
         self.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
 
     # ------------------------------------------------------------------ validation
@@ -142,6 +143,23 @@ class GoodputTable:
         return pd.DataFrame(columns)
 
     # ------------------------------------------------------------------ access
+    def column_arrays(self) -> dict[str, np.ndarray]:
+        """The columns as numpy arrays (read-only views, computed once: a table never changes).
+
+        For schedulers that read many tables each round (:func:`goodput.allocate`): no pandas
+        access per call. ``gpu_type`` is an object array of names.
+        """
+        arrays = getattr(self, "_arrays", None)
+        if arrays is None:
+            arrays = {}
+            for column in self._frame.columns:
+                values = self._frame[column].to_numpy(dtype=object if column == "gpu_type" else None)
+                values = values.copy()
+                values.flags.writeable = False
+                arrays[column] = values
+            self._arrays = arrays
+        return arrays
+
     @property
     def frame(self) -> pd.DataFrame:
         """A copy of the table as a DataFrame (with ``normalized_goodput``)."""
@@ -225,6 +243,7 @@ class GoodputTable:
         # a positive finite factor keeps every validated value valid: no second validation (allocators call this each round)
         moved = object.__new__(GoodputTable)
         moved.job, moved._frame, moved.missing_gpu_types, moved.quantile = self.job, frame, self.missing_gpu_types, q
+        moved._arrays = None
         return moved
 
     # ------------------------------------------------------------------ (de)serialisation

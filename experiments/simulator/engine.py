@@ -284,6 +284,8 @@ class Simulator:
         self.pooled = bool(getattr(policy, "pooled_model", False))
         self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
+        self._configs: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._model_clusters: dict[str, Cluster] = {}
 
     # ------------------------------------------------------------------ observations
     def _noise(self, sigma: float) -> float:
@@ -333,24 +335,66 @@ class Simulator:
             job.table_stale = True
 
     # ------------------------------------------------------------------ tables
+    def _useful_configs(self, pool: Any, family: Family, fixed_batch: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The pool's configurations (nodes, GPUs) on which some batch fits the family's limits.
+
+        More than ``max_batch_size // min_local_bsz`` replicas (``fixed_batch // min_local_bsz`` for a
+        fixed batch) leave no batch within the limits, so their goodput is 0 and no allocator offers
+        them: leaving those rows out changes no allocation, and on a large pool it saves most of
+        the table (a 192-node pool has 194 configurations; cifar10 can use 35 of them).
+        """
+        key = (pool.gpu_type, family.name, fixed_batch)
+        cached = self._configs.get(key)
+        if cached is None:
+            limits = family.limits(pool.gpu_type, fixed_batch)
+            useful = max(limits.max_batch_size // limits.min_local_bsz, 1)
+            configs = [c for c in pool.configurations() if c[2] <= useful]
+            cached = (np.array([c[1] for c in configs], dtype=float), np.array([c[2] for c in configs], dtype=float))
+            self._configs[key] = cached
+        return cached
+
     def _truth_table(self, job: SimJob, *, fixed_batch: int | None = None) -> GoodputTable:
         """A table from the ground truth: true goodput at the job's current progress (an oracle's view),
         or, with ``fixed_batch``, true samples/s at that batch (what Gavel profiles)."""
-        rows = []
+        import pandas as pd
+
         progress = 0.0 if fixed_batch else job.progress
+        parts = []
         for pool in self.cluster:
             if not job.family.supports(pool.gpu_type):
                 continue
-            configs = pool.configurations()
-            nodes = np.array([c[1] for c in configs])
-            gpus = np.array([c[2] for c in configs])
+            nodes, gpus = self._useful_configs(pool, job.family, fixed_batch)
             best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
-            value = best.throughput if fixed_batch else best.goodput
-            for i, (_, n, g) in enumerate(configs):
-                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g, "goodput": float(value[i]),
-                             "batch_size": int(best.batch_size[i]), "local_bsz": int(best.local_bsz[i]),
-                             "accum_steps": int(best.accum_steps[i]), "std": 0.0})
-        return GoodputTable(job.name, rows)
+            parts.append((pool.gpu_type, nodes, gpus, best.throughput if fixed_batch else best.goodput, best))
+        frame = pd.DataFrame({
+            "gpu_type": [t for t, nodes, *_ in parts for _ in range(nodes.size)],
+            "num_nodes": np.concatenate([p[1] for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "num_gpus": np.concatenate([p[2] for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "goodput": np.concatenate([p[3] for p in parts]).astype(float) if parts else np.zeros(0),
+            "batch_size": np.concatenate([p[4].batch_size for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "local_bsz": np.concatenate([p[4].local_bsz for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "accum_steps": np.concatenate([p[4].accum_steps for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "std": 0.0,
+        })
+        return GoodputTable(job.name, frame)
+
+    def _model_cluster(self, job: SimJob) -> Cluster:
+        """The cluster cut to the nodes a job can use (see :meth:`_useful_configs`): its model's table
+        over it has the same rows, less the configurations on which nothing fits."""
+        from goodput.cluster import NodePool
+
+        key = job.family.name
+        cut = self._model_clusters.get(key)
+        if cut is None:
+            pools = []
+            for pool in self.cluster:
+                limits = job.family.limits(pool.gpu_type) if job.family.supports(pool.gpu_type) else None
+                useful = max(limits.max_batch_size // limits.min_local_bsz, 1) if limits else pool.gpus
+                pools.append(NodePool(pool.gpu_type, min(pool.nodes, max(1, useful // pool.gpus_per_node)),
+                                      pool.gpus_per_node))
+            cut = Cluster(tuple(pools))
+            self._model_clusters[key] = cut
+        return cut
 
     def _pooled_table(self, job: SimJob) -> GoodputTable:
         """A pooled model's table: the same predictions on every GPU type's configurations (it cannot tell them apart)."""
@@ -359,7 +403,7 @@ class Simulator:
         from goodput.cluster import NodePool
 
         frames = []
-        for pool in self.cluster:
+        for pool in self._model_cluster(job):
             if not job.family.supports(pool.gpu_type):
                 continue
             shape = Cluster((NodePool(POOLED, pool.nodes, pool.gpus_per_node),))
@@ -375,7 +419,7 @@ class Simulator:
                 job.table, job.table_phi = self._truth_table(job), phi
             return job.table
         if job.table is None or job.table_stale:
-            job.table = self._pooled_table(job) if self.pooled else job.model.table(self.cluster)
+            job.table = self._pooled_table(job) if self.pooled else job.model.table(self._model_cluster(job))
             job.table_stale = False
             hyper = getattr(job.model, "gp_hyperparameters", None)
             if hyper is not None:
@@ -430,6 +474,24 @@ class Simulator:
             return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
 
+    def _set_batches(self, jobs: list[SimJob]) -> None:
+        """Each job's batch configuration on its assignment (:meth:`_batch_config`); an oracle's at once,
+        one optimisation per (family, GPU type) with each job at its own progress (the same choices)."""
+        if not (self.policy.oracle and self.policy.adaptive_batch):
+            for job in jobs:
+                job.local_bsz, job.accum_steps = self._batch_config(job)
+            return
+        groups: dict[tuple[int, str], list[SimJob]] = {}
+        for job in jobs:
+            groups.setdefault((id(job.family), job.assignment.gpu_type), []).append(job)
+        for (_, gpu_type), members in groups.items():
+            family = members[0].family
+            best = family.best_configs(gpu_type, np.array([j.assignment.num_nodes for j in members], dtype=float),
+                                       np.array([j.assignment.num_gpus for j in members], dtype=float),
+                                       np.array([j.progress for j in members], dtype=float))
+            for k, job in enumerate(members):
+                job.local_bsz, job.accum_steps = max(int(best.local_bsz[k]), 1), int(best.accum_steps[k])
+
     def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
         assignments = {}
         for name, alloc in decisions.items():
@@ -439,6 +501,7 @@ class Simulator:
         if unknown:
             raise ValidationError("decisions", unknown[0], "the policy allocated GPUs to a job that is not active")
         self._check_capacity(assignments)
+        changed: list[SimJob] = []
         for job in active:
             new = assignments.get(job.name)
             if new == job.assignment:
@@ -455,7 +518,8 @@ class Simulator:
                 job.gpu_types_used.add(new.gpu_type)
             job.assignment = new
             if new is not None:
-                job.local_bsz, job.accum_steps = self._batch_config(job)
+                changed.append(job)
+        self._set_batches(changed)
 
     # ------------------------------------------------------------------ time
     def _advance(self, job: SimJob, now: float, seconds: float) -> None:
@@ -517,6 +581,7 @@ class Simulator:
             decisions = self.policy.decide(now, self.cluster, self._views(now, active))
             self._apply(now, decisions, active)
             used: dict[str, int] = {}
+            retune: list[SimJob] = []
             for job in active:
                 if job.assignment is not None:
                     used[job.assignment.gpu_type] = used.get(job.assignment.gpu_type, 0) + job.assignment.num_gpus
@@ -524,8 +589,11 @@ class Simulator:
                     if job.finish_time is None and job.delay_left <= 0 and self.policy.adaptive_batch:
                         if not self.policy.oracle:
                             self._report(job)
-                        if self.policy.oracle or job.rounds_since_report == 0:
+                        if self.policy.oracle:
+                            retune.append(job)  # each job's choice depends on its own state only: all at once below
+                        elif job.rounds_since_report == 0:
                             job.local_bsz, job.accum_steps = self._batch_config(job)
+            self._set_batches(retune)
             running = sum(1 for j in active if j.assignment is not None)
             self.round_records.append({
                 "time_s": now, "active": len(active), "running": running, "queued": len(active) - running,

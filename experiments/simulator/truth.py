@@ -157,6 +157,26 @@ class Family(ABC):
         return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_replicas,
                                 self.limits(gpu_type, fixed_batch))
 
+    def best_configs(self, gpu_type: str, num_nodes: Any, num_replicas: Any, progress: Any):
+        """:meth:`best_config` for many allocations at once, each at its own progress (one optimisation;
+        column k equals ``best_config(gpu_type, num_nodes[k], num_replicas[k], progress[k])``)."""
+        progress = np.atleast_1d(np.asarray(progress, dtype=float))
+        m0 = self.init_batch_size
+
+        def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
+            return self._vector_iter_time(gpu_type, n, r, b, a)
+
+        def efficiency(batch: np.ndarray) -> np.ndarray:
+            batch = np.asarray(batch, dtype=float)
+            out = np.empty(batch.shape)
+            for k in range(batch.shape[1]):  # E(M) at the column's own progress, as efficiency() computes it
+                column = batch[:, k]
+                phi = self.noise_scale(float(progress[k]), column)
+                out[:, k] = (phi + m0) / (phi + column)
+            return out
+
+        return optimize_goodput(step_fn, efficiency, num_nodes, num_replicas, self.limits(gpu_type))
+
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         out = np.empty(np.broadcast(n, r, b, a).shape)
         flat = [np.broadcast_to(x, out.shape).ravel() for x in (n, r, b, a)]

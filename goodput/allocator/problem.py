@@ -27,7 +27,6 @@ Everything after the per-table extraction is vectorised over all rows.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,29 +118,20 @@ class Problem:
 
 
 # ---------------------------------------------------------------------------- validation
-# A GoodputTable never changes after construction, so its columns are read once
-# and kept for as long as the table lives (a scheduler re-allocating every round
-# with the same tables pays the pandas access only once).
-_COLUMNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
+# A GoodputTable never changes after construction: its columns are read from
+# GoodputTable.column_arrays, computed once per table.
 
 def _table_columns(name: str, table: Any) -> tuple[np.ndarray, ...]:
     if not isinstance(table, GoodputTable):
         raise ValidationError(f"tables[{name}]", type(table).__name__, "expected a GoodputTable")
     if table.job != name:
         raise ValidationError(f"tables[{name}]", table.job, "the key differs from the table's job name")
-    cached = _COLUMNS.get(table)
-    if cached is None:
-        frame = table._frame  # package-internal: read the columns without copying the frame
-        batch = frame["batch_size"].to_numpy() if "batch_size" in frame.columns else None
-        accum = frame["accum_steps"].to_numpy() if "accum_steps" in frame.columns else None
-        cached = (frame["gpu_type"].to_numpy(), frame["num_nodes"].to_numpy(), frame["num_gpus"].to_numpy(),
-                  frame["goodput"].to_numpy(dtype=float), batch, accum)
-        _COLUMNS[table] = cached
-    return cached
+    arrays = table.column_arrays()
+    return (arrays["gpu_type"], arrays["num_nodes"], arrays["num_gpus"], arrays["goodput"].astype(float, copy=False),
+            arrays.get("batch_size"), arrays.get("accum_steps"))
 
 
-def _coerce_current(job: str, value: Any, cluster: Cluster) -> JobAllocation:
+def _coerce_current(job: str, value: Any, cluster: Cluster, known_nodes: Mapping[str, frozenset[str]]) -> JobAllocation:
     if isinstance(value, JobAllocation):
         alloc = value
     else:
@@ -158,7 +148,7 @@ def _coerce_current(job: str, value: Any, cluster: Cluster) -> JobAllocation:
         raise ValidationError(f"current[{job}]", alloc.configuration,
                               f"{alloc.num_gpus} GPUs do not fit on {alloc.num_nodes} {pool.gpu_type} node(s) "
                               f"of {pool.gpus_per_node} GPUs")
-    known = set(pool.node_ids())
+    known = known_nodes[alloc.gpu_type]
     for node, gpus in alloc.placement.items():
         if node not in known:
             raise ValidationError(f"current[{job}].placement", node, f"no such {pool.gpu_type} node (have {pool.node_ids()[0]}…)")
@@ -247,9 +237,10 @@ def prepare(
     if current is not None and not isinstance(current, Mapping):
         raise ValidationError("current", type(current).__name__, "expected {job: JobAllocation or None}")
     running: dict[str, JobAllocation] = {}
+    known_nodes = {pool.gpu_type: frozenset(pool.node_ids()) for pool in cluster.pools}
     for job, value in (current or {}).items():
         if job in index and value is not None:
-            running[job] = _coerce_current(job, value, cluster)
+            running[job] = _coerce_current(job, value, cluster, known_nodes)
 
     pinned: dict[str, JobAllocation] = {}
     used = np.zeros(len(gpu_types), dtype=np.int64)
