@@ -79,34 +79,65 @@ class GoodputTable:
                 frame = pd.DataFrame(rows, columns=_columns_of(rows))
             except TypeError:
                 raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
-        self._frame = self._validated(frame)
-        self._arrays: dict[str, np.ndarray] | None = None
+        self._arrays = self._validated({column: frame[column] for column in frame.columns})
+        self._frame_cache: pd.DataFrame | None = None
         self.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
 
+    @classmethod
+    def from_columns(cls, job: str, columns: Mapping[str, Any], missing_gpu_types: Iterable[str] = (),
+                     quantile: float = 0.5) -> GoodputTable:
+        """A table from ``{column: array}`` (same columns and checks as a DataFrame), without building
+        a DataFrame until :attr:`frame` is read: what a scheduler making many tables per round wants."""
+        table = object.__new__(cls)
+        table.job = check_str("job", job)
+        table.quantile = check_quantile("quantile", quantile)
+        if not isinstance(columns, Mapping):
+            raise ValidationError("columns", type(columns).__name__, "expected {column: array}")
+        table._arrays = table._validated(columns)
+        table._frame_cache = None
+        table.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
+        return table
+
     # ------------------------------------------------------------------ validation
-    def _validated(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """The checked, typed frame (with ``normalized_goodput``), built once from numpy columns.
+    def _validated(self, source: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The checked, typed columns (with ``normalized_goodput``) as read-only numpy arrays.
 
         Schedulers build a table per job and round, so this is a hot path: columns
-        already numeric skip pandas' coercion, and the result is one DataFrame
-        constructed from arrays instead of a copy edited column by column.
+        already numeric skip pandas' coercion, and the DataFrame is built only when read.
         """
-        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+        names = list(source)
+        missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
-            raise ValidationError("columns", list(frame.columns), f"missing required column(s) {missing}")
-        unknown = [c for c in frame.columns if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
+            raise ValidationError("columns", names, f"missing required column(s) {missing}")
+        unknown = [c for c in names if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
         if unknown:
             raise ValidationError("columns", unknown, f"unknown column(s); known: {REQUIRED_COLUMNS + OPTIONAL_COLUMNS}")
+        lengths = {len(source[c]) if np.ndim(source[c]) else None for c in names} - {None}
+        if len(lengths) > 1:
+            raise ValidationError("columns", {c: len(source[c]) for c in names if np.ndim(source[c])},
+                                  "columns of different lengths")
+        size = lengths.pop() if lengths else 0
         columns: dict[str, Any] = {}
-        for column in frame.columns:
+        for column in names:
             if column == "normalized_goodput":
                 continue
-            series = frame[column]
+            series = source[column]
             if column == "gpu_type":
-                columns[column] = _gpu_types(series, f"{self.job}: gpu_type")
+                if isinstance(series, (pd.Series, np.ndarray)):
+                    values = series.tolist()
+                    values = values * size if np.ndim(series) == 0 else values
+                else:
+                    values = [series] * size if isinstance(series, str) or np.ndim(series) == 0 else list(series)
+                columns[column] = np.array(_gpu_types(values, f"{self.job}: gpu_type"), dtype=object)
                 continue
+            if isinstance(series, np.ndarray) and series.ndim == 1 and series.dtype.kind in "iuf":
+                pass  # numeric numpy column: checked below without pandas
+            elif np.ndim(series) == 0:
+                series = pd.Series([series] * size, dtype=object)
+            elif not isinstance(series, pd.Series):
+                series = pd.Series(list(series), dtype=object if not isinstance(series, np.ndarray) else None)
             if series.dtype.kind in "iuf":  # numeric already: no booleans, no text to coerce
-                values = series.to_numpy(dtype=float)
+                values = np.asarray(series, dtype=float)
             else:
                 _reject_booleans(f"{self.job}: {column}", series)
                 values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
@@ -116,12 +147,12 @@ class GoodputTable:
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
                 raise ValidationError(
-                    f"{self.job}: {column}[{row}]", series.iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
+                    f"{self.job}: {column}[{row}]", _at(series, row), "must be a finite number >= 0 (>= 1 for counts)"
                 )
             if column in _INT_COLUMNS:
                 if np.any(values > _MAX_COUNT):
                     row = int(np.flatnonzero(values > _MAX_COUNT)[0])
-                    raise ValidationError(f"{self.job}: {column}[{row}]", series.iloc[row],
+                    raise ValidationError(f"{self.job}: {column}[{row}]", _at(series, row),
                                           "too large: counts must be <= 2**53 (exact as a float)")
                 if np.any(values != np.round(values)):
                     row = int(np.flatnonzero(values != np.round(values))[0])
@@ -134,31 +165,30 @@ class GoodputTable:
         if over.any():
             row = int(np.flatnonzero(over)[0])
             raise ValidationError(f"{self.job}: num_nodes[{row}]", int(nodes[row]), "exceeds num_gpus")
-        seen: set[tuple[str, int, int]] = set()
-        for key in zip(columns["gpu_type"], nodes.tolist(), gpus.tolist()):
-            if key in seen:
-                raise ValidationError(f"{self.job}: configuration", key, "appears twice")
-            seen.add(key)
+        duplicate = _first_duplicate(columns["gpu_type"], nodes, gpus)
+        if duplicate is not None:
+            key = (columns["gpu_type"][duplicate], int(nodes[duplicate]), int(gpus[duplicate]))
+            raise ValidationError(f"{self.job}: configuration", key, "appears twice")
         columns["normalized_goodput"] = _normalize(columns["goodput"])
-        return pd.DataFrame(columns)
+        for values in columns.values():
+            values.flags.writeable = False
+        return columns
 
     # ------------------------------------------------------------------ access
+    @property
+    def _frame(self) -> pd.DataFrame:
+        """The table as a DataFrame, built on first use (package-internal: do not modify it)."""
+        if self._frame_cache is None:
+            self._frame_cache = pd.DataFrame({c: (v.tolist() if c == "gpu_type" else v) for c, v in self._arrays.items()})
+        return self._frame_cache
+
     def column_arrays(self) -> dict[str, np.ndarray]:
-        """The columns as numpy arrays (read-only views, computed once: a table never changes).
+        """The columns as read-only numpy arrays (``gpu_type`` an object array of names).
 
         For schedulers that read many tables each round (:func:`goodput.allocate`): no pandas
-        access per call. ``gpu_type`` is an object array of names.
+        access per call.
         """
-        arrays = getattr(self, "_arrays", None)
-        if arrays is None:
-            arrays = {}
-            for column in self._frame.columns:
-                values = self._frame[column].to_numpy(dtype=object if column == "gpu_type" else None)
-                values = values.copy()
-                values.flags.writeable = False
-                arrays[column] = values
-            self._arrays = arrays
-        return arrays
+        return self._arrays
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -166,7 +196,7 @@ class GoodputTable:
         return self._frame.copy()
 
     def __len__(self) -> int:
-        return len(self._frame)
+        return len(self._arrays["goodput"])
 
     def __repr__(self) -> str:
         at = "" if self.quantile == 0.5 else f", quantile={self.quantile:g}"
@@ -174,14 +204,15 @@ class GoodputTable:
 
     @property
     def gpu_types(self) -> list[str]:
-        return list(dict.fromkeys(self._frame["gpu_type"]))
+        return list(dict.fromkeys(self._arrays["gpu_type"].tolist()))
 
     def normalized(self) -> pd.Series:
         """Goodput divided by the job's smallest positive goodput (0 stays 0)."""
         return self._frame["normalized_goodput"].copy()
 
     def configurations(self) -> list[tuple[str, int, int]]:
-        return [(g, int(n), int(k)) for g, n, k in self._frame[list(KEY_COLUMNS)].itertuples(index=False)]
+        a = self._arrays
+        return list(zip(a["gpu_type"].tolist(), a["num_nodes"].tolist(), a["num_gpus"].tolist()))
 
     def lookup(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any] | None:
         """The row of one configuration as a dict, or ``None`` if the table lacks it."""
@@ -230,20 +261,22 @@ class GoodputTable:
         if self.quantile != 0.5:
             raise ValidationError("quantile", self.quantile,
                                   f"{self.job}: the table is at a quantile already; move the median table (0.5) instead")
-        frame = self._frame.copy()
-        if "std" in frame.columns and q != 0.5:
-            median = frame["goodput"].to_numpy(dtype=float)
-            factor = lognormal_quantile(1.0, lognormal_log_std(median, frame["std"].to_numpy(dtype=float)), q)
-            frame["goodput"] = median * factor
-            if "throughput" in frame.columns:
-                frame["throughput"] = frame["throughput"].to_numpy(dtype=float) * factor
-            if "step_time" in frame.columns:
-                frame["step_time"] = frame["step_time"].to_numpy(dtype=float) / factor
-            frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
+        arrays = dict(self._arrays)
+        if "std" in arrays and q != 0.5:
+            median = arrays["goodput"]
+            factor = lognormal_quantile(1.0, lognormal_log_std(median, arrays["std"]), q)
+            arrays["goodput"] = median * factor
+            if "throughput" in arrays:
+                arrays["throughput"] = arrays["throughput"] * factor
+            if "step_time" in arrays:
+                arrays["step_time"] = arrays["step_time"] / factor
+            arrays["normalized_goodput"] = _normalize(arrays["goodput"])
+            for values in arrays.values():
+                values.flags.writeable = False
         # a positive finite factor keeps every validated value valid: no second validation (allocators call this each round)
         moved = object.__new__(GoodputTable)
-        moved.job, moved._frame, moved.missing_gpu_types, moved.quantile = self.job, frame, self.missing_gpu_types, q
-        moved._arrays = None
+        moved.job, moved._arrays, moved.missing_gpu_types, moved.quantile = self.job, arrays, self.missing_gpu_types, q
+        moved._frame_cache = None
         return moved
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -312,17 +345,36 @@ def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:
     return list(REQUIRED_COLUMNS)
 
 
-def _gpu_types(column: pd.Series, field: str) -> list[str]:
-    """The column's GPU type names, normalized (each distinct name checked once)."""
+def _gpu_types(values: list[Any], field: str) -> list[str]:
+    """The GPU type names, normalized (each distinct name checked once)."""
     names: dict[str, str] = {}
+    for value in dict.fromkeys(v for v in values if type(v) is str):
+        names[value] = normalize_gpu_type(value, field)
+    if len(names) == len(set(values)) and all(k == v for k, v in names.items()):
+        return values  # all plain, already normalized names (the usual case)
     out = []
-    for value in column.tolist():
+    for value in values:
         name = names.get(value) if type(value) is str else None
-        if name is None:
-            name = normalize_gpu_type(value, field)  # raises for anything but a valid name
-            names[value] = name
-        out.append(name)
+        out.append(normalize_gpu_type(value, field) if name is None else name)  # raises for anything but a name
     return out
+
+
+def _first_duplicate(types: list[str], nodes: np.ndarray, gpus: np.ndarray) -> int | None:
+    """The first row whose (gpu_type, num_nodes, num_gpus) an earlier row holds, or ``None``."""
+    if len(types) < 2:
+        return None
+    codes = pd.factorize(np.asarray(types, dtype=object))[0]
+    order = np.lexsort((np.arange(len(types)), gpus, nodes, codes))  # equal keys stay in row order
+    same = (codes[order][1:] == codes[order][:-1]) & (nodes[order][1:] == nodes[order][:-1]) & (
+        gpus[order][1:] == gpus[order][:-1])
+    if not same.any():
+        return None
+    return int(order[1:][same].min())  # the earliest row that repeats an earlier one
+
+
+def _at(column: Any, row: int) -> Any:
+    """A column's value at a row (a Series or an array)."""
+    return column.iloc[row] if isinstance(column, pd.Series) else column[row]
 
 
 def _reject_booleans(field: str, column: pd.Series) -> None:

@@ -37,6 +37,7 @@ from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.model import JobModel
 from goodput.observations import Observation
+from goodput.optimize import GoodputCandidates
 from goodput.table import GoodputTable
 from goodput.validation import check_float
 
@@ -284,7 +285,7 @@ class Simulator:
         self.pooled = bool(getattr(policy, "pooled_model", False))
         self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
-        self._configs: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._configs: dict[tuple[Any, ...], Any] = {}  # useful configurations and batch candidates, per family
         self._model_clusters: dict[str, Cluster] = {}
 
     # ------------------------------------------------------------------ observations
@@ -353,30 +354,51 @@ class Simulator:
             self._configs[key] = cached
         return cached
 
+    def _candidates(self, pool: Any, family: Family, fixed_batch: int | None) -> GoodputCandidates:
+        """The family's batch candidates and true step times on the pool's useful configurations: all of a truth
+        table but the efficiency, which moves with the job's progress (kept for the whole simulation)."""
+        key = ("candidates", pool.gpu_type, family.name, fixed_batch)
+        cached = self._configs.get(key)
+        if cached is None:
+            nodes, gpus = self._useful_configs(pool, family, fixed_batch)
+            cached = family.candidates(pool.gpu_type, nodes, gpus, fixed_batch)
+            self._configs[key] = cached
+        return cached
+
+    def _config_candidates(self, family: Family, gpu_type: str, nodes: int, gpus: int) -> GoodputCandidates | None:
+        """The candidates of one configuration (a column of :meth:`_candidates`); ``None`` if not a useful one."""
+        key = ("column", gpu_type, family.name, nodes, gpus)
+        if key not in self._configs:
+            pool = self.cluster.pool(gpu_type)
+            all_nodes, all_gpus = self._useful_configs(pool, family, None)
+            hit = np.flatnonzero((all_nodes == nodes) & (all_gpus == gpus))
+            self._configs[key] = self._candidates(pool, family, None).column(int(hit[0])) if hit.size else None
+        return self._configs[key]
+
     def _truth_table(self, job: SimJob, *, fixed_batch: int | None = None) -> GoodputTable:
         """A table from the ground truth: true goodput at the job's current progress (an oracle's view),
         or, with ``fixed_batch``, true samples/s at that batch (what Gavel profiles)."""
-        import pandas as pd
-
         progress = 0.0 if fixed_batch else job.progress
         parts = []
         for pool in self.cluster:
             if not job.family.supports(pool.gpu_type):
                 continue
             nodes, gpus = self._useful_configs(pool, job.family, fixed_batch)
-            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
+            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch,
+                                          candidates=self._candidates(pool, job.family, fixed_batch))
             parts.append((pool.gpu_type, nodes, gpus, best.throughput if fixed_batch else best.goodput, best))
-        frame = pd.DataFrame({
+        if not parts:
+            return GoodputTable(job.name, [])
+        return GoodputTable.from_columns(job.name, {
             "gpu_type": [t for t, nodes, *_ in parts for _ in range(nodes.size)],
-            "num_nodes": np.concatenate([p[1] for p in parts]).astype(int) if parts else np.zeros(0, int),
-            "num_gpus": np.concatenate([p[2] for p in parts]).astype(int) if parts else np.zeros(0, int),
-            "goodput": np.concatenate([p[3] for p in parts]).astype(float) if parts else np.zeros(0),
-            "batch_size": np.concatenate([p[4].batch_size for p in parts]).astype(int) if parts else np.zeros(0, int),
-            "local_bsz": np.concatenate([p[4].local_bsz for p in parts]).astype(int) if parts else np.zeros(0, int),
-            "accum_steps": np.concatenate([p[4].accum_steps for p in parts]).astype(int) if parts else np.zeros(0, int),
+            "num_nodes": np.concatenate([p[1] for p in parts]).astype(int),
+            "num_gpus": np.concatenate([p[2] for p in parts]).astype(int),
+            "goodput": np.concatenate([p[3] for p in parts]).astype(float),
+            "batch_size": np.concatenate([p[4].batch_size for p in parts]).astype(int),
+            "local_bsz": np.concatenate([p[4].local_bsz for p in parts]).astype(int),
+            "accum_steps": np.concatenate([p[4].accum_steps for p in parts]).astype(int),
             "std": 0.0,
         })
-        return GoodputTable(job.name, frame)
 
     def _model_cluster(self, job: SimJob) -> Cluster:
         """The cluster cut to the nodes a job can use (see :meth:`_useful_configs`): its model's table
@@ -466,31 +488,14 @@ class Simulator:
                 return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
             return int(row["local_bsz"]), int(row["accum_steps"])
         if self.policy.oracle:
-            best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress)
+            best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress,
+                                          candidates=self._config_candidates(job.family, a.gpu_type, a.num_nodes, a.num_gpus))
             return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
         choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, a.num_gpus)
         if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
             wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus))
             return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
-
-    def _set_batches(self, jobs: list[SimJob]) -> None:
-        """Each job's batch configuration on its assignment (:meth:`_batch_config`); an oracle's at once,
-        one optimisation per (family, GPU type) with each job at its own progress (the same choices)."""
-        if not (self.policy.oracle and self.policy.adaptive_batch):
-            for job in jobs:
-                job.local_bsz, job.accum_steps = self._batch_config(job)
-            return
-        groups: dict[tuple[int, str], list[SimJob]] = {}
-        for job in jobs:
-            groups.setdefault((id(job.family), job.assignment.gpu_type), []).append(job)
-        for (_, gpu_type), members in groups.items():
-            family = members[0].family
-            best = family.best_configs(gpu_type, np.array([j.assignment.num_nodes for j in members], dtype=float),
-                                       np.array([j.assignment.num_gpus for j in members], dtype=float),
-                                       np.array([j.progress for j in members], dtype=float))
-            for k, job in enumerate(members):
-                job.local_bsz, job.accum_steps = max(int(best.local_bsz[k]), 1), int(best.accum_steps[k])
 
     def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
         assignments = {}
@@ -501,7 +506,6 @@ class Simulator:
         if unknown:
             raise ValidationError("decisions", unknown[0], "the policy allocated GPUs to a job that is not active")
         self._check_capacity(assignments)
-        changed: list[SimJob] = []
         for job in active:
             new = assignments.get(job.name)
             if new == job.assignment:
@@ -518,8 +522,7 @@ class Simulator:
                 job.gpu_types_used.add(new.gpu_type)
             job.assignment = new
             if new is not None:
-                changed.append(job)
-        self._set_batches(changed)
+                job.local_bsz, job.accum_steps = self._batch_config(job)
 
     # ------------------------------------------------------------------ time
     def _advance(self, job: SimJob, now: float, seconds: float) -> None:
@@ -581,7 +584,6 @@ class Simulator:
             decisions = self.policy.decide(now, self.cluster, self._views(now, active))
             self._apply(now, decisions, active)
             used: dict[str, int] = {}
-            retune: list[SimJob] = []
             for job in active:
                 if job.assignment is not None:
                     used[job.assignment.gpu_type] = used.get(job.assignment.gpu_type, 0) + job.assignment.num_gpus
@@ -589,11 +591,8 @@ class Simulator:
                     if job.finish_time is None and job.delay_left <= 0 and self.policy.adaptive_batch:
                         if not self.policy.oracle:
                             self._report(job)
-                        if self.policy.oracle:
-                            retune.append(job)  # each job's choice depends on its own state only: all at once below
-                        elif job.rounds_since_report == 0:
+                        if self.policy.oracle or job.rounds_since_report == 0:
                             job.local_bsz, job.accum_steps = self._batch_config(job)
-            self._set_batches(retune)
             running = sum(1 for j in active if j.assignment is not None)
             self.round_records.append({
                 "time_s": now, "active": len(active), "running": running, "queued": len(active) - running,

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.allocator import JobAllocation, JobSpec, allocate
+from goodput.allocator import Allocation, JobAllocation, JobSpec, allocate
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.validation import check_float, check_quantile
@@ -64,6 +64,9 @@ class AllocatorPolicy:
                             arrival=j.arrival, gpu_types=j.gpu_types)
             for j in jobs
         }
+        if self.last_info is not None and self.last_info.prices is not None:
+            # the last round's GPU prices start this round's fast path (only its time depends on them)
+            current = Allocation(current, {}, self.last_info)
         allocation = allocate(tables, cluster, current, p=self.p, policy=self.allocator_policy, jobs=specs, **self.options)
         self.last_info = allocation.info
         return dict(allocation)

@@ -37,7 +37,7 @@ from experiments.datasets import read_model_tables, read_validation
 from goodput.errors import DataFormatError, ValidationError
 from goodput.io import read_json
 from goodput.observations import Observation, by_gpu_type
-from goodput.optimize import BatchLimits, optimize_goodput
+from goodput.optimize import BatchLimits, GoodputCandidates, best_goodput, goodput_candidates
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
 
 __all__ = ["Family", "ParametricFamily", "MeasuredFamily", "check_cluster_types", "load_catalog", "load_measured",
@@ -148,34 +148,24 @@ class Family(ABC):
         batch = num_replicas * local_bsz * (accum_steps + 1)
         return float(self.efficiency(progress, batch)) * batch / self.init_batch_size / t_iter
 
-    def best_config(self, gpu_type: str, num_nodes: Any, num_replicas: Any, progress: float, fixed_batch: int | None = None):
-        """The true goodput-optimal batch configurations (an oracle's view) as :class:`GoodputChoices`."""
+    def candidates(self, gpu_type: str, num_nodes: Any, num_replicas: Any, fixed_batch: int | None = None) -> GoodputCandidates:
+        """The batch candidates of allocations and their true step times (:func:`goodput.optimize.goodput_candidates`):
+        everything of :meth:`best_config` that does not move with progress."""
 
         def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._vector_iter_time(gpu_type, n, r, b, a)
 
-        return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_replicas,
-                                self.limits(gpu_type, fixed_batch))
+        return goodput_candidates(step_fn, num_nodes, num_replicas, self.limits(gpu_type, fixed_batch))
 
-    def best_configs(self, gpu_type: str, num_nodes: Any, num_replicas: Any, progress: Any):
-        """:meth:`best_config` for many allocations at once, each at its own progress (one optimisation;
-        column k equals ``best_config(gpu_type, num_nodes[k], num_replicas[k], progress[k])``)."""
-        progress = np.atleast_1d(np.asarray(progress, dtype=float))
-        m0 = self.init_batch_size
+    def best_config(self, gpu_type: str, num_nodes: Any, num_replicas: Any, progress: float, fixed_batch: int | None = None,
+                    candidates: GoodputCandidates | None = None):
+        """The true goodput-optimal batch configurations (an oracle's view) as :class:`GoodputChoices`.
 
-        def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
-            return self._vector_iter_time(gpu_type, n, r, b, a)
-
-        def efficiency(batch: np.ndarray) -> np.ndarray:
-            batch = np.asarray(batch, dtype=float)
-            out = np.empty(batch.shape)
-            for k in range(batch.shape[1]):  # E(M) at the column's own progress, as efficiency() computes it
-                column = batch[:, k]
-                phi = self.noise_scale(float(progress[k]), column)
-                out[:, k] = (phi + m0) / (phi + column)
-            return out
-
-        return optimize_goodput(step_fn, efficiency, num_nodes, num_replicas, self.limits(gpu_type))
+        ``candidates``: :meth:`candidates` of the same allocations, kept by the caller (the answer is the same).
+        """
+        if candidates is None:
+            candidates = self.candidates(gpu_type, num_nodes, num_replicas, fixed_batch)
+        return best_goodput(candidates, lambda m: self.efficiency(progress, m))
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         out = np.empty(np.broadcast(n, r, b, a).shape)

@@ -102,7 +102,7 @@ def objective_gap(problem: Problem, solution: Solution) -> float | None:
 
 def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
           presolve: bool = False, exact_limit: int = DEFAULT_EXACT_LIMIT,
-          milp_first: int = MILP_FIRST) -> tuple[Solution, list[str]]:
+          milp_first: int = MILP_FIRST, start_prices: np.ndarray | None = None) -> tuple[Solution, list[str]]:
     """Solve with the chosen solver; returns the solution and notes on fallbacks.
 
     ``"auto"``: when every job's cheapest option fits, that choice (optimal,
@@ -111,18 +111,19 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
     gap is within ``mip_rel_gap``, else reduced-cost fixing at its prices
     (:func:`~goodput.allocator.lagrangian.fix_by_reduced_costs`) and the MILP
     over the options left, when they are at most ``exact_limit``: exact, as the
-    full MILP, at a fraction of its cost.
+    full MILP, at a fraction of its cost. ``start_prices``: the fast path's
+    starting prices per type (the last round's).
     """
     notes: list[str] = []
     fast = None
     if solver == "lagrangian":
-        return solve_lagrangian(problem), notes
+        return solve_lagrangian(problem, start_prices=start_prices), notes
     if solver == "auto":
         free = unconstrained(problem)
         if free is not None:
             return free, notes
         if problem.num_options > milp_first:
-            fast = solve_lagrangian(problem)
+            fast = solve_lagrangian(problem, start_prices=start_prices)
             gap = objective_gap(problem, fast)
             if gap is not None and gap <= mip_rel_gap:
                 return fast, notes
@@ -214,8 +215,10 @@ def allocate_sia(
     exact_limit: int = DEFAULT_EXACT_LIMIT,
     placement_retries: int = 2,
     started: float | None = None,
+    start_prices: dict[str, float] | None = None,
 ) -> Allocation:
-    """Sia's policy on validated inputs (see :func:`goodput.allocate` for the options)."""
+    """Sia's policy on validated inputs (see :func:`goodput.allocate` for the options); ``start_prices``:
+    the fast path's prices per GPU type to start from (:attr:`SolverInfo.prices` of the last round)."""
     started = time.perf_counter() if started is None else started
     p = check_power(p)
     lam, time_limit, mip_rel_gap, presolve, exact_limit = check_solver_options(
@@ -223,6 +226,10 @@ def allocate_sia(
     placement_retries = check_int("placement_retries", placement_retries, minimum=0)
 
     problem = sia_problem(prep, p, lam)
+    start = None
+    if start_prices:
+        start = np.array([float(start_prices.get(t, np.nan)) for t in problem.gpu_types])
+        start = start if np.all(np.isfinite(start) & (start >= 0)) else None
     with_options = {problem.names[int(j)] for j in np.unique(problem.opt_job)}  # before retries exclude any
     notes: list[str] = []
     solve_seconds = 0.0
@@ -231,7 +238,7 @@ def allocate_sia(
     while True:
         attempts += 1
         solution, more = solve(problem, solver=solver, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
-                               presolve=presolve, exact_limit=exact_limit)
+                               presolve=presolve, exact_limit=exact_limit, start_prices=start)
         notes.extend(more)
         solve_seconds += solution.seconds
         assignments = {job: alloc.configuration for job, alloc in prep.pinned.items()}
@@ -254,7 +261,7 @@ def allocate_sia(
     for job in prep.names:
         if job in placed.placements:
             gpu_type, nodes, gpus = assignments[job]
-            allocations[job] = JobAllocation(gpu_type, nodes, gpus, placed.placements[job])
+            allocations[job] = JobAllocation._checked(gpu_type, nodes, gpus, placed.placements[job])
             old = prep.current.get(job)
             detail = {"changed": old is None or old.configuration != (gpu_type, nodes, gpus),
                       "moved": job in placed.moved, "pinned": job in pinned}
@@ -287,5 +294,6 @@ def allocate_sia(
         policy="sia", solver=solution.solver, status=status, objective=objective, bound=bound, gap=gap,
         sense=problem.sense, wall_time=time.perf_counter() - started, solve_time=solve_seconds,
         num_jobs=len(prep.names), num_variables=problem.num_options, attempts=attempts, notes=tuple(notes),
+        prices=None if solution.prices is None else {t: float(v) for t, v in zip(problem.gpu_types, solution.prices)},
     )
     return Allocation(allocations, unallocated, info, details)
