@@ -30,8 +30,8 @@ import numpy as np
 from .errors import ValidationError
 from .validation import check_int
 
-__all__ = ["BatchLimits", "GoodputCandidates", "GoodputChoices", "best_goodput", "candidate_batches", "goodput_candidates",
-           "optimize_goodput"]
+__all__ = ["BatchLimits", "GoodputCandidates", "GoodputChoices", "best_goodput", "best_goodput_each", "candidate_batches",
+           "goodput_candidates", "optimize_goodput"]
 
 _EPS = 1e-8  # tolerance of ceil() on ratios that should be integral
 
@@ -250,6 +250,25 @@ def best_goodput(candidates: GoodputCandidates, efficiency: Callable[[np.ndarray
         local_bsz=pick(c.micro).astype(int),
         accum_steps=pick(c.accum).astype(int),
     )
+
+
+def best_goodput_each(candidates: GoodputCandidates, efficiencies: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`best_goodput` for K jobs sharing ``candidates`` (same step times and limits, e.g. one job
+    family), each with its own efficiency: ``efficiencies`` of shape (K, C, n), evaluated at
+    ``max(candidates.batch, init_batch_size)``. Returns ``goodput``, ``batch_size``, ``local_bsz`` and
+    ``accum_steps`` arrays of shape (K, n), row k equal to :func:`best_goodput` with job k's efficiency."""
+    c = candidates
+    eff = np.asarray(efficiencies, dtype=float)
+    goodput = np.where(c.valid & np.isfinite(c.throughput), c.throughput * eff, 0.0)
+    best = np.argmax(goodput, axis=1)[:, None, :]
+    chosen = np.take_along_axis(goodput, best, axis=1)[:, 0, :]
+    ok = chosen > 0
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        return np.where(ok, np.take_along_axis(np.broadcast_to(values, goodput.shape), best, axis=1)[:, 0, :], 0.0)
+
+    return {"goodput": chosen, "batch_size": pick(c.batch).astype(int), "local_bsz": pick(c.micro).astype(int),
+            "accum_steps": pick(c.accum).astype(int)}
 
 
 def optimize_goodput(

@@ -85,21 +85,49 @@ class GoodputTable:
 
     @classmethod
     def from_columns(cls, job: str, columns: Mapping[str, Any], missing_gpu_types: Iterable[str] = (),
-                     quantile: float = 0.5) -> GoodputTable:
+                     quantile: float = 0.5, like: GoodputTable | None = None, checked: bool = False) -> GoodputTable:
         """A table from ``{column: array}`` (same columns and checks as a DataFrame), without building
-        a DataFrame until :attr:`frame` is read: what a scheduler making many tables per round wants."""
+        a DataFrame until :attr:`frame` is read: what a scheduler making many tables per round wants.
+
+        ``like``: a table whose configurations (``gpu_type, num_nodes, num_gpus``, in its order) this one
+        has too; ``columns`` then holds the other columns only, and the configurations are not checked again.
+        ``checked`` (with ``like``): the caller has checked the other columns already (numpy arrays of
+        finite numbers >= 0, integers in the count columns; e.g. many tables' columns at once), so they are
+        taken as they are.
+        """
         table = object.__new__(cls)
         table.job = check_str("job", job)
         table.quantile = check_quantile("quantile", quantile)
         if not isinstance(columns, Mapping):
             raise ValidationError("columns", type(columns).__name__, "expected {column: array}")
-        table._arrays = table._validated(columns)
+        if like is not None:
+            if not isinstance(like, GoodputTable):
+                raise ValidationError("like", type(like).__name__, "expected a GoodputTable")
+            given = [c for c in KEY_COLUMNS if c in columns]
+            if given:
+                raise ValidationError("columns", given, "come from `like`; give the other columns only")
+            keys = {c: like._arrays[c] for c in KEY_COLUMNS}
+            if checked:
+                values = {c: np.asarray(v) for c, v in columns.items() if c != "normalized_goodput"}
+                unknown = [c for c in values if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+                if unknown or "goodput" not in values or any(v.shape != keys["num_nodes"].shape for v in values.values()):
+                    raise ValidationError("columns", unknown or sorted(values), "do not fit `like`'s configurations")
+                values["normalized_goodput"] = _normalize(values["goodput"])
+                for array in values.values():
+                    array.flags.writeable = False
+                table._arrays = {**keys, **values}
+            else:
+                table._arrays = {**keys, **table._validated({**columns, **keys}, keys_checked=True)}
+        elif checked:
+            raise ValidationError("checked", checked, "needs `like` (a table with the same configurations)")
+        else:
+            table._arrays = table._validated(columns)
         table._frame_cache = None
         table.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
         return table
 
     # ------------------------------------------------------------------ validation
-    def _validated(self, source: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _validated(self, source: Mapping[str, Any], keys_checked: bool = False) -> dict[str, np.ndarray]:
         """The checked, typed columns (with ``normalized_goodput``) as read-only numpy arrays.
 
         Schedulers build a table per job and round, so this is a hot path: columns
@@ -122,6 +150,9 @@ class GoodputTable:
             if column == "normalized_goodput":
                 continue
             series = source[column]
+            if keys_checked and column in KEY_COLUMNS:
+                columns[column] = series  # a validated table's configurations
+                continue
             if column == "gpu_type":
                 if isinstance(series, (pd.Series, np.ndarray)):
                     values = series.tolist()
@@ -132,6 +163,8 @@ class GoodputTable:
                 continue
             if isinstance(series, np.ndarray) and series.ndim == 1 and series.dtype.kind in "iuf":
                 pass  # numeric numpy column: checked below without pandas
+            elif isinstance(series, (int, float, np.integer, np.floating)) and not isinstance(series, (bool, np.bool_)):
+                series = np.full(size, series)  # one number for every row
             elif np.ndim(series) == 0:
                 series = pd.Series([series] * size, dtype=object)
             elif not isinstance(series, pd.Series):
@@ -161,6 +194,14 @@ class GoodputTable:
             else:
                 columns[column] = values
         nodes, gpus = columns["num_nodes"], columns["num_gpus"]
+        if keys_checked:
+            if len(nodes) != size:
+                raise ValidationError("columns", size, f"rows, but `like` has {len(nodes)} configurations")
+            columns = {c: columns[c] for c in names if c != "normalized_goodput"}
+            columns["normalized_goodput"] = _normalize(columns["goodput"])
+            for values in columns.values():
+                values.flags.writeable = False
+            return {c: v for c, v in columns.items() if c not in KEY_COLUMNS}
         over = nodes > gpus
         if over.any():
             row = int(np.flatnonzero(over)[0])
@@ -359,14 +400,15 @@ def _gpu_types(values: list[Any], field: str) -> list[str]:
     return out
 
 
-def _first_duplicate(types: list[str], nodes: np.ndarray, gpus: np.ndarray) -> int | None:
+def _first_duplicate(types: np.ndarray, nodes: np.ndarray, gpus: np.ndarray) -> int | None:
     """The first row whose (gpu_type, num_nodes, num_gpus) an earlier row holds, or ``None``."""
     if len(types) < 2:
         return None
-    codes = pd.factorize(np.asarray(types, dtype=object))[0]
-    order = np.lexsort((np.arange(len(types)), gpus, nodes, codes))  # equal keys stay in row order
-    same = (codes[order][1:] == codes[order][:-1]) & (nodes[order][1:] == nodes[order][:-1]) & (
-        gpus[order][1:] == gpus[order][:-1])
+    codes: dict[str, int] = {}
+    code = np.fromiter((codes.setdefault(t, len(codes)) for t in types), dtype=np.int64, count=len(types))
+    key = (code * (int(nodes.max()) + 1) + nodes) * (int(gpus.max()) + 1) + gpus
+    order = np.argsort(key, kind="stable")  # equal keys stay in row order
+    same = key[order][1:] == key[order][:-1]
     if not same.any():
         return None
     return int(order[1:][same].min())  # the earliest row that repeats an earlier one

@@ -37,7 +37,7 @@ from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.model import JobModel
 from goodput.observations import Observation
-from goodput.optimize import GoodputCandidates
+from goodput.optimize import GoodputCandidates, best_goodput, best_goodput_each
 from goodput.table import GoodputTable
 from goodput.validation import check_float
 
@@ -287,6 +287,7 @@ class Simulator:
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
         self._configs: dict[tuple[Any, ...], Any] = {}  # useful configurations and batch candidates, per family
         self._model_clusters: dict[str, Cluster] = {}
+        self._phi_seen: dict[str, tuple[float, float]] = {}  # job -> (progress, noise scale) last computed
 
     # ------------------------------------------------------------------ observations
     def _noise(self, sigma: float) -> float:
@@ -449,8 +450,54 @@ class Simulator:
         return job.table
 
     # ------------------------------------------------------------------ allocation
+    def _refresh_truth_tables(self, active: list[SimJob]) -> None:
+        """An oracle's tables: each job's refreshed once its noise scale has moved by ``table_refresh``
+        (:meth:`_table`), all of a round's at once, one evaluation per job family and pool (the same tables
+        as :meth:`_truth_table` job by job)."""
+        groups: dict[int, list[tuple[SimJob, float]]] = {}
+        for job in active:
+            seen = self._phi_seen.get(job.name)
+            if seen is not None and seen[0] == job.progress:
+                phi = seen[1]  # a job that did not progress (queued) has the same φ
+            else:
+                phi = job.family.noise_scale(job.progress)
+                self._phi_seen[job.name] = (job.progress, phi)
+            if job.table is None or abs(phi / job.table_phi - 1.0) > self.config.table_refresh:
+                groups.setdefault(id(job.family), []).append((job, phi))
+        for members in groups.values():
+            family = members[0][0].family
+            pools = [pool for pool in self.cluster if family.supports(pool.gpu_type)]
+            if not pools:
+                for job, phi in members:
+                    job.table, job.table_phi = GoodputTable(job.name, []), phi
+                continue
+            candidates = [self._candidates(pool, family, None) for pool in pools]
+            batches = [np.maximum(c.batch, c.init_batch_size) for c in candidates]
+            effs = family.efficiencies([job.progress for job, _ in members], batches)  # per pool: (jobs, C, n)
+            best = [best_goodput_each(c, e) for c, e in zip(candidates, effs)]
+            columns = {k: np.concatenate([b[k] for b in best], axis=1) for k in best[0]}
+            # every job's values checked at once (finite, >= 0); the tables then take them as they are
+            checked = bool(np.all(np.isfinite(columns["goodput"])) and all(np.all(v >= 0) for v in columns.values()))
+            zeros = np.zeros(columns["goodput"].shape[1])
+            first = None
+            for k, (job, phi) in enumerate(members):
+                values = {name: columns[name][k] for name in ("goodput", "batch_size", "local_bsz", "accum_steps")}
+                if first is None:  # the family's configurations, checked once
+                    configs = [self._useful_configs(pool, family, None) for pool in pools]
+                    first = job.table = GoodputTable.from_columns(job.name, {
+                        "gpu_type": [pool.gpu_type for pool, (n, _) in zip(pools, configs) for _ in range(n.size)],
+                        "num_nodes": np.concatenate([n for n, _ in configs]).astype(int),
+                        "num_gpus": np.concatenate([g for _, g in configs]).astype(int), **values, "std": 0.0})
+                else:
+                    job.table = GoodputTable.from_columns(job.name, {**values, "std": zeros}, like=first,
+                                                          checked=checked)
+                job.table_phi = phi
+
     def _views(self, now: float, active: list[SimJob]) -> list[JobView]:
         views = []
+        batched = self.policy.oracle and self.policy.adaptive_batch
+        if batched:
+            self._refresh_truth_tables(active)
         for job in active:
             adaptive = self.policy.adaptive_batch
             if not adaptive and job.throughput_table is None:
@@ -460,7 +507,7 @@ class Simulator:
                 attained_s=min(job.held_seconds, now - job.spec.time),
                 restarts=job.restarts, restart_cost_s=job.family.restart_cost_s,
                 requested_gpus=job.spec.num_replicas, requested_batch=job.spec.batch_size,
-                current=job.assignment, table=self._table(job) if adaptive else None,
+                current=job.assignment, table=(job.table if batched else self._table(job)) if adaptive else None,
                 throughput=job.throughput_table,
                 gpu_types=tuple(g for g in self.cluster.gpu_types if job.family.supports(g)),
             ))
@@ -496,6 +543,29 @@ class Simulator:
             wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / a.num_gpus))
             return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
+
+    def _oracle_batches(self, jobs: list[SimJob]) -> None:
+        """An oracle's batch configurations (:meth:`_batch_config`) for many jobs: one evaluation per job family
+        and GPU type over the jobs' configurations, each at its job's progress (the same choices)."""
+        groups: dict[tuple[int, str], list[tuple[SimJob, GoodputCandidates]]] = {}
+        for job in jobs:
+            a = job.assignment
+            column = self._config_candidates(job.family, a.gpu_type, a.num_nodes, a.num_gpus)
+            if column is None:
+                job.local_bsz, job.accum_steps = self._batch_config(job)
+                continue
+            groups.setdefault((id(job.family), a.gpu_type), []).append((job, column))
+        for members in groups.values():
+            family = members[0][0].family
+            columns = [c for _, c in members]
+            stacked = GoodputCandidates(*(np.concatenate([getattr(c, f) for c in columns], axis=1)
+                                          for f in ("batch", "micro", "accum", "valid", "times", "throughput")),
+                                        columns[0].init_batch_size)
+            eff = family.column_efficiencies([job.progress for job, _ in members],
+                                             np.maximum(stacked.batch, stacked.init_batch_size))
+            best = best_goodput(stacked, lambda _: eff)  # each job on its own configuration, at its own progress
+            for k, (job, _) in enumerate(members):
+                job.local_bsz, job.accum_steps = max(int(best.local_bsz[k]), 1), int(best.accum_steps[k])
 
     def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
         assignments = {}
@@ -584,6 +654,7 @@ class Simulator:
             decisions = self.policy.decide(now, self.cluster, self._views(now, active))
             self._apply(now, decisions, active)
             used: dict[str, int] = {}
+            retune: list[SimJob] = []
             for job in active:
                 if job.assignment is not None:
                     used[job.assignment.gpu_type] = used.get(job.assignment.gpu_type, 0) + job.assignment.num_gpus
@@ -591,8 +662,11 @@ class Simulator:
                     if job.finish_time is None and job.delay_left <= 0 and self.policy.adaptive_batch:
                         if not self.policy.oracle:
                             self._report(job)
-                        if self.policy.oracle or job.rounds_since_report == 0:
+                        if self.policy.oracle:
+                            retune.append(job)  # each depends on its own state only: all at once, below
+                        elif job.rounds_since_report == 0:
                             job.local_bsz, job.accum_steps = self._batch_config(job)
+            self._oracle_batches(retune)
             running = sum(1 for j in active if j.assignment is not None)
             self.round_records.append({
                 "time_s": now, "active": len(active), "running": running, "queued": len(active) - running,

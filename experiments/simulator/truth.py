@@ -116,6 +116,9 @@ class Family(ABC):
         batch-size runs. ``batch_size=None``: the run at the reference batch M0.
         """
         fraction = min(max(progress / self.work, 0.0), 1.0)
+        if batch_size is None:  # the first run alone (what the branch below takes from it)
+            _, x, y = self._noise_runs[0]
+            return float(np.exp(np.interp(fraction, x, y)))
         at_runs = np.array([np.interp(fraction, x, y) for _, x, y in self._noise_runs])
         if batch_size is None or len(self._noise_runs) == 1:
             log_phi = at_runs[0] if batch_size is None else np.full(np.shape(batch_size), at_runs[0])
@@ -124,6 +127,50 @@ class Family(ABC):
             log_phi = np.interp(np.log(np.asarray(batch_size, dtype=float)), batches, at_runs)
         phi = np.exp(log_phi)
         return float(phi) if np.ndim(phi) == 0 else phi
+
+    def efficiencies(self, progress: Any, batch_sizes: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`efficiency` for several jobs and arrays of batch sizes: ``progress`` a number or K of them,
+        the result per array of shape ``(K,) + batch.shape`` (or ``batch.shape`` for one number); the noise
+        trajectories are interpolated once per progress. The same values as one call per job and array."""
+        single = np.ndim(progress) == 0
+        progresses = np.atleast_1d(np.asarray(progress, dtype=float))
+        fractions = np.minimum(np.maximum(progresses / self.work, 0.0), 1.0)
+        at_runs = np.stack([np.interp(fractions, x, y) for _, x, y in self._noise_runs], axis=1)  # (K, R)
+        knots = np.array([b for b, _, _ in self._noise_runs])
+        m0 = self.init_batch_size
+        out = []
+        for batch in batch_sizes:
+            batch = np.asarray(batch, dtype=float)
+            log_batch = np.log(batch)
+            result = np.empty((progresses.size,) + batch.shape)
+            for k in range(progresses.size):
+                if len(self._noise_runs) == 1:
+                    log_phi = np.full(batch.shape, at_runs[k, 0])
+                else:
+                    log_phi = np.interp(log_batch, knots, at_runs[k])
+                phi = np.exp(log_phi)
+                result[k] = (phi + m0) / (phi + batch)
+            out.append(result[0] if single else result)
+        return out
+
+    def column_efficiencies(self, progress: Any, batch: np.ndarray) -> np.ndarray:
+        """:meth:`efficiency` of K jobs, column k of ``batch`` (shape (C, K)) at ``progress[k]``: the same values
+        as one call per job and column."""
+        progresses = np.asarray(progress, dtype=float)
+        batch = np.asarray(batch, dtype=float)
+        fractions = np.minimum(np.maximum(progresses / self.work, 0.0), 1.0)
+        at_runs = np.stack([np.interp(fractions, x, y) for _, x, y in self._noise_runs], axis=1)  # (K, R)
+        knots = np.array([b for b, _, _ in self._noise_runs])
+        m0 = self.init_batch_size
+        log_phi = np.empty(batch.shape)
+        if len(self._noise_runs) == 1:
+            log_phi[:] = at_runs[:, 0]
+        else:
+            log_batch = np.log(batch)
+            for k in range(batch.shape[1]):
+                log_phi[:, k] = np.interp(log_batch[:, k], knots, at_runs[k])
+        phi = np.exp(log_phi)
+        return (phi + m0) / (phi + batch)
 
     def efficiency(self, progress: float, batch_size: Any) -> Any:
         """E(M) = (φ_M + M0)/(φ_M + M), with φ_M the noise scale of training at batch M (Pollux, OSDI'21)."""

@@ -28,11 +28,11 @@ two runs);
 checks whether every job's cheapest option fits (then that choice is
 optimal and no solver runs: an uncontended round), then runs the MILP alone
 up to 2,000 binaries (after pruning), and beyond that the fast path, whose
-answer is kept when its certified gap is within ``mip_rel_gap``; otherwise
-its prices fix every option that cannot be in a better solution
-(reduced-cost fixing) and the MILP solves what is left (up to
-``exact_limit`` binaries), which is exact like the full MILP at a fraction of
-its size (e.g. 1,100 of 21,000 binaries at 2048 GPUs × 1024 jobs). A MILP that
+answer is kept when its certified gap is within ``mip_rel_gap`` or the
+problem has more than ``exact_limit`` binaries; otherwise its prices fix
+every option that cannot be in a better solution (reduced-cost fixing) and
+the MILP solves what is left, exact like the full MILP at a fraction of its
+size (e.g. 192 of 20,808 binaries at 2048 GPUs × 1024 jobs, p = 0.5). A MILP that
 hits its time limit is compared with the fast path and the better answer
 kept. If a chosen configuration cannot be placed (fragmentation), it is
 excluded and the problem solved again (up to ``placement_retries`` times).
@@ -57,7 +57,7 @@ from .result import Allocation, JobAllocation, SolverInfo
 __all__ = ["solve", "solve_milp", "allocate_sia", "SOLVERS", "DEFAULT_EXACT_LIMIT"]
 
 SOLVERS = ("auto", "milp", "lagrangian")
-#: binaries left by reduced-cost fixing up to which ``solver="auto"`` runs the exact MILP on them
+#: binaries (after pruning) up to which ``solver="auto"`` makes the fast path's answer exact with the MILP
 DEFAULT_EXACT_LIMIT = 20_000
 #: binaries up to which ``solver="auto"`` runs the MILP directly (it beats the fast path there)
 MILP_FIRST = 2_000
@@ -110,8 +110,8 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
     (fastest there); beyond, the fast path first, accepted when its certified
     gap is within ``mip_rel_gap``, else reduced-cost fixing at its prices
     (:func:`~goodput.allocator.lagrangian.fix_by_reduced_costs`) and the MILP
-    over the options left, when they are at most ``exact_limit``: exact, as the
-    full MILP, at a fraction of its cost. ``start_prices``: the fast path's
+    over the options left, for problems of at most ``exact_limit`` binaries:
+    exact, as the full MILP, at a fraction of its cost. ``start_prices``: the fast path's
     starting prices per type (the last round's).
     """
     notes: list[str] = []
@@ -125,7 +125,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
         if problem.num_options > milp_first:
             fast = solve_lagrangian(problem, start_prices=start_prices)
             gap = objective_gap(problem, fast)
-            if gap is not None and gap <= mip_rel_gap:
+            if (gap is not None and gap <= mip_rel_gap) or problem.num_options > exact_limit:
                 return fast, notes
             return _reduced_milp(problem, fast, gap, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
                                  presolve=presolve, exact_limit=exact_limit)
@@ -158,10 +158,6 @@ def _reduced_milp(problem: Problem, fast: Solution, gap: float | None, *, time_l
     if np.any(sub.capacity < -1e-9):  # the fixed jobs alone overfill a type: nothing beats the fast path's answer
         fast.bound, fast.status = fast.total, "optimal"
         notes.append(found + "; no better solution exists")
-        fast.seconds += time.perf_counter() - start
-        return fast, notes
-    if sub.num_options > exact_limit:
-        notes.append(found + f", more than exact_limit ({exact_limit}); kept the fast path's answer")
         fast.seconds += time.perf_counter() - start
         return fast, notes
     exact = solve_milp(sub, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve)
