@@ -576,6 +576,7 @@ class Simulator:
         if unknown:
             raise ValidationError("decisions", unknown[0], "the policy allocated GPUs to a job that is not active")
         self._check_capacity(assignments)
+        changed: list[SimJob] = []  # jobs on a new assignment: their batch configuration, below
         for job in active:
             new = assignments.get(job.name)
             if new == job.assignment:
@@ -592,6 +593,11 @@ class Simulator:
                 job.gpu_types_used.add(new.gpu_type)
             job.assignment = new
             if new is not None:
+                changed.append(job)
+        if self.policy.oracle and self.policy.adaptive_batch:
+            self._oracle_batches(changed)
+        else:
+            for job in changed:
                 job.local_bsz, job.accum_steps = self._batch_config(job)
 
     # ------------------------------------------------------------------ time

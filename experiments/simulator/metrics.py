@@ -34,7 +34,7 @@ def _segments() -> tuple[np.ndarray, np.ndarray]:
     return (edges[:-1] + edges[1:]) / 2.0, np.diff(edges)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segment: int) -> float:
     mids, _ = _segments()
     progress = mids[segment] * family.work
@@ -42,16 +42,27 @@ def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segmen
     return float(best.goodput[0]) / family.init_batch_size  # progress per second
 
 
+@lru_cache(maxsize=1024)
+def _best_rates(family: Any, pool: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's configurations' GPU counts (ascending) and, per segment, the best rate among the first
+    k configurations for every k (a running maximum of :func:`_best_rate`), shape (configurations, segments)."""
+    mids, _ = _segments()
+    configs = pool.configurations()  # ascending GPU counts
+    rates = np.array([[_best_rate(family, pool.gpu_type, n, g, k) for k in range(len(mids))] for _, n, g in configs])
+    return np.array([g for _, _, g in configs], dtype=float), np.maximum.accumulate(rates, axis=0)
+
+
 def isolated_time(family: Any, cluster: Cluster, contention: float) -> float:
     """Seconds to finish alone on a 1/``contention`` share of the cluster (see module docstring)."""
-    mids, widths = _segments()
+    _, widths = _segments()
     best = np.inf
     share = max(contention, 1.0)
     for pool in cluster:
         if not family.supports(pool.gpu_type):
             continue
-        allowed = [c for c in pool.configurations() if c[2] <= max(1.0, pool.gpus / share)]
-        rates = np.array([max(_best_rate(family, pool.gpu_type, n, g, k) for _, n, g in allowed) for k in range(len(mids))])
+        gpus, running_max = _best_rates(family, pool)
+        allowed = int(np.searchsorted(gpus, max(1.0, pool.gpus / share), side="right"))  # configurations that fit
+        rates = running_max[allowed - 1]  # the best rate among them, per segment
         if np.all(rates > 0):
             best = min(best, float(np.sum(widths * family.work / rates)))
     return best + family.restart_cost_s

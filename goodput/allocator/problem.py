@@ -131,7 +131,8 @@ def _table_columns(name: str, table: Any) -> tuple[np.ndarray, ...]:
             arrays.get("batch_size"), arrays.get("accum_steps"))
 
 
-def _coerce_current(job: str, value: Any, cluster: Cluster, known_nodes: Mapping[str, frozenset[str]]) -> JobAllocation:
+def _coerce_current(job: str, value: Any, cluster: Cluster, known_nodes: Mapping[str, frozenset[str]],
+                    pools: Mapping[str, Any]) -> JobAllocation:
     if isinstance(value, JobAllocation):
         alloc = value
     else:
@@ -139,9 +140,9 @@ def _coerce_current(job: str, value: Any, cluster: Cluster, known_nodes: Mapping
             alloc = JobAllocation.from_dict(value)
         except ValidationError as exc:
             raise ValidationError(f"current[{job}].{exc.field}", exc.value, exc.reason) from None
-    if alloc.gpu_type not in cluster.gpu_types:
+    pool = pools.get(alloc.gpu_type)
+    if pool is None:
         raise UnknownGPUTypeError(alloc.gpu_type, cluster.gpu_types, field=f"current[{job}].gpu_type")
-    pool = cluster.pool(alloc.gpu_type)
     if alloc.num_gpus > pool.gpus or alloc.num_nodes > pool.nodes:
         raise ValidationError(f"current[{job}]", alloc.configuration, f"larger than the {pool.gpu_type} pool ({pool.nodes}x{pool.gpus_per_node})")
     if alloc.num_gpus > alloc.num_nodes * pool.gpus_per_node:
@@ -238,9 +239,10 @@ def prepare(
         raise ValidationError("current", type(current).__name__, "expected {job: JobAllocation or None}")
     running: dict[str, JobAllocation] = {}
     known_nodes = {pool.gpu_type: frozenset(pool.node_ids()) for pool in cluster.pools}
+    pools = {pool.gpu_type: pool for pool in cluster.pools}
     for job, value in (current or {}).items():
         if job in index and value is not None:
-            running[job] = _coerce_current(job, value, cluster, known_nodes)
+            running[job] = _coerce_current(job, value, cluster, known_nodes, pools)
 
     pinned: dict[str, JobAllocation] = {}
     used = np.zeros(len(gpu_types), dtype=np.int64)
@@ -293,10 +295,14 @@ def prepare(
     has_current = cur_type >= 0
     is_current = has_current[j] & (row_type == cur_type[j]) & (row_nodes == cur_nodes[j]) & (row_gpus == cur_gpus[j])
     restart = np.ones(n_jobs)
-    for key in specs_in:
-        i = index[key]
-        if has_current[i]:
-            restart[i] = specs[i].restart_factor
+    with_spec = np.array([index[key] for key in specs_in if has_current[index[key]]], dtype=np.int64)
+    if with_spec.size:  # Sia's restart factor (spec.restart_factor), for all running jobs with a spec at once
+        age = np.array([specs[i].age for i in with_spec])
+        restarts = np.array([specs[i].restarts for i in with_spec], dtype=float)
+        cost = np.array([specs[i].restart_cost for i in with_spec])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            factor = np.maximum(age - restarts * cost, 0.0) / (age + cost)
+        restart[with_spec] = np.where((age < cost) | (age + cost == 0.0), 1.0, factor)
 
     row_norm = np.zeros_like(row_goodput)
     if row_goodput.size:
