@@ -12,9 +12,11 @@ unfinished).
 
 Policy: ``sia-oracle`` — Sia's goodput ILP on true goodput tables (each job's
 table refreshed when its gradient noise has moved 5%), through
-:func:`goodput.allocate` with the options given (``--exact-limit``: problems of
-up to that many binaries get the exact MILP when the fast path's certified
-gap exceeds ``mip_rel_gap``; above, the fast path's answer and its gap). Online
+:func:`goodput.allocate` with ``exact_limit=--exact-limit`` (default 0: every
+round takes the fast path's answer, whose certified gap is recorded; with the
+allocator's default, 20,000, rounds of 300–900 active jobs that the fast path
+cannot certify within 1e-6 spend 1–8 s each in HiGHS on the reduced problem,
+too many for a 10-minute day). Online
 Bayesian models (policy ``sia``) cannot be afforded at this scale with
 today's model: ``--online-rounds`` runs the same workload with them for a few
 rounds and reports what the models cost per job and per round, so that the
@@ -214,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="arrivals over 24 h (default 40000; --quick 1/8 per factor)")
     p.add_argument("--hours", type=float, default=None, help="simulated hours (default 24; --quick 0.5)")
     p.add_argument("--arrival-hours", type=float, default=None, help="the arrivals' window (default 24; --quick 1)")
-    p.add_argument("--exact-limit", type=int, default=None, help="allocate's exact_limit (default: the allocator's)")
+    p.add_argument("--exact-limit", type=int, default=0,
+                   help="allocate's exact_limit (default 0: the fast path's answer and its certified gap every round; "
+                   "the allocator's own default, 20000, runs the MILP on the rounds the fast path cannot certify)")
     p.add_argument("--milp-samples", type=int, default=None, help="rounds compared with the exact MILP (default 3)")
     p.add_argument("--milp-time-limit", type=float, default=120.0, help="seconds per exact MILP (default 120)")
     p.add_argument("--online-rounds", type=int, default=None, help="rounds with online models (default 10; 0: skip)")
@@ -236,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = scaled_cluster(factor)
     families = load_catalog(gpu_types=cluster.gpu_types)
     jobs = synthetic_workload(catalog_workload_stats(), families, num_jobs=n_jobs, hours=arrival_hours, seed=0)
-    options = {} if args.exact_limit is None else {"exact_limit": args.exact_limit}
+    options = {"exact_limit": args.exact_limit}
     load_before = os.getloadavg()
     print(f"{cluster} ({cluster.total_gpus} GPUs), {n_jobs} jobs over {arrival_hours:g} h, simulating {hours:g} h with sia-oracle "
           f"{options or ''}; load average {load_before[0]:.2f}", flush=True)

@@ -48,8 +48,12 @@ def _best_rates(family: Any, pool: Any) -> tuple[np.ndarray, np.ndarray]:
     k configurations for every k (a running maximum of :func:`_best_rate`), shape (configurations, segments)."""
     mids, _ = _segments()
     configs = pool.configurations()  # ascending GPU counts
-    rates = np.array([[_best_rate(family, pool.gpu_type, n, g, k) for k in range(len(mids))] for _, n, g in configs])
-    return np.array([g for _, _, g in configs], dtype=float), np.maximum.accumulate(rates, axis=0)
+    nodes = np.array([n for _, n, _ in configs], dtype=float)
+    gpus = np.array([g for _, _, g in configs], dtype=float)
+    candidates = family.candidates(pool.gpu_type, nodes, gpus)  # one optimisation per segment: _best_rate's values
+    rates = np.stack([family.best_config(pool.gpu_type, nodes, gpus, m * family.work, candidates=candidates).goodput
+                      for m in mids], axis=1) / family.init_batch_size
+    return gpus, np.maximum.accumulate(rates, axis=0)
 
 
 def isolated_time(family: Any, cluster: Cluster, contention: float) -> float:

@@ -22,6 +22,7 @@ job's current progress.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from abc import ABC, abstractmethod
@@ -85,6 +86,7 @@ class Family(ABC):
                                      np.log(np.maximum([k[1] for k in knots], 1e-12))))
         if not self._noise_runs:
             raise ValidationError(f"{self.name}.noise", self.noise, "needs at least one trajectory")
+        self._knots = np.array([b for b, _, _ in self._noise_runs])
         if self.work <= 0:
             raise ValidationError(f"{self.name}.work", self.work, "must be > 0")
 
@@ -193,7 +195,20 @@ class Family(ABC):
         """Progress per second, E(M) · M / M0 / T_iter."""
         t_iter, _ = self.iter_time(gpu_type, num_nodes, num_replicas, local_bsz, accum_steps)
         batch = num_replicas * local_bsz * (accum_steps + 1)
-        return float(self.efficiency(progress, batch)) * batch / self.init_batch_size / t_iter
+        return self._efficiency_at(progress, batch) * batch / self.init_batch_size / t_iter
+
+    def _efficiency_at(self, progress: float, batch: float) -> float:
+        """:meth:`efficiency` of one batch size as a float (the simulator's per-job, per-round hot path: scalar
+        interpolation, the same arithmetic as numpy's, instead of array calls)."""
+        fraction = min(max(progress / self.work, 0.0), 1.0)
+        runs = self._noise_runs
+        if len(runs) == 1:
+            log_phi = _interp(fraction, runs[0][1], runs[0][2])
+        else:
+            knots, at_runs = self._knots, [_interp(fraction, x, y) for _, x, y in runs]
+            log_phi = _interp(float(np.log(float(batch))), knots, at_runs)
+        phi = float(np.exp(log_phi))
+        return (phi + self.init_batch_size) / (phi + float(batch))
 
     def candidates(self, gpu_type: str, num_nodes: Any, num_replicas: Any, fixed_batch: int | None = None) -> GoodputCandidates:
         """The batch candidates of allocations and their true step times (:func:`goodput.optimize.goodput_candidates`):
@@ -231,15 +246,49 @@ class ParametricFamily(Family):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._theta = {g: p.as_array() for g, p in self.params.items()}
+        self._floats = {g: tuple(float(v) for v in theta) for g, theta in self._theta.items()}
 
     def step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
-        theta = self._theta[gpu_type]
-        step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
-        compute = theta[0] + theta[1] * local_bsz
+        """Pollux's step time (``goodput.throughput._step_time``, no accumulation) of one configuration, in
+        Python floats (the same arithmetic, without numpy's per-call cost), and its sync part."""
+        a_c, b_c, a_n, b_n, a_r, b_r, gamma = self._floats[gpu_type]
+        nodes, replicas, bsz = float(num_nodes), float(num_replicas), float(local_bsz)
+        compute = a_c + b_c * bsz
+        extra = max(replicas - 2.0, 0.0)
+        sync = (a_n + b_n * extra) if nodes > 1 else (a_r + b_r * extra)
+        sync = sync if replicas > 1 else 0.0
+        top = max(compute, sync)
+        if not top > 0:  # degenerate parameters: numpy's result (nan or inf), as before
+            theta = self._theta[gpu_type]
+            step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
+            return step, max(step - compute, 0.0)
+        step = 0.0 * compute + top * ((compute / top) ** gamma + (sync / top) ** gamma) ** (1.0 / gamma)
         return step, max(step - compute, 0.0)
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         return _step_time(self._theta[gpu_type], n, r, b, a)
+
+
+def _interp(x: float, xp: Any, fp: Any) -> float:
+    """``np.interp`` of one number, with numpy's arithmetic (the same result) but without an array call:
+    clamped at the ends, ``fp[j]`` at a knot, else ``slope * (x - xp[j]) + fp[j]``."""
+    n = len(xp)
+    if x > xp[n - 1]:
+        return float(fp[n - 1])
+    if x < xp[0] or n == 1:
+        return float(fp[0])
+    j = bisect.bisect_right(xp, x) - 1
+    if j >= n - 1:
+        return float(fp[n - 1])
+    if xp[j] == x:
+        return float(fp[j])
+    slope = (float(fp[j + 1]) - float(fp[j])) / (float(xp[j + 1]) - float(xp[j]))
+    value = slope * (x - float(xp[j])) + float(fp[j])
+    if math.isnan(value):  # numpy's fallbacks for infinite slopes
+        value = slope * (x - float(xp[j + 1])) + float(fp[j + 1])
+        if math.isnan(value) and fp[j] == fp[j + 1]:
+            value = float(fp[j])
+    return value
 
 
 def check_cluster_types(families: Mapping[str, Family], cluster: Any) -> None:

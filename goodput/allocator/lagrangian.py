@@ -505,24 +505,28 @@ def _exchange(problem: Problem, choice: np.ndarray, capacity: np.ndarray) -> np.
             continue
         slot = np.full(typ.size, -1, dtype=np.int64)
         slot[on_t] = np.arange(on_t.size)
-        price = np.full((on_t.size, width + 1), np.inf)
-        which = np.full((on_t.size, width + 1), -2, dtype=np.int64)  # option index, -1 = drop the job
-        # dropping the job frees all its GPUs of t
-        price[np.arange(on_t.size), gpus[on_t]] = -cost[on_t]
-        which[np.arange(on_t.size), gpus[on_t]] = -1
         sel = np.flatnonzero(usable & (typ[j] == t))
+        # GPUs a move can free, as columns (few distinct counts): price[b, v] = cheapest way for job b to free
+        # exactly values[v] GPUs of t (an option that fits, or dropping the job: its cost rises by -cost)
+        values = np.unique(np.concatenate([gpus[on_t], freed[sel]]))
+        rows_all = np.arange(on_t.size)
+        price = np.full((on_t.size, values.size), np.inf)
+        which = np.full((on_t.size, values.size), -2, dtype=np.int64)  # option index, -1 = drop the job
+        drop = np.searchsorted(values, gpus[on_t])
+        price[rows_all, drop] = -cost[on_t]
+        which[rows_all, drop] = -1
         if sel.size:
-            rows, cols, delta = slot[j[sel]], freed[sel], alt_c[sel] - cost[j[sel]]
+            rows, cols, delta = slot[j[sel]], np.searchsorted(values, freed[sel]), alt_c[sel] - cost[j[sel]]
             order = np.argsort(-delta)  # later writes win: keep the cheapest per (row, freed)
             better = delta[order] < price[rows[order], cols[order]]
             pick = order[better]
             price[rows[pick], cols[pick]] = delta[pick]
             which[rows[pick], cols[pick]] = sel[pick]
-        # at least x freed: suffix minimum over x
-        for x in range(width - 1, 0, -1):
-            take = price[:, x + 1] < price[:, x]
-            price[take, x] = price[take, x + 1]
-            which[take, x] = which[take, x + 1]
+        # at least values[v] freed: suffix minimum over v (ties keep the fewest GPUs freed)
+        for v in range(values.size - 2, -1, -1):
+            take = price[:, v + 1] < price[:, v]
+            price[take, v] = price[take, v + 1]
+            which[take, v] = which[take, v + 1]
         # upgrades of some job a onto t that lack d GPUs of t
         room = residual[t] + np.where(typ[j] == t, gpus[j], 0)
         deficit = np.ceil(alt_g - room - 1e-9).astype(np.int64)
@@ -530,17 +534,20 @@ def _exchange(problem: Problem, choice: np.ndarray, capacity: np.ndarray) -> np.
         cand = np.flatnonzero((alt_t == t) & (deficit > 0) & (deficit <= width) & (gain < 0))
         if cand.size == 0:
             continue
-        d = np.minimum(deficit[cand], width)
-        # the cheapest freer per deficit, and the runner-up in case it is job a itself
+        column = np.searchsorted(values, deficit[cand])  # the fewest GPUs freed that cover the deficit
+        cand, column = cand[column < values.size], column[column < values.size]
+        if cand.size == 0:
+            continue
+        # the cheapest freer per column, and the runner-up in case it is job a itself
         first = np.argmin(price, axis=0)
         masked = price.copy()
-        masked[first, np.arange(width + 1)] = np.inf
+        masked[first, np.arange(values.size)] = np.inf
         second = np.argmin(masked, axis=0)
-        b = np.where(on_t[first[d]] == j[cand], second[d], first[d])
-        total = gain[cand] + price[b, d]
+        b = np.where(on_t[first[column]] == j[cand], second[column], first[column])
+        total = gain[cand] + price[b, column]
         k = int(np.argmin(total))
         if total[k] < -1e-12 and (best_move is None or total[k] < best_move[0]):
-            best_move = (float(total[k]), int(cand[k]), int(on_t[b[k]]), int(which[b[k], d[k]]))
+            best_move = (float(total[k]), int(cand[k]), int(on_t[b[k]]), int(which[b[k], column[k]]))
     if best_move is None:
         return None
     _, option, other, alt = best_move
