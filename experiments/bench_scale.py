@@ -31,7 +31,7 @@ the simulator); ``allocate``'s wall time per round where 1000+ jobs are active
 optimum (HiGHS, ``--milp-time-limit``). Targets: 24 h in ≤ 10 min of wall
 time, ``allocate`` ≤ 100 ms median at 1000+ active jobs.
 
-Run: ``python -m experiments.bench_scale [--quick] [--jobs 40000] [--hours 24] [--exact-limit N]
+Run: ``python -m experiments.bench_scale [--quick] [--jobs 50000] [--hours 24] [--exact-limit N]
 [--milp-samples 3] [--online-rounds 10]``.
 """
 
@@ -213,7 +213,7 @@ def _online_cost(jobs: list, families: dict, cluster: Cluster, rounds: int) -> d
 def main(argv: list[str] | None = None) -> int:
     p = parser("bench_scale", __doc__)
     p.add_argument("--factor", type=int, default=None, help="nodes per type × this (default 32: 2048 GPUs; --quick 4)")
-    p.add_argument("--jobs", type=int, default=None, help="arrivals over 24 h (default 40000; --quick 1/8 per factor)")
+    p.add_argument("--jobs", type=int, default=None, help="arrivals (default 50000; --quick 600)")
     p.add_argument("--hours", type=float, default=None, help="simulated hours (default 24; --quick 0.5)")
     p.add_argument("--arrival-hours", type=float, default=None, help="the arrivals' window (default 24; --quick 1)")
     p.add_argument("--exact-limit", type=int, default=0,
@@ -223,10 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--milp-time-limit", type=float, default=120.0, help="seconds per exact MILP (default 120)")
     p.add_argument("--online-rounds", type=int, default=None, help="rounds with online models (default 10; 0: skip)")
     p.add_argument("--threshold", type=int, default=None, help=f"active jobs of a round at scale (default {THRESHOLD})")
+    p.add_argument("--save-rounds", action="store_true",
+                   help="also pickle the sampled rounds' allocate inputs to OUT_DIR/bench_scale-rounds.pkl (for profiling)")
     args = p.parse_args(argv)
     factor = args.factor or (4 if args.quick else 32)
     hours = args.hours if args.hours is not None else (0.5 if args.quick else 24.0)
-    n_jobs = args.jobs or (40000 * factor // 32 if not args.quick else 600)
+    n_jobs = args.jobs or (50000 * factor // 32 if not args.quick else 600)
     arrival_hours = args.arrival_hours or (1.0 if args.quick else 24.0)
     threshold = args.threshold or (50 if args.quick else THRESHOLD)
     milp_samples = args.milp_samples if args.milp_samples is not None else (1 if args.quick else 3)
@@ -274,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         samples = []
     recorder.samples = []
+    if args.save_rounds and samples:
+        import pickle
+        from pathlib import Path
+
+        path = Path(args.out_dir) / "bench_scale-rounds.pkl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:  # (tables, cluster, current, p, options, info) per sampled round
+            pickle.dump(samples, handle)
     distances = _milp_distance(samples, args.milp_time_limit)
 
     total_allocate = sum(r["decide_s"] for r in rounds)
