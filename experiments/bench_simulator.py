@@ -77,7 +77,7 @@ def time_split(task: Task) -> dict[str, Any]:
     stack: list[float] = []
     saved: list[tuple[Any, str, Any]] = []
 
-    def wrap(owner: Any, name: str, label: str) -> None:
+    def wrap(owner: Any, name: str, label: Any) -> None:
         fn = getattr(owner, name)
         saved.append((owner, name, fn))
 
@@ -90,14 +90,20 @@ def time_split(task: Task) -> dict[str, Any]:
             finally:
                 seconds = time.perf_counter() - start
                 inner = stack.pop()
-                spent[label] = spent.get(label, 0.0) + seconds - inner
-                calls[label] = calls.get(label, 0) + 1
+                part = label(*args, **kwargs) if callable(label) else label
+                spent[part] = spent.get(part, 0.0) + seconds - inner
+                calls[part] = calls.get(part, 0) + 1
                 if stack:
                     stack[-1] += seconds
 
         setattr(owner, name, timed)
 
-    wrap(JobModel, "refit", "model: refit")
+    def refit_kind(model: Any, *, hyperparameters: bool = True) -> str:
+        if model.refits <= 1:  # counted after the refit: its first (after the arrival profile)
+            return "model: refit, first"
+        return "model: refit, GP hyperparameters too" if hyperparameters else "model: refit, means and transfers"
+
+    wrap(JobModel, "refit", refit_kind)
     wrap(JobModel, "table", "model: table (without refits)")
     wrap(JobModel, "goodput", "model: goodput (without refits)")
     wrap(JobModel, "observe", "model: observe")

@@ -75,7 +75,8 @@ def test_bench_simulator_quick_with_time_split(tmp_path):
                                  "--out-dir", str(tmp_path)]) == 0
     figures = json.loads((tmp_path / "bench_simulator.json").read_text())
     split = figures["split"]
-    assert split["spent"]["model: refit"] > 0 and split["spent"]["allocate (ILP, inputs, placement)"] > 0
+    assert sum(v for k, v in split["spent"].items() if k.startswith("model: refit")) > 0
+    assert split["spent"]["allocate (ILP, inputs, placement)"] > 0
     assert sum(split["spent"].values()) == pytest.approx(split["wall_s"], rel=0.05)  # the parts add up
     slowest = [row for row in figures["rows"] if row["what"] == "sia wall seconds, slowest workload"][0]
     assert slowest["target"] == 20.0 and slowest["sia_simulator_s"] == 408.0

@@ -276,13 +276,18 @@ def prepare(
 
     j = row_job
     positive = row_goodput > 0
-    type_ok = allowed_types[j, row_type] if row_job.size else np.zeros(0, dtype=bool)
+    every = np.ones(row_job.size, dtype=bool)
+    type_ok = allowed_types[j, row_type] if row_job.size and not allowed_types.all() else every
     node_gpus = gpn[row_type]
     shape_ok = (((row_nodes == 1) & (row_gpus <= node_gpus)) | (row_gpus == row_nodes * node_gpus)) & (
         row_nodes <= pool_nodes[row_type])
-    count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % gran[j] == 0)
-    count_ok &= (rigid[j] < 0) | (row_gpus == rigid[j])
-    count_ok &= (fixed[j] < 0) | (row_gpus // gran[j] <= fixed[j])
+    if (min_g > 1).any() or (max_g < np.iinfo(np.int64).max).any() or (gran > 1).any() or (rigid >= 0).any() or (
+            fixed >= 0).any():
+        count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % gran[j] == 0)
+        count_ok &= (rigid[j] < 0) | (row_gpus == rigid[j])
+        count_ok &= (fixed[j] < 0) | (row_gpus // gran[j] <= fixed[j])
+    else:  # no job restricts its GPU count (the usual case): every count is allowed
+        count_ok = every
     fits = row_gpus <= free[row_type]
     allowed = positive & type_ok & shape_ok & count_ok & fits
 
