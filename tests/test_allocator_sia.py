@@ -419,3 +419,32 @@ def test_prices_carry_to_the_next_round_and_change_no_answer():
     assert warm.info.objective == pytest.approx(cold.info.objective, rel=1e-6)
     assert warm.info.gap <= 1e-6 and cold.info.gap <= 1e-6
     check_invariants(warm, changed, cluster)
+
+
+def test_filled_prices_overfill_just_the_part_empty_types_and_near_options_keep_the_bound():
+    """The primal's second rounding: a type the bound's prices leave part-empty gets a price at which its demand
+    (others fixed) just exceeds its capacity; and the warm start's option subset changes the dual's value by
+    nothing a cold start would not find."""
+    from goodput.allocator.lagrangian import _Dense, _choose, _demand, _filled_prices, _near_options
+
+    cluster = Cluster.parse("t4:24x4,a100:8x8,rtx2080ti:12x8")
+    tables = random_tables(cluster, 300, np.random.default_rng(31))
+    prob = sia_problem(prepare(tables, cluster), -0.5, 1.1)
+    cold = solve_lagrangian(prob)
+    dense = [_Dense(prob, t, len(prob.names)) for t in range(3)]
+    _, types, columns = _choose(dense, cold.prices, len(prob.names))
+    demand = _demand(dense, types, columns, 3)
+    filled = _filled_prices(dense, cold.prices, prob.capacity)
+    if demand.min() < prob.capacity.min():  # a part-empty type: lowered (types in turn, the others as they stand)
+        assert filled is not None and np.all(filled <= cold.prices) and np.any(filled < cold.prices)
+        last = int(np.flatnonzero(filled < cold.prices)[-1])
+        _, ty, co = _choose(dense, filled, len(prob.names))
+        assert _demand(dense, ty, co, 3)[last] > prob.capacity[last]  # overfilled just past its capacity
+    solution = solve_lagrangian(prob)
+    assert np.all(np.bincount(prob.opt_type[solution.choice[solution.choice >= 0]],
+                              weights=prob.opt_gpus[solution.choice[solution.choice >= 0]], minlength=3)
+                  <= prob.capacity + 1e-9)
+    near = _near_options(prob, cold.prices)
+    assert 0 < near.num_options < prob.num_options and set(near.opt_job.tolist()) <= set(prob.opt_job.tolist())
+    warm = solve_lagrangian(prob, start_prices=cold.prices)
+    assert warm.bound == pytest.approx(cold.bound, rel=1e-9) and warm.bound <= solve_milp(prob).total + 1e-9
