@@ -19,13 +19,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports them on first use
-    from .allocator import Allocation, JobAllocation, JobSpec, SolverInfo, allocate
-    from .cluster import Cluster, NodePool
-    from .hierarchy import ClusterPrior
-    from .errors import DataFormatError, UnknownGPUTypeError, ValidationError
-    from .model import GoodputChoice, JobModel, Prediction
-    from .observations import Observation, Profile, ProfileWriter
-    from .table import GoodputTable, load_tables, save_tables
+    from .allocator import Allocation, JobAllocation, JobSpec, SolverInfo, allocate  # noqa: F401
+    from .cluster import Cluster, NodePool  # noqa: F401
+    from .hierarchy import ClusterPrior  # noqa: F401
+    from .errors import DataFormatError, UnknownGPUTypeError, ValidationError  # noqa: F401
+    from .model import GoodputChoice, JobModel, Prediction  # noqa: F401
+    from .observations import Observation, Profile, ProfileWriter  # noqa: F401
+    from .table import GoodputTable, load_tables, save_tables  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -30,7 +30,8 @@ import numpy as np
 from .errors import ValidationError
 from .validation import check_int
 
-__all__ = ["BatchLimits", "GoodputChoices", "candidate_batches", "optimize_goodput"]
+__all__ = ["BatchLimits", "GoodputCandidates", "GoodputChoices", "best_goodput", "best_goodput_each", "candidate_batches",
+           "goodput_candidates", "optimize_goodput"]
 
 _EPS = 1e-8  # tolerance of ceil() on ratios that should be integral
 
@@ -178,6 +179,98 @@ def _in_limit_batches(replicas: np.ndarray, limits: BatchLimits) -> tuple[np.nda
     return ok[best, cols], micro[best, cols], steps[best, cols] - 1.0
 
 
+@dataclass(frozen=True)
+class GoodputCandidates:
+    """Candidate batch configurations of some allocations with their step times: all of goodput but
+    statistical efficiency, arrays of shape (C, K) (C candidates, K allocations).
+
+    The throughput side depends only on the job's step times and batch limits;
+    a scheduler that re-reads goodput as a job's gradient noise changes (its
+    efficiency) can keep these and call :func:`best_goodput` with the new
+    efficiency (:func:`optimize_goodput` is both steps at once).
+    """
+
+    batch: np.ndarray
+    micro: np.ndarray
+    accum: np.ndarray
+    valid: np.ndarray
+    times: np.ndarray
+    throughput: np.ndarray
+    init_batch_size: int
+
+    def column(self, k: int) -> GoodputCandidates:
+        """The candidates of allocation ``k`` alone (shape (C, 1))."""
+        cut = slice(k, k + 1)
+        return GoodputCandidates(self.batch[:, cut], self.micro[:, cut], self.accum[:, cut], self.valid[:, cut],
+                                 self.times[:, cut], self.throughput[:, cut], self.init_batch_size)
+
+
+def goodput_candidates(
+    step_time: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    num_nodes: Any,
+    num_replicas: Any,
+    limits: BatchLimits,
+    num_candidates: int = 50,
+) -> GoodputCandidates:
+    """The candidates of :func:`optimize_goodput` and their step times and throughputs (see :class:`GoodputCandidates`)."""
+    nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
+    replicas = np.atleast_1d(np.asarray(num_replicas, dtype=float))
+    nodes, replicas = np.broadcast_arrays(nodes, replicas)
+    if np.any(nodes < 1) or np.any(replicas < nodes):
+        raise ValidationError("num_replicas", num_replicas, "need 1 <= num_nodes <= num_replicas")
+    batch, micro, accum, valid = candidate_batches(replicas, limits, num_candidates)
+    shape = batch.shape
+    times = np.asarray(
+        step_time(np.broadcast_to(nodes, shape), np.broadcast_to(replicas, shape), micro, accum), dtype=float
+    )
+    return GoodputCandidates(batch, micro, accum, valid, times, batch / times, limits.init_batch_size)
+
+
+def best_goodput(candidates: GoodputCandidates, efficiency: Callable[[np.ndarray], np.ndarray]) -> GoodputChoices:
+    """The goodput-maximising candidate of each allocation, given the job's statistical efficiency."""
+    c = candidates
+    shape = c.batch.shape
+    eff = np.asarray(efficiency(np.maximum(c.batch, c.init_batch_size)), dtype=float)
+    throughput = c.throughput
+    goodput = np.where(c.valid & np.isfinite(throughput), throughput * eff, 0.0)
+    best = np.argmax(goodput, axis=0)
+    cols = np.arange(shape[1])
+    chosen = goodput[best, cols]
+    ok = chosen > 0
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        return np.where(ok, values[best, cols], 0.0)
+
+    return GoodputChoices(
+        goodput=chosen,
+        throughput=pick(throughput),
+        efficiency=pick(np.broadcast_to(eff, shape)),
+        step_time=pick(c.times),
+        batch_size=pick(c.batch).astype(int),
+        local_bsz=pick(c.micro).astype(int),
+        accum_steps=pick(c.accum).astype(int),
+    )
+
+
+def best_goodput_each(candidates: GoodputCandidates, efficiencies: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`best_goodput` for K jobs sharing ``candidates`` (same step times and limits, e.g. one job
+    family), each with its own efficiency: ``efficiencies`` of shape (K, C, n), evaluated at
+    ``max(candidates.batch, init_batch_size)``. Returns ``goodput``, ``batch_size``, ``local_bsz`` and
+    ``accum_steps`` arrays of shape (K, n), row k equal to :func:`best_goodput` with job k's efficiency."""
+    c = candidates
+    eff = np.asarray(efficiencies, dtype=float)
+    goodput = np.where(c.valid & np.isfinite(c.throughput), c.throughput * eff, 0.0)
+    best = np.argmax(goodput, axis=1)[:, None, :]
+    chosen = np.take_along_axis(goodput, best, axis=1)[:, 0, :]
+    ok = chosen > 0
+
+    def pick(values: np.ndarray) -> np.ndarray:
+        return np.where(ok, np.take_along_axis(np.broadcast_to(values, goodput.shape), best, axis=1)[:, 0, :], 0.0)
+
+    return {"goodput": chosen, "batch_size": pick(c.batch).astype(int), "local_bsz": pick(c.micro).astype(int),
+            "accum_steps": pick(c.accum).astype(int)}
+
+
 def optimize_goodput(
     step_time: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
     efficiency: Callable[[np.ndarray], np.ndarray],
@@ -200,33 +293,4 @@ def optimize_goodput(
     Returns:
         :class:`GoodputChoices` with one entry per allocation.
     """
-    nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
-    replicas = np.atleast_1d(np.asarray(num_replicas, dtype=float))
-    nodes, replicas = np.broadcast_arrays(nodes, replicas)
-    if np.any(nodes < 1) or np.any(replicas < nodes):
-        raise ValidationError("num_replicas", num_replicas, "need 1 <= num_nodes <= num_replicas")
-    batch, micro, accum, valid = candidate_batches(replicas, limits, num_candidates)
-    shape = batch.shape
-    times = np.asarray(
-        step_time(np.broadcast_to(nodes, shape), np.broadcast_to(replicas, shape), micro, accum), dtype=float
-    )
-    eff = np.asarray(efficiency(np.maximum(batch, limits.init_batch_size)), dtype=float)
-    throughput = batch / times
-    goodput = np.where(valid & np.isfinite(throughput), throughput * eff, 0.0)
-    best = np.argmax(goodput, axis=0)
-    cols = np.arange(shape[1])
-    chosen = goodput[best, cols]
-    ok = chosen > 0
-
-    def pick(values: np.ndarray) -> np.ndarray:
-        return np.where(ok, values[best, cols], 0.0)
-
-    return GoodputChoices(
-        goodput=chosen,
-        throughput=pick(throughput),
-        efficiency=pick(np.broadcast_to(eff, shape)),
-        step_time=pick(times),
-        batch_size=pick(batch).astype(int),
-        local_bsz=pick(micro).astype(int),
-        accum_steps=pick(accum).astype(int),
-    )
+    return best_goodput(goodput_candidates(step_time, num_nodes, num_replicas, limits, num_candidates), efficiency)

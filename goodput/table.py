@@ -83,70 +83,173 @@ class GoodputTable:
                 frame = pd.DataFrame(rows, columns=_columns_of(rows))
             except TypeError:
                 raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
-        self._frame = self._validated(frame)
+        self._arrays = self._validated({column: frame[column] for column in frame.columns})
+        self._frame_cache: pd.DataFrame | None = None
         self.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
 
+    @classmethod
+    def from_columns(cls, job: str, columns: Mapping[str, Any], missing_gpu_types: Iterable[str] = (),
+                     quantile: float = 0.5, like: GoodputTable | None = None, checked: bool = False) -> GoodputTable:
+        """A table from ``{column: array}`` (same columns and checks as a DataFrame), without building
+        a DataFrame until :attr:`frame` is read: what a scheduler making many tables per round wants.
+
+        ``like``: a table whose configurations (``gpu_type, num_nodes, num_gpus``, in its order) this one
+        has too; ``columns`` then holds the other columns only, and the configurations are not checked again.
+        ``checked`` (with ``like``): the caller has checked the other columns already (numpy arrays of
+        finite numbers >= 0, integers in the count columns; e.g. many tables' columns at once), so they are
+        taken as they are.
+        """
+        table = object.__new__(cls)
+        table.job = check_str("job", job)
+        table.quantile = check_quantile("quantile", quantile)
+        if not isinstance(columns, Mapping):
+            raise ValidationError("columns", type(columns).__name__, "expected {column: array}")
+        if like is not None:
+            if not isinstance(like, GoodputTable):
+                raise ValidationError("like", type(like).__name__, "expected a GoodputTable")
+            given = [c for c in KEY_COLUMNS if c in columns]
+            if given:
+                raise ValidationError("columns", given, "come from `like`; give the other columns only")
+            keys = {c: like._arrays[c] for c in KEY_COLUMNS}
+            if checked:
+                values = {c: np.asarray(v) for c, v in columns.items() if c != "normalized_goodput"}
+                unknown = [c for c in values if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+                if unknown or "goodput" not in values or any(v.shape != keys["num_nodes"].shape for v in values.values()):
+                    raise ValidationError("columns", unknown or sorted(values), "do not fit `like`'s configurations")
+                values["normalized_goodput"] = _normalize(values["goodput"])
+                for array in values.values():
+                    array.flags.writeable = False
+                table._arrays = {**keys, **values}
+            else:
+                table._arrays = {**keys, **table._validated({**columns, **keys}, keys_checked=True)}
+        elif checked:
+            raise ValidationError("checked", checked, "needs `like` (a table with the same configurations)")
+        else:
+            table._arrays = table._validated(columns)
+        table._frame_cache = None
+        table.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
+        return table
+
     # ------------------------------------------------------------------ validation
-    def _validated(self, frame: pd.DataFrame) -> pd.DataFrame:
-        missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    def _validated(self, source: Mapping[str, Any], keys_checked: bool = False) -> dict[str, np.ndarray]:
+        """The checked, typed columns (with ``normalized_goodput``) as read-only numpy arrays.
+
+        Schedulers build a table per job and round, so this is a hot path: columns
+        already numeric skip pandas' coercion, and the DataFrame is built only when read.
+        """
+        names = list(source)
+        missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
-            raise ValidationError("columns", list(frame.columns), f"missing required column(s) {missing}")
-        unknown = [c for c in frame.columns if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
+            raise ValidationError("columns", names, f"missing required column(s) {missing}")
+        unknown = [c for c in names if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS + ("normalized_goodput",)]
         if unknown:
             raise ValidationError("columns", unknown, f"unknown column(s); known: {REQUIRED_COLUMNS + OPTIONAL_COLUMNS}")
-        frame = frame.drop(columns=["normalized_goodput"], errors="ignore").reset_index(drop=True).copy()
-        frame["gpu_type"] = [normalize_gpu_type(v, f"{self.job}: gpu_type") for v in frame["gpu_type"]]
-        for column in frame.columns:
-            if column == "gpu_type":
+        lengths = {len(source[c]) if np.ndim(source[c]) else None for c in names} - {None}
+        if len(lengths) > 1:
+            raise ValidationError("columns", {c: len(source[c]) for c in names if np.ndim(source[c])},
+                                  "columns of different lengths")
+        size = lengths.pop() if lengths else 0
+        columns: dict[str, Any] = {}
+        for column in names:
+            if column == "normalized_goodput":
                 continue
-            _reject_booleans(f"{self.job}: {column}", frame[column])
-            values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+            series = source[column]
+            if keys_checked and column in KEY_COLUMNS:
+                columns[column] = series  # a validated table's configurations
+                continue
+            if column == "gpu_type":
+                if isinstance(series, (pd.Series, np.ndarray)):
+                    values = series.tolist()
+                    values = values * size if np.ndim(series) == 0 else values
+                else:
+                    values = [series] * size if isinstance(series, str) or np.ndim(series) == 0 else list(series)
+                columns[column] = np.array(_gpu_types(values, f"{self.job}: gpu_type"), dtype=object)
+                continue
+            if isinstance(series, np.ndarray) and series.ndim == 1 and series.dtype.kind in "iuf":
+                pass  # numeric numpy column: checked below without pandas
+            elif isinstance(series, (int, float, np.integer, np.floating)) and not isinstance(series, (bool, np.bool_)):
+                series = np.full(size, series)  # one number for every row
+            elif np.ndim(series) == 0:
+                series = pd.Series([series] * size, dtype=object)
+            elif not isinstance(series, pd.Series):
+                series = pd.Series(list(series), dtype=object if not isinstance(series, np.ndarray) else None)
+            if series.dtype.kind in "iuf":  # numeric already: no booleans, no text to coerce
+                values = np.asarray(series, dtype=float)
+            else:
+                _reject_booleans(f"{self.job}: {column}", series)
+                values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)
             if column in ("num_nodes", "num_gpus"):
                 bad |= values < 1
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
                 raise ValidationError(
-                    f"{self.job}: {column}[{row}]", frame[column].iloc[row], "must be a finite number >= 0 (>= 1 for counts)"
+                    f"{self.job}: {column}[{row}]", _at(series, row), "must be a finite number >= 0 (>= 1 for counts)"
                 )
             if column in _INT_COLUMNS:
                 if np.any(values > _MAX_COUNT):
                     row = int(np.flatnonzero(values > _MAX_COUNT)[0])
-                    raise ValidationError(f"{self.job}: {column}[{row}]", frame[column].iloc[row],
+                    raise ValidationError(f"{self.job}: {column}[{row}]", _at(series, row),
                                           "too large: counts must be <= 2**53 (exact as a float)")
                 if np.any(values != np.round(values)):
                     row = int(np.flatnonzero(values != np.round(values))[0])
                     raise ValidationError(f"{self.job}: {column}[{row}]", values[row], "must be an integer")
-                frame[column] = values.astype(int)
+                columns[column] = values.astype(int)
             else:
-                frame[column] = values
-        if "num_replicas" in frame.columns:
-            partial = (frame["num_replicas"] < 1) | (frame["num_gpus"] % frame["num_replicas"].clip(lower=1) != 0)
+                columns[column] = values
+        nodes, gpus = columns["num_nodes"], columns["num_gpus"]
+        if "num_replicas" in columns:
+            replicas = columns["num_replicas"]
+            partial = (replicas < 1) | (np.asarray(gpus) % np.maximum(replicas, 1) != 0)
             if partial.any():
-                row = int(np.flatnonzero(partial.to_numpy())[0])
-                raise ValidationError(f"{self.job}: num_replicas[{row}]", int(frame["num_replicas"].iloc[row]),
-                                      f"must be >= 1 and divide num_gpus ({int(frame['num_gpus'].iloc[row])}): "
+                row = int(np.flatnonzero(partial)[0])
+                raise ValidationError(f"{self.job}: num_replicas[{row}]", int(replicas[row]),
+                                      f"must be >= 1 and divide num_gpus ({int(gpus[row])}): "
                                       "a replica is a whole pipeline of GPUs")
-        over = frame["num_nodes"] > frame["num_gpus"]
+        if keys_checked:
+            if len(nodes) != size:
+                raise ValidationError("columns", size, f"rows, but `like` has {len(nodes)} configurations")
+            columns = {c: columns[c] for c in names if c != "normalized_goodput"}
+            columns["normalized_goodput"] = _normalize(columns["goodput"])
+            for values in columns.values():
+                values.flags.writeable = False
+            return {c: v for c, v in columns.items() if c not in KEY_COLUMNS}
+        over = nodes > gpus
         if over.any():
-            row = int(np.flatnonzero(over.to_numpy())[0])
-            raise ValidationError(f"{self.job}: num_nodes[{row}]", int(frame["num_nodes"].iloc[row]), "exceeds num_gpus")
-        duplicated = frame.duplicated(list(KEY_COLUMNS))
-        if duplicated.any():
-            row = int(np.flatnonzero(duplicated.to_numpy())[0])
-            key = tuple(frame.loc[row, list(KEY_COLUMNS)])
+            row = int(np.flatnonzero(over)[0])
+            raise ValidationError(f"{self.job}: num_nodes[{row}]", int(nodes[row]), "exceeds num_gpus")
+        duplicate = _first_duplicate(columns["gpu_type"], nodes, gpus)
+        if duplicate is not None:
+            key = (columns["gpu_type"][duplicate], int(nodes[duplicate]), int(gpus[duplicate]))
             raise ValidationError(f"{self.job}: configuration", key, "appears twice")
-        frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
-        return frame
+        columns["normalized_goodput"] = _normalize(columns["goodput"])
+        for values in columns.values():
+            values.flags.writeable = False
+        return columns
 
     # ------------------------------------------------------------------ access
+    @property
+    def _frame(self) -> pd.DataFrame:
+        """The table as a DataFrame, built on first use (package-internal: do not modify it)."""
+        if self._frame_cache is None:
+            self._frame_cache = pd.DataFrame({c: (v.tolist() if c == "gpu_type" else v) for c, v in self._arrays.items()})
+        return self._frame_cache
+
+    def column_arrays(self) -> dict[str, np.ndarray]:
+        """The columns as read-only numpy arrays (``gpu_type`` an object array of names).
+
+        For schedulers that read many tables each round (:func:`goodput.allocate`): no pandas
+        access per call.
+        """
+        return self._arrays
+
     @property
     def frame(self) -> pd.DataFrame:
         """A copy of the table as a DataFrame (with ``normalized_goodput``)."""
         return self._frame.copy()
 
     def __len__(self) -> int:
-        return len(self._frame)
+        return len(self._arrays["goodput"])
 
     def __repr__(self) -> str:
         at = "" if self.quantile == 0.5 else f", quantile={self.quantile:g}"
@@ -154,14 +257,15 @@ class GoodputTable:
 
     @property
     def gpu_types(self) -> list[str]:
-        return list(dict.fromkeys(self._frame["gpu_type"]))
+        return list(dict.fromkeys(self._arrays["gpu_type"].tolist()))
 
     def normalized(self) -> pd.Series:
         """Goodput divided by the job's smallest positive goodput (0 stays 0)."""
         return self._frame["normalized_goodput"].copy()
 
     def configurations(self) -> list[tuple[str, int, int]]:
-        return [(g, int(n), int(k)) for g, n, k in self._frame[list(KEY_COLUMNS)].itertuples(index=False)]
+        a = self._arrays
+        return list(zip(a["gpu_type"].tolist(), a["num_nodes"].tolist(), a["num_gpus"].tolist()))
 
     def lookup(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any] | None:
         """The row of one configuration as a dict, or ``None`` if the table lacks it."""
@@ -210,19 +314,22 @@ class GoodputTable:
         if self.quantile != 0.5:
             raise ValidationError("quantile", self.quantile,
                                   f"{self.job}: the table is at a quantile already; move the median table (0.5) instead")
-        frame = self._frame.copy()
-        if "std" in frame.columns and q != 0.5:
-            median = frame["goodput"].to_numpy(dtype=float)
-            factor = lognormal_quantile(1.0, lognormal_log_std(median, frame["std"].to_numpy(dtype=float)), q)
-            frame["goodput"] = median * factor
-            if "throughput" in frame.columns:
-                frame["throughput"] = frame["throughput"].to_numpy(dtype=float) * factor
-            if "step_time" in frame.columns:
-                frame["step_time"] = frame["step_time"].to_numpy(dtype=float) / factor
-            frame["normalized_goodput"] = _normalize(frame["goodput"].to_numpy())
+        arrays = dict(self._arrays)
+        if "std" in arrays and q != 0.5:
+            median = arrays["goodput"]
+            factor = lognormal_quantile(1.0, lognormal_log_std(median, arrays["std"]), q)
+            arrays["goodput"] = median * factor
+            if "throughput" in arrays:
+                arrays["throughput"] = arrays["throughput"] * factor
+            if "step_time" in arrays:
+                arrays["step_time"] = arrays["step_time"] / factor
+            arrays["normalized_goodput"] = _normalize(arrays["goodput"])
+            for values in arrays.values():
+                values.flags.writeable = False
         # a positive finite factor keeps every validated value valid: no second validation (allocators call this each round)
         moved = object.__new__(GoodputTable)
-        moved.job, moved._frame, moved.missing_gpu_types, moved.quantile = self.job, frame, self.missing_gpu_types, q
+        moved.job, moved._arrays, moved.missing_gpu_types, moved.quantile = self.job, arrays, self.missing_gpu_types, q
+        moved._frame_cache = None
         return moved
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -289,6 +396,39 @@ def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:
     if rows:
         return None
     return list(REQUIRED_COLUMNS)
+
+
+def _gpu_types(values: list[Any], field: str) -> list[str]:
+    """The GPU type names, normalized (each distinct name checked once)."""
+    names: dict[str, str] = {}
+    for value in dict.fromkeys(v for v in values if type(v) is str):
+        names[value] = normalize_gpu_type(value, field)
+    if len(names) == len(set(values)) and all(k == v for k, v in names.items()):
+        return values  # all plain, already normalized names (the usual case)
+    out = []
+    for value in values:
+        name = names.get(value) if type(value) is str else None
+        out.append(normalize_gpu_type(value, field) if name is None else name)  # raises for anything but a name
+    return out
+
+
+def _first_duplicate(types: np.ndarray, nodes: np.ndarray, gpus: np.ndarray) -> int | None:
+    """The first row whose (gpu_type, num_nodes, num_gpus) an earlier row holds, or ``None``."""
+    if len(types) < 2:
+        return None
+    codes: dict[str, int] = {}
+    code = np.fromiter((codes.setdefault(t, len(codes)) for t in types), dtype=np.int64, count=len(types))
+    key = (code * (int(nodes.max()) + 1) + nodes) * (int(gpus.max()) + 1) + gpus
+    order = np.argsort(key, kind="stable")  # equal keys stay in row order
+    same = key[order][1:] == key[order][:-1]
+    if not same.any():
+        return None
+    return int(order[1:][same].min())  # the earliest row that repeats an earlier one
+
+
+def _at(column: Any, row: int) -> Any:
+    """A column's value at a row (a Series or an array)."""
+    return column.iloc[row] if isinstance(column, pd.Series) else column[row]
 
 
 def _reject_booleans(field: str, column: pd.Series) -> None:

@@ -71,6 +71,81 @@ def test_fast_path_close_to_exact_at_scale():
     assert both.info.objective == pytest.approx(exact_obj, rel=1e-6)
 
 
+def test_uncontended_round_needs_no_solver():
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    tables = random_tables(cluster, 3, np.random.default_rng(3), max_gpus=8)
+    result = allocate(tables, cluster)
+    exact = allocate(tables, cluster, solver="milp")
+    assert result.info.solver == "unconstrained" and result.info.status == "optimal" and result.info.gap == 0
+    assert result.info.objective == pytest.approx(exact.info.objective, rel=1e-9)
+    for job in tables:  # each job got its own best configuration
+        best = max(tables[job].frame.itertuples(), key=lambda r: r.goodput)
+        assert result[job].configuration == (best.gpu_type, best.num_nodes, best.num_gpus)
+    contended = random_tables(SMALL, 6, np.random.default_rng(4))
+    assert allocate(contended, SMALL).info.solver == "milp"  # the best options overfill the cluster
+
+
+def _dual_bound(prob, prices):
+    reduced = prob.opt_cost + prices[prob.opt_type] * prob.opt_gpus
+    best = np.zeros(len(prob.names))
+    np.minimum.at(best, prob.opt_job, reduced)
+    return best.sum() - prices @ prob.capacity
+
+
+@pytest.mark.parametrize("p", [-0.5, 0.5])
+def test_smoothed_prices_reach_the_lp_bound(p):
+    """The fast path's bound is L at its prices, a true lower bound, and at least as tight as the LP relaxation's
+    (HiGHS) to 1e-8: the smoothed Newton steps find the dual optimum where coordinate ascent alone stalls."""
+    from scipy.optimize import linprog
+    from scipy import sparse
+
+    cluster = Cluster.parse("t4:24x4,a100:8x8,rtx2080ti:12x8")  # 256 GPUs
+    tables = random_tables(cluster, 160, np.random.default_rng(11))
+    prob = sia_problem(prepare(tables, cluster), p, 1.1)
+    m, n = prob.num_options, len(prob.names)
+    rows = sparse.vstack([sparse.csr_array((np.ones(m), (prob.opt_job, np.arange(m))), shape=(n, m)),
+                          sparse.csr_array((prob.opt_gpus.astype(float), (prob.opt_type, np.arange(m))),
+                                           shape=(len(prob.gpu_types), m))])
+    lp = linprog(prob.opt_cost, A_ub=rows, b_ub=np.r_[np.ones(n), prob.capacity], bounds=(0, 1), method="highs")
+    fast = solve_lagrangian(prob)
+    plain = solve_lagrangian(prob, smoothing=False)
+    assert fast.bound == pytest.approx(_dual_bound(prob, fast.prices)) or fast.bound == pytest.approx(fast.total)
+    assert fast.bound <= lp.fun + 1e-9 * abs(lp.fun)  # weak duality
+    assert fast.bound >= lp.fun - 1e-8 * abs(lp.fun)  # and tight (what certifies a gap of mip_rel_gap = 1e-6)
+    assert fast.bound >= plain.bound - 1e-12 * abs(lp.fun)
+    exact = solve_milp(prob)
+    assert exact.total <= fast.total + 1e-12 and fast.bound <= exact.total + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reduced_cost_fixing_keeps_the_optimum(seed):
+    """auto's exact fallback: options whose reduced cost exceeds the gap are dropped, jobs left with one fixed,
+    and the MILP on the rest finds the full MILP's optimum."""
+    from goodput.allocator.lagrangian import fix_by_reduced_costs
+    from goodput.allocator.sia import solve
+
+    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
+    tables = random_tables(cluster, 40, np.random.default_rng(200 + seed))
+    prob = sia_problem(prepare(tables, cluster), 0.5 if seed % 2 else -0.5, 1.1)
+    exact = solve_milp(prob)
+    fast = solve_lagrangian(prob)
+    reduced = fix_by_reduced_costs(prob, fast.prices, fast.total)
+    assert reduced.problem.num_options < prob.num_options
+    optimum = np.flatnonzero(exact.choice >= 0)
+    chosen = set(exact.choice[optimum].tolist())
+    if exact.total < fast.total - 1e-9:  # a better solution exists: its options all survive
+        kept = set(reduced.problem.opt_row.tolist()) | set(reduced.choice[reduced.choice >= 0].tolist())
+        assert chosen <= kept
+    solution, notes = solve(prob, milp_first=0)  # force the fast path first
+    assert solution.total == pytest.approx(exact.total, rel=1e-9, abs=1e-12)
+    assert solution.bound is not None and solution.bound <= exact.total + 1e-9
+    if fast.gap > 1e-6:
+        assert solution.solver == "lagrangian+milp" and "reduced-cost fixing left" in notes[-1]
+    used = np.bincount(prob.opt_type[solution.choice[solution.choice >= 0]],
+                       weights=prob.opt_gpus[solution.choice[solution.choice >= 0]], minlength=3)
+    assert np.all(used <= prob.capacity + 1e-9)
+
+
 def test_capacity_forces_tradeoffs_and_unallocated_reasons():
     cluster = Cluster.parse("t4:1x4")
     tables = {f"j{i}": scaling_table(f"j{i}", cluster, {"t4": 1.0}) for i in range(6)}
@@ -296,7 +371,8 @@ def test_bad_goodput_names_the_job():
         GoodputTable("bad", [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": -1.0}])
     cluster = Cluster.parse("t4:1x4")
     good = table("bad", {("t4", 1, 1): 1.0})
-    good._frame.loc[0, "goodput"] = math.nan  # defensive check inside the allocator (tables validate on creation)
+    good._arrays = {**good.column_arrays(), "goodput": np.array([math.nan])}  # defensive check inside the allocator
+    # (tables validate on creation)
     with pytest.raises(ValidationError, match="bad: goodput"):
         allocate({"bad": good}, cluster)
 
@@ -369,3 +445,51 @@ def test_current_entries_of_finished_jobs_are_ignored():
     tables = {"a": scaling_table("a", cluster, {"t4": 1.0})}
     current = {"gone": JobAllocation("t4", 1, 4, {"t4-0": 4})}
     assert allocate(tables, cluster, current=current)["a"].num_gpus == 4
+
+
+def test_prices_carry_to_the_next_round_and_change_no_answer():
+    """SolverInfo.prices (the fast path's GPU prices) survive a JSON round trip, and a round given the last
+    Allocation as current starts from them: the same objective as a cold start, allocations built unchecked
+    equal checked ones."""
+    cluster = Cluster.parse("t4:24x4,a100:8x8,rtx2080ti:12x8")  # 256 GPUs
+    tables = random_tables(cluster, 160, np.random.default_rng(21))
+    first = allocate(tables, cluster)
+    assert first.info.solver.startswith("lagrangian") and set(first.info.prices) == set(cluster.gpu_types)
+    assert Allocation.from_dict(first.to_dict()).info.prices == first.info.prices
+    for job, alloc in first.allocated.items():
+        assert alloc == JobAllocation(alloc.gpu_type, alloc.num_nodes, alloc.num_gpus, dict(alloc.placement))
+    changed = {**tables, **random_tables(cluster, 20, np.random.default_rng(22))}  # job0..job19 change
+    warm = allocate(changed, cluster, current=first)
+    cold = allocate(changed, cluster, current={k: v for k, v in first.items() if v is not None})
+    assert warm.info.objective == pytest.approx(cold.info.objective, rel=1e-6)
+    assert warm.info.gap <= 1e-6 and cold.info.gap <= 1e-6
+    check_invariants(warm, changed, cluster)
+
+
+def test_filled_prices_overfill_just_the_part_empty_types_and_near_options_keep_the_bound():
+    """The primal's second rounding: a type the bound's prices leave part-empty gets a price at which its demand
+    (others fixed) just exceeds its capacity; and the warm start's option subset changes the dual's value by
+    nothing a cold start would not find."""
+    from goodput.allocator.lagrangian import _Dense, _choose, _demand, _filled_prices, _near_options
+
+    cluster = Cluster.parse("t4:24x4,a100:8x8,rtx2080ti:12x8")
+    tables = random_tables(cluster, 300, np.random.default_rng(31))
+    prob = sia_problem(prepare(tables, cluster), -0.5, 1.1)
+    cold = solve_lagrangian(prob)
+    dense = [_Dense(prob, t, len(prob.names)) for t in range(3)]
+    _, types, columns = _choose(dense, cold.prices, len(prob.names))
+    demand = _demand(dense, types, columns, 3)
+    filled = _filled_prices(dense, cold.prices, prob.capacity)
+    if demand.min() < prob.capacity.min():  # a part-empty type: lowered (types in turn, the others as they stand)
+        assert filled is not None and np.all(filled <= cold.prices) and np.any(filled < cold.prices)
+        last = int(np.flatnonzero(filled < cold.prices)[-1])
+        _, ty, co = _choose(dense, filled, len(prob.names))
+        assert _demand(dense, ty, co, 3)[last] > prob.capacity[last]  # overfilled just past its capacity
+    solution = solve_lagrangian(prob)
+    assert np.all(np.bincount(prob.opt_type[solution.choice[solution.choice >= 0]],
+                              weights=prob.opt_gpus[solution.choice[solution.choice >= 0]], minlength=3)
+                  <= prob.capacity + 1e-9)
+    near = _near_options(prob, cold.prices)
+    assert 0 < near.num_options < prob.num_options and set(near.opt_job.tolist()) <= set(prob.opt_job.tolist())
+    warm = solve_lagrangian(prob, start_prices=cold.prices)
+    assert warm.bound == pytest.approx(cold.bound, rel=1e-9) and warm.bound <= solve_milp(prob).total + 1e-9

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments import bench
 
 
@@ -59,3 +61,33 @@ def test_bench_heterogeneous_quick(tmp_path):
         assert row["finished"] == row["jobs"] > 0
         assert 0 < row["avg_jct_s"] <= row["p99_jct_s"] and row["makespan_s"] > 0 and row["gpu_hours"] > 0
     assert figures["restart_cost"] == "per application" and len(figures["load_average_before"]) == 3
+
+
+def test_bench_scale_quick(tmp_path):
+    """The scale benchmark's smoke run (256 GPUs, half an hour): every part measured and saved."""
+    from experiments import bench_scale
+
+    assert bench_scale.main(["--quick", "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_scale.json").read_text())
+    rows = {row["what"]: row for row in figures["rows"]}
+    assert rows["wall seconds"]["value"] > 0 and len(figures["round_s"]) == len(figures["active_per_round"]) > 20
+    assert max(figures["active_per_round"]) >= figures["threshold"]  # some rounds at "scale"
+    assert any(w.startswith("allocate ms at") for w in rows) and figures["solvers_at_scale"]
+    assert figures["milp_distances"] and figures["milp_distances"][0]["milp_status"] == "optimal"
+    assert abs(figures["milp_distances"][0]["vs_milp"]) < 1e-3  # the answer against the exact optimum
+    assert figures["online"]["model_s"] > 0 and figures["online"]["jobs_with_models"] > 0
+    assert figures["load_average_before"] and figures["policy"] == "sia-oracle"
+
+
+def test_bench_simulator_quick_with_time_split(tmp_path):
+    from experiments import bench_simulator
+
+    assert bench_simulator.main(["--quick", "--policies", "sia,sia-oracle", "--processes", "1",
+                                 "--out-dir", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench_simulator.json").read_text())
+    split = figures["split"]
+    assert sum(v for k, v in split["spent"].items() if k.startswith("model: refit")) > 0
+    assert split["spent"]["allocate (ILP, inputs, placement)"] > 0
+    assert sum(split["spent"].values()) == pytest.approx(split["wall_s"], rel=0.05)  # the parts add up
+    slowest = [row for row in figures["rows"] if row["what"] == "sia wall seconds, slowest workload"][0]
+    assert slowest["target"] == 20.0 and slowest["sia_simulator_s"] == 408.0

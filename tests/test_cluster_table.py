@@ -161,3 +161,30 @@ def test_reading_the_umask_does_not_change_it_meanwhile(monkeypatch):
     monkeypatch.setattr(os, "umask", lambda value: calls.append(value) or real(value))
     assert _umask() == mask
     assert calls == [] if Path("/proc/self/status").exists() else 0 not in calls
+
+
+def test_from_columns_matches_the_frame_path_and_builds_no_frame_until_read():
+    data = pd.DataFrame(rows())
+    table = GoodputTable.from_columns("job", {c: data[c].to_numpy() for c in data.columns}, missing_gpu_types=["V100"])
+    assert table._frame_cache is None  # nothing built yet: the allocator reads column_arrays
+    arrays = table.column_arrays()
+    assert arrays["gpu_type"].tolist() == ["t4", "t4", "a100", "a100"]
+    assert arrays["normalized_goodput"].tolist() == pytest.approx([1.0, 1.75, 4.0, 0.0])
+    with pytest.raises(ValueError):
+        arrays["goodput"][0] = 1.0  # read-only: a table never changes
+    pd.testing.assert_frame_equal(table.frame, GoodputTable("job", rows()).frame, check_exact=True)
+    assert table.missing_gpu_types == ("v100",) and len(table) == 4
+    scalar = GoodputTable.from_columns("job", {"gpu_type": "t4", "num_nodes": [1, 1], "num_gpus": [1, 2],
+                                               "goodput": [1.0, 2.0], "std": 0.0})
+    assert scalar.frame["std"].tolist() == [0.0, 0.0] and scalar.gpu_types == ["t4"]
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [({"goodput": [1.0, float("nan")]}, "goodput"), ({"num_gpus": [1, 0]}, "num_gpus"), ({"num_nodes": [True, 1]}, "boolean"),
+     ({"gpu_type": ["t4", 7]}, "gpu_type"), ({"num_gpus": [1, 1]}, "twice"), ({"goodput": [1.0]}, "lengths")],
+)
+def test_from_columns_validates_like_the_frame_path(change, field):
+    columns = {"gpu_type": ["t4", "t4"], "num_nodes": [1, 1], "num_gpus": [1, 2], "goodput": [1.0, 2.0], **change}
+    with pytest.raises(ValidationError, match=field):
+        GoodputTable.from_columns("job", columns)

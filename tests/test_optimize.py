@@ -107,3 +107,24 @@ def test_limits_validate():
         BatchLimits(init_batch_size=64, min_local_bsz=8, max_local_bsz=4)
     with pytest.raises(ValidationError, match="num_replicas"):
         optimize_goodput(step, lambda m: m, 2, 1, BatchLimits(8))
+
+
+def test_candidates_then_efficiency_equals_one_optimisation():
+    """goodput_candidates + best_goodput (what a scheduler keeps between rounds) give optimize_goodput's answer
+    exactly, column by column too."""
+    from goodput.optimize import best_goodput, goodput_candidates
+
+    limits = BatchLimits(init_batch_size=168, max_batch_size=4096, min_local_bsz=2, max_local_bsz=9)
+    nodes, replicas = np.array([1, 1, 1, 2, 4]), np.array([1, 2, 4, 8, 16])
+    candidates = goodput_candidates(step, nodes, replicas, limits)
+    for grad in ((1.0, 2.0), (1.0, 50.0)):
+        eff = lambda m, g=grad: efficiency(*g, limits.init_batch_size, m)  # noqa: E731
+        whole = optimize_goodput(step, eff, nodes, replicas, limits)
+        again = best_goodput(candidates, eff)
+        for field in ("goodput", "throughput", "efficiency", "step_time", "batch_size", "local_bsz", "accum_steps"):
+            assert np.array_equal(getattr(whole, field), getattr(again, field))
+        for k in range(nodes.size):
+            alone = optimize_goodput(step, eff, nodes[k], replicas[k], limits)
+            column = best_goodput(candidates.column(k), eff)
+            assert column.goodput[0] == alone.goodput[0] == whole.goodput[k]
+            assert (column.local_bsz[0], column.accum_steps[0]) == (alone.local_bsz[0], alone.accum_steps[0])

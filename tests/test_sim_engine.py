@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from experiments.simulator.engine import SimConfig, Simulator
@@ -186,3 +188,99 @@ def test_each_applications_restart_cost_reaches_the_allocators_restart_penalty(m
     sim.run()
     assert seen == {"b": 120.0, "n": 15.0}
     assert [j.restart_cost_s for j in sim.jobs] == [120.0, 15.0]
+
+
+def _oracle_sim(cluster_spec="t4:40x4,a100:8x8", jobs=24, seed=5):
+    from experiments.simulator.policies import make_policy
+    from experiments.simulator.truth import catalog_workload_stats
+    from experiments.simulator.workload import synthetic_workload
+
+    cluster = Cluster.parse(cluster_spec)
+    families = load_catalog(gpu_types=cluster.gpu_types)
+    work = synthetic_workload(catalog_workload_stats(), families, num_jobs=jobs, hours=1.0, seed=seed)
+    sim = Simulator(work, families, SimConfig(cluster=cluster), make_policy("sia-oracle"))
+    rng = np.random.default_rng(seed)
+    for job in sim.jobs:
+        job.progress = float(rng.uniform(0.0, 0.8)) * job.family.work
+    return sim
+
+
+def test_truth_tables_leave_out_only_configurations_where_no_batch_fits():
+    """The oracle's tables hold the configurations up to max_batch_size // min_local_bsz GPUs; every one left
+    out has goodput 0 in the full computation (never allocated), and the kept rows are the same."""
+    sim = _oracle_sim()
+    for job in sim.jobs[:8]:
+        table = sim._truth_table(job).frame
+        for pool in sim.cluster:
+            configs = pool.configurations()
+            full = job.family.best_config(pool.gpu_type, np.array([c[1] for c in configs], float),
+                                          np.array([c[2] for c in configs], float), job.progress)
+            kept = table[table["gpu_type"] == pool.gpu_type]
+            useful = job.family.max_batch_size // job.family.min_local_bsz
+            assert kept["num_gpus"].max() <= max(useful, 1)
+            for i, (_, nodes, gpus) in enumerate(configs):
+                row = kept[(kept["num_nodes"] == nodes) & (kept["num_gpus"] == gpus)]
+                if row.empty:
+                    assert full.goodput[i] == 0.0
+                else:
+                    assert row["goodput"].iloc[0] == full.goodput[i]
+                    assert row["local_bsz"].iloc[0] == full.local_bsz[i]
+
+
+def test_batched_oracle_tables_and_batches_equal_the_job_by_job_ones():
+    sim = _oracle_sim(jobs=40)
+    one_by_one = {job.name: sim._truth_table(job).frame for job in sim.jobs}
+    sim._refresh_truth_tables(sim.jobs)
+    for job in sim.jobs:
+        pd.testing.assert_frame_equal(job.table.frame, one_by_one[job.name], check_exact=True)
+        assert job.table_phi == job.family.noise_scale(job.progress)
+    from experiments.simulator.engine import Assignment
+
+    for i, job in enumerate(sim.jobs):  # a configuration each, then the batch choices both ways
+        gpus = [1, 2, 4, 8][i % 4]
+        job.assignment = Assignment("t4" if gpus <= 4 else "a100", 1, gpus, ((f"x-{i}", gpus),))
+    expected = {job.name: sim._batch_config(job) for job in sim.jobs}
+    sim._oracle_batches(sim.jobs)
+    assert {job.name: (job.local_bsz, job.accum_steps) for job in sim.jobs} == expected
+
+
+def test_policy_specs_and_allocations_kept_between_rounds_equal_fresh_ones():
+    from experiments.simulator.engine import Assignment, JobView
+    from experiments.simulator.policies import make_policy
+    from goodput.allocator import JobAllocation, JobSpec
+
+    policy = make_policy("sia")
+    here = Assignment("t4", 1, 2, (("t4-0", 2),))
+    view = JobView(name="a", application="cifar10", arrival=10.0, age_s=50.0, attained_s=20.0, restarts=1,
+                   restart_cost_s=30.0, requested_gpus=64, requested_batch=128, current=here, table=None,
+                   throughput=None, gpu_types=("t4",))
+    first = policy._spec(view, 16)
+    later = JobView(**{**view.__dict__, "age_s": 110.0, "attained_s": 80.0, "restarts": 2})
+    spec = policy._spec(later, 16)
+    assert first == JobSpec(age=50.0, restarts=1, restart_cost=30.0, attained=20.0, requested_gpus=16, arrival=10.0,
+                            gpu_types=("t4",))
+    assert spec == JobSpec(age=110.0, restarts=2, restart_cost=30.0, attained=80.0, requested_gpus=16, arrival=10.0,
+                           gpu_types=("t4",))
+    assert spec.restart_factor == JobSpec(age=110.0, restarts=2, restart_cost=30.0).restart_factor
+    alloc = policy._allocation(view)
+    assert alloc == JobAllocation("t4", 1, 2, {"t4-0": 2}) and policy._allocation(later) is alloc
+    moved = JobView(**{**later.__dict__, "current": Assignment("t4", 1, 4, (("t4-1", 4),))})
+    assert policy._allocation(moved) == JobAllocation("t4", 1, 4, {"t4-1": 4})
+
+
+def test_isolated_time_from_running_maxima_equals_the_direct_maximum():
+    from experiments.simulator import metrics
+
+    cluster = Cluster.parse("t4:12x4,a100:4x8")
+    families = load_catalog(gpu_types=cluster.gpu_types)
+    mids, widths = metrics._segments()
+    for family in list(families.values())[:3]:
+        for contention in (1.0, 2.5, 7.0, 40.0):
+            direct = np.inf
+            for pool in cluster:
+                allowed = [c for c in pool.configurations() if c[2] <= max(1.0, pool.gpus / max(contention, 1.0))]
+                rates = np.array([max(metrics._best_rate(family, pool.gpu_type, n, g, k) for _, n, g in allowed)
+                                  for k in range(len(mids))])
+                if np.all(rates > 0):
+                    direct = min(direct, float(np.sum(widths * family.work / rates)))
+            assert metrics.isolated_time(family, cluster, contention) == direct + family.restart_cost_s

@@ -84,7 +84,7 @@ def test_a_bad_pipeline_table_or_settings_file_is_one_line_naming_file_row_and_f
 
 
 def test_a_pipeline_table_without_its_stage_count_names_the_fix(tmp_path):
-    folder = write_pipeline_model(tmp_path, settings={})
+    write_pipeline_model(tmp_path, settings={})
     with pytest.raises(DataFormatError, match="application.json") as info:
         load_measured(tmp_path)
     assert info.value.field == "sync_time" and info.value.line is not None  # Sia's pipeline rows: sync > step

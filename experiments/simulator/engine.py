@@ -37,6 +37,7 @@ from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.model import JobModel
 from goodput.observations import Observation
+from goodput.optimize import GoodputCandidates, best_goodput, best_goodput_each
 from goodput.table import GoodputTable
 from goodput.validation import check_float
 
@@ -302,6 +303,9 @@ class Simulator:
         self.pooled = bool(getattr(policy, "pooled_model", False))
         self.node_capacity = {node: pool.gpus_per_node for pool in self.cluster for node in pool.node_ids()}
         self.node_type = {node: pool.gpu_type for pool in self.cluster for node in pool.node_ids()}
+        self._configs: dict[tuple[Any, ...], Any] = {}  # useful configurations and batch candidates, per family
+        self._model_clusters: dict[str, Cluster] = {}
+        self._phi_seen: dict[str, tuple[float, float]] = {}  # job -> (progress, noise scale) last computed
 
     # ------------------------------------------------------------------ observations
     def _noise(self, sigma: float) -> float:
@@ -362,26 +366,92 @@ class Simulator:
             job.table_stale = True
 
     # ------------------------------------------------------------------ tables
+    def _useful_configs(self, pool: Any, family: Family, fixed_batch: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The pool's configurations (nodes, GPUs) on which some batch fits the family's limits (whole pipelines
+        of a hybrid job: :meth:`Family.configurations`).
+
+        More than ``max_batch_size // min_local_bsz`` replicas (``fixed_batch // min_local_bsz`` for a
+        fixed batch) leave no batch within the limits, so their goodput is 0 and no allocator offers
+        them: leaving those rows out changes no allocation, and on a large pool it saves most of
+        the table (a 192-node pool has 194 configurations; cifar10 can use 35 of them).
+        """
+        key = (pool.gpu_type, family.name, fixed_batch)
+        cached = self._configs.get(key)
+        if cached is None:
+            limits = family.limits(pool.gpu_type, fixed_batch)
+            useful = max(limits.max_batch_size // limits.min_local_bsz, 1)
+            stages = family.stages(pool.gpu_type)
+            configs = [c for c in family.configurations(pool) if c[2] // stages <= useful]
+            cached = (np.array([c[1] for c in configs], dtype=float), np.array([c[2] for c in configs], dtype=float))
+            self._configs[key] = cached
+        return cached
+
+    def _candidates(self, pool: Any, family: Family, fixed_batch: int | None) -> GoodputCandidates:
+        """The family's batch candidates and true step times on the pool's useful configurations: all of a truth
+        table but the efficiency, which moves with the job's progress (kept for the whole simulation)."""
+        key = ("candidates", pool.gpu_type, family.name, fixed_batch)
+        cached = self._configs.get(key)
+        if cached is None:
+            nodes, gpus = self._useful_configs(pool, family, fixed_batch)
+            cached = family.candidates(pool.gpu_type, nodes, gpus, fixed_batch)
+            self._configs[key] = cached
+        return cached
+
+    def _config_candidates(self, family: Family, gpu_type: str, nodes: int, gpus: int) -> GoodputCandidates | None:
+        """The candidates of one configuration (a column of :meth:`_candidates`); ``None`` if not a useful one."""
+        key = ("column", gpu_type, family.name, nodes, gpus)
+        if key not in self._configs:
+            pool = self.cluster.pool(gpu_type)
+            all_nodes, all_gpus = self._useful_configs(pool, family, None)
+            hit = np.flatnonzero((all_nodes == nodes) & (all_gpus == gpus))
+            self._configs[key] = self._candidates(pool, family, None).column(int(hit[0])) if hit.size else None
+        return self._configs[key]
+
     def _truth_table(self, job: SimJob, *, fixed_batch: int | None = None) -> GoodputTable:
         """A table from the ground truth: true goodput at the job's current progress (an oracle's view),
         or, with ``fixed_batch``, true samples/s at that batch (what Gavel profiles)."""
-        rows = []
         progress = 0.0 if fixed_batch else job.progress
+        parts = []
         for pool in self.cluster:
             if not job.family.supports(pool.gpu_type):
                 continue
-            configs = job.family.configurations(pool)
-            if not configs:
+            nodes, gpus = self._useful_configs(pool, job.family, fixed_batch)
+            if not nodes.size:  # not one pipeline fits this type's nodes
                 continue
-            nodes = np.array([c[1] for c in configs])
-            gpus = np.array([c[2] for c in configs])
-            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch)
-            value = best.throughput if fixed_batch else best.goodput
-            for i, (_, n, g) in enumerate(configs):
-                rows.append({"gpu_type": pool.gpu_type, "num_nodes": n, "num_gpus": g, "goodput": float(value[i]),
-                             "batch_size": int(best.batch_size[i]), "local_bsz": int(best.local_bsz[i]),
-                             "accum_steps": int(best.accum_steps[i]), "std": 0.0})
-        return GoodputTable(job.name, rows)
+            best = job.family.best_config(pool.gpu_type, nodes, gpus, progress, fixed_batch=fixed_batch,
+                                          candidates=self._candidates(pool, job.family, fixed_batch))
+            parts.append((pool.gpu_type, nodes, gpus, best.throughput if fixed_batch else best.goodput, best))
+        if not parts:
+            return GoodputTable(job.name, [])
+        return GoodputTable.from_columns(job.name, {
+            "gpu_type": [t for t, nodes, *_ in parts for _ in range(nodes.size)],
+            "num_nodes": np.concatenate([p[1] for p in parts]).astype(int),
+            "num_gpus": np.concatenate([p[2] for p in parts]).astype(int),
+            "goodput": np.concatenate([p[3] for p in parts]).astype(float),
+            "batch_size": np.concatenate([p[4].batch_size for p in parts]).astype(int),
+            "local_bsz": np.concatenate([p[4].local_bsz for p in parts]).astype(int),
+            "accum_steps": np.concatenate([p[4].accum_steps for p in parts]).astype(int),
+            "std": 0.0,
+        })
+
+    def _model_cluster(self, job: SimJob) -> Cluster:
+        """The cluster cut to the nodes a job can use (see :meth:`_useful_configs`): its model's table
+        over it has the same rows, less the configurations on which nothing fits."""
+        from goodput.cluster import NodePool
+
+        key = job.family.name
+        cut = self._model_clusters.get(key)
+        if cut is None:
+            pools = []
+            for pool in self.cluster:
+                limits = job.family.limits(pool.gpu_type) if job.family.supports(pool.gpu_type) else None
+                useful = (max(limits.max_batch_size // limits.min_local_bsz, 1) * job.family.stages(pool.gpu_type)
+                          if limits else pool.gpus)  # GPUs: whole pipelines of a hybrid job
+                pools.append(NodePool(pool.gpu_type, min(pool.nodes, max(1, useful // pool.gpus_per_node)),
+                                      pool.gpus_per_node))
+            cut = Cluster(tuple(pools))
+            self._model_clusters[key] = cut
+        return cut
 
     def _pooled_table(self, job: SimJob) -> GoodputTable:
         """A pooled model's table: the same predictions on every GPU type's configurations (it cannot tell them apart)."""
@@ -390,7 +460,7 @@ class Simulator:
         from goodput.cluster import NodePool
 
         frames = []
-        for pool in self.cluster:
+        for pool in self._model_cluster(job):
             if not job.family.supports(pool.gpu_type):
                 continue
             shape = Cluster((NodePool(POOLED, pool.nodes, pool.gpus_per_node),))
@@ -406,7 +476,7 @@ class Simulator:
                 job.table, job.table_phi = self._truth_table(job), phi
             return job.table
         if job.table is None or job.table_stale:
-            job.table = self._pooled_table(job) if self.pooled else job.model.table(self.cluster)
+            job.table = self._pooled_table(job) if self.pooled else job.model.table(self._model_cluster(job))
             job.table_stale = False
             hyper = getattr(job.model, "gp_hyperparameters", None)
             if hyper is not None:
@@ -414,8 +484,55 @@ class Simulator:
         return job.table
 
     # ------------------------------------------------------------------ allocation
+    def _refresh_truth_tables(self, active: list[SimJob]) -> None:
+        """An oracle's tables: each job's refreshed once its noise scale has moved by ``table_refresh``
+        (:meth:`_table`), all of a round's at once, one evaluation per job family and pool (the same tables
+        as :meth:`_truth_table` job by job)."""
+        groups: dict[int, list[tuple[SimJob, float]]] = {}
+        for job in active:
+            seen = self._phi_seen.get(job.name)
+            if seen is not None and seen[0] == job.progress:
+                phi = seen[1]  # a job that did not progress (queued) has the same φ
+            else:
+                phi = job.family.noise_scale(job.progress)
+                self._phi_seen[job.name] = (job.progress, phi)
+            if job.table is None or abs(phi / job.table_phi - 1.0) > self.config.table_refresh:
+                groups.setdefault(id(job.family), []).append((job, phi))
+        for members in groups.values():
+            family = members[0][0].family
+            pools = [pool for pool in self.cluster
+                     if family.supports(pool.gpu_type) and self._useful_configs(pool, family, None)[0].size]
+            if not pools:
+                for job, phi in members:
+                    job.table, job.table_phi = GoodputTable(job.name, []), phi
+                continue
+            candidates = [self._candidates(pool, family, None) for pool in pools]
+            batches = [np.maximum(c.batch, c.init_batch_size) for c in candidates]
+            effs = family.efficiencies([job.progress for job, _ in members], batches)  # per pool: (jobs, C, n)
+            best = [best_goodput_each(c, e) for c, e in zip(candidates, effs)]
+            columns = {k: np.concatenate([b[k] for b in best], axis=1) for k in best[0]}
+            # every job's values checked at once (finite, >= 0); the tables then take them as they are
+            checked = bool(np.all(np.isfinite(columns["goodput"])) and all(np.all(v >= 0) for v in columns.values()))
+            zeros = np.zeros(columns["goodput"].shape[1])
+            first = None
+            for k, (job, phi) in enumerate(members):
+                values = {name: columns[name][k] for name in ("goodput", "batch_size", "local_bsz", "accum_steps")}
+                if first is None:  # the family's configurations, checked once
+                    configs = [self._useful_configs(pool, family, None) for pool in pools]
+                    first = job.table = GoodputTable.from_columns(job.name, {
+                        "gpu_type": [pool.gpu_type for pool, (n, _) in zip(pools, configs) for _ in range(n.size)],
+                        "num_nodes": np.concatenate([n for n, _ in configs]).astype(int),
+                        "num_gpus": np.concatenate([g for _, g in configs]).astype(int), **values, "std": 0.0})
+                else:
+                    job.table = GoodputTable.from_columns(job.name, {**values, "std": zeros}, like=first,
+                                                          checked=checked)
+                job.table_phi = phi
+
     def _views(self, now: float, active: list[SimJob]) -> list[JobView]:
         views = []
+        batched = self.policy.oracle and self.policy.adaptive_batch
+        if batched:
+            self._refresh_truth_tables(active)
         for job in active:
             adaptive = self.policy.adaptive_batch
             if not adaptive and job.throughput_table is None:
@@ -425,7 +542,7 @@ class Simulator:
                 attained_s=min(job.held_seconds, now - job.spec.time),
                 restarts=job.restarts, restart_cost_s=job.restart_cost_s,
                 requested_gpus=job.spec.num_replicas, requested_batch=job.spec.batch_size,
-                current=job.assignment, table=self._table(job) if adaptive else None,
+                current=job.assignment, table=(job.table if batched else self._table(job)) if adaptive else None,
                 throughput=job.throughput_table,
                 gpu_types=tuple(g for g in self.cluster.gpu_types if job.family.supports(g)),
                 num_stages={g: job.family.stages(g) for g in self.cluster.gpu_types
@@ -455,7 +572,8 @@ class Simulator:
                 return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
             return int(row["local_bsz"]), int(row["accum_steps"])
         if self.policy.oracle:
-            best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress)
+            best = job.family.best_config(a.gpu_type, a.num_nodes, a.num_gpus, job.progress,
+                                          candidates=self._config_candidates(job.family, a.gpu_type, a.num_nodes, a.num_gpus))
             return max(int(best.local_bsz[0]), 1), int(best.accum_steps[0])
         choice = job.model.goodput(POOLED if self.pooled else a.gpu_type, a.num_nodes, num_gpus=a.num_gpus)
         if choice.local_bsz < 1:  # the model thinks nothing fits: run the smallest legal batch
@@ -463,6 +581,29 @@ class Simulator:
             wanted = max(job.family.min_local_bsz, math.ceil(job.family.init_batch_size / replicas))
             return min(wanted, job.family.max_local_bsz[a.gpu_type]), 0  # never past what fits in memory
         return choice.local_bsz, choice.accum_steps
+
+    def _oracle_batches(self, jobs: list[SimJob]) -> None:
+        """An oracle's batch configurations (:meth:`_batch_config`) for many jobs: one evaluation per job family
+        and GPU type over the jobs' configurations, each at its job's progress (the same choices)."""
+        groups: dict[tuple[int, str], list[tuple[SimJob, GoodputCandidates]]] = {}
+        for job in jobs:
+            a = job.assignment
+            column = self._config_candidates(job.family, a.gpu_type, a.num_nodes, a.num_gpus)
+            if column is None:
+                job.local_bsz, job.accum_steps = self._batch_config(job)
+                continue
+            groups.setdefault((id(job.family), a.gpu_type), []).append((job, column))
+        for members in groups.values():
+            family = members[0][0].family
+            columns = [c for _, c in members]
+            stacked = GoodputCandidates(*(np.concatenate([getattr(c, f) for c in columns], axis=1)
+                                          for f in ("batch", "micro", "accum", "valid", "times", "throughput")),
+                                        columns[0].init_batch_size)
+            eff = family.column_efficiencies([job.progress for job, _ in members],
+                                             np.maximum(stacked.batch, stacked.init_batch_size))
+            best = best_goodput(stacked, lambda _: eff)  # each job on its own configuration, at its own progress
+            for k, (job, _) in enumerate(members):
+                job.local_bsz, job.accum_steps = max(int(best.local_bsz[k]), 1), int(best.accum_steps[k])
 
     def _apply(self, now: float, decisions: Mapping[str, Any], active: list[SimJob]) -> None:
         assignments = {}
@@ -473,6 +614,7 @@ class Simulator:
         if unknown:
             raise ValidationError("decisions", unknown[0], "the policy allocated GPUs to a job that is not active")
         self._check_capacity(assignments)
+        changed: list[SimJob] = []  # jobs on a new assignment: their batch configuration, below
         for job in active:
             new = assignments.get(job.name)
             if new == job.assignment:
@@ -492,6 +634,11 @@ class Simulator:
                 job.gpu_types_used.add(new.gpu_type)
             job.assignment = new
             if new is not None:
+                changed.append(job)
+        if self.policy.oracle and self.policy.adaptive_batch:
+            self._oracle_batches(changed)
+        else:
+            for job in changed:
                 job.local_bsz, job.accum_steps = self._batch_config(job)
 
     # ------------------------------------------------------------------ time
@@ -554,6 +701,7 @@ class Simulator:
             decisions = self.policy.decide(now, self.cluster, self._views(now, active))
             self._apply(now, decisions, active)
             used: dict[str, int] = {}
+            retune: list[SimJob] = []
             for job in active:
                 if job.assignment is not None:
                     used[job.assignment.gpu_type] = used.get(job.assignment.gpu_type, 0) + job.assignment.num_gpus
@@ -561,8 +709,11 @@ class Simulator:
                     if job.finish_time is None and job.delay_left <= 0 and self.policy.adaptive_batch:
                         if not self.policy.oracle:
                             self._report(job)
-                        if self.policy.oracle or job.rounds_since_report == 0:
+                        if self.policy.oracle:
+                            retune.append(job)  # each depends on its own state only: all at once, below
+                        elif job.rounds_since_report == 0:
                             job.local_bsz, job.accum_steps = self._batch_config(job)
+            self._oracle_batches(retune)
             running = sum(1 for j in active if j.assignment is not None)
             self.round_records.append({
                 "time_s": now, "active": len(active), "running": running, "queued": len(active) - running,

@@ -34,7 +34,7 @@ def _segments() -> tuple[np.ndarray, np.ndarray]:
     return (edges[:-1] + edges[1:]) / 2.0, np.diff(edges)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segment: int) -> float:
     mids, _ = _segments()
     progress = mids[segment] * family.work
@@ -42,19 +42,35 @@ def _best_rate(family: Any, gpu_type: str, num_nodes: int, num_gpus: int, segmen
     return float(best.goodput[0]) / family.init_batch_size  # progress per second
 
 
+@lru_cache(maxsize=1024)
+def _best_rates(family: Any, pool: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The job's configurations of the pool (whole pipelines of a hybrid job): their GPU counts (ascending)
+    and, per segment, the best rate among the first k configurations for every k (a running maximum of
+    :func:`_best_rate`), shape (configurations, segments)."""
+    mids, _ = _segments()
+    configs = family.configurations(pool)  # ascending GPU counts
+    nodes = np.array([n for _, n, _ in configs], dtype=float)
+    gpus = np.array([g for _, _, g in configs], dtype=float)
+    candidates = family.candidates(pool.gpu_type, nodes, gpus)  # one optimisation per segment: _best_rate's values
+    rates = np.stack([family.best_config(pool.gpu_type, nodes, gpus, m * family.work, candidates=candidates).goodput
+                      for m in mids], axis=1) / family.init_batch_size
+    return gpus, np.maximum.accumulate(rates, axis=0)
+
+
 def isolated_time(family: Any, cluster: Cluster, contention: float, restart_cost_s: float | None = None) -> float:
     """Seconds to finish alone on a 1/``contention`` share of the cluster (see module docstring), plus one
     start (``restart_cost_s``, default the family's). A hybrid-parallel job's share is whole pipelines,
     at least one."""
-    mids, widths = _segments()
+    _, widths = _segments()
     best = np.inf
     share = max(contention, 1.0)
     for pool in cluster:
         configs = family.configurations(pool) if family.supports(pool.gpu_type) else []
         if not configs:
             continue
-        allowed = [c for c in configs if c[2] <= max(configs[0][2], pool.gpus / share)]
-        rates = np.array([max(_best_rate(family, pool.gpu_type, n, g, k) for _, n, g in allowed) for k in range(len(mids))])
+        gpus, running_max = _best_rates(family, pool)
+        allowed = int(np.searchsorted(gpus, max(gpus[0], pool.gpus / share), side="right"))  # configurations that fit
+        rates = running_max[allowed - 1]  # the best rate among them, per segment
         if np.all(rates > 0):
             best = min(best, float(np.sum(widths * family.work / rates)))
     return best + (family.restart_cost_s if restart_cost_s is None else restart_cost_s)

@@ -28,11 +28,12 @@ simulator refuses the workload otherwise, before any round).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from goodput.allocator import JobAllocation, JobSpec, allocate
+from goodput.allocator import Allocation, JobAllocation, JobSpec, allocate
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.validation import check_float, check_quantile
@@ -55,27 +56,52 @@ class AllocatorPolicy:
     p: float = -0.5
     options: dict[str, Any] = field(default_factory=dict)
     last_info: Any = None
+    _seen: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)  # per job: current allocation, spec
 
     def decide(self, now: float, cluster: Cluster, jobs: list[JobView]) -> Mapping[str, Any]:
         tables = {j.name: (j.table if self.adaptive_batch else j.throughput) for j in jobs}
-        current = {
-            j.name: JobAllocation(j.current.gpu_type, j.current.num_nodes, j.current.num_gpus, dict(j.current.placement))
-            for j in jobs if j.current is not None
-        }
+        current = {j.name: self._allocation(j) for j in jobs if j.current is not None}
         # A rigid policy runs a job on one GPU type: a request larger than the largest type
         # (Pollux's workloads ask for up to 32 GPUs of a 64-T4 cluster) is served at that size
         # instead of waiting forever.
         largest = max(cluster.capacity(t) for t in cluster.gpu_types)
-        specs = {
-            j.name: JobSpec(age=j.age_s, restarts=j.restarts, restart_cost=j.restart_cost_s, attained=j.attained_s,
-                            requested_gpus=None if j.requested_gpus is None else min(j.requested_gpus, largest),
-                            arrival=j.arrival, gpu_types=j.gpu_types,
-                            granularity=dict(getattr(j, "num_stages", None) or {}) or 1)
-            for j in jobs
-        }
+        specs = {j.name: self._spec(j, largest) for j in jobs}
+        self._seen = {j.name: self._seen[j.name] for j in jobs if j.name in self._seen}  # forget finished jobs
+        if self.last_info is not None and self.last_info.prices is not None:
+            # the last round's GPU prices start this round's fast path (only its time depends on them)
+            current = Allocation(current, {}, self.last_info)
         allocation = allocate(tables, cluster, current, p=self.p, policy=self.allocator_policy, jobs=specs, **self.options)
         self.last_info = allocation.info
         return dict(allocation)
+
+    def _allocation(self, job: JobView) -> JobAllocation:
+        """The job's current assignment as the allocator's JobAllocation (kept while the assignment is the same)."""
+        seen = self._seen.get(job.name, {})
+        kept = seen.get("current")
+        if kept is None or kept[0] is not job.current:
+            a = job.current
+            kept = (a, JobAllocation(a.gpu_type, a.num_nodes, a.num_gpus, dict(a.placement)))
+            self._seen[job.name] = {**seen, "current": kept}
+        return kept[1]
+
+    def _spec(self, job: JobView, largest: int) -> JobSpec:
+        """The job's JobSpec this round: its fixed fields checked once (the first round), then a copy with this
+        round's age, restarts and attained seconds (valid by construction: age >= attained >= 0)."""
+        seen = self._seen.get(job.name, {})
+        template = seen.get("spec")
+        if template is None:
+            template = JobSpec(age=job.age_s, restarts=job.restarts, restart_cost=job.restart_cost_s,
+                               attained=job.attained_s,
+                               requested_gpus=None if job.requested_gpus is None else min(job.requested_gpus, largest),
+                               arrival=job.arrival, gpu_types=job.gpu_types,
+                               granularity=dict(getattr(job, "num_stages", None) or {}) or 1)
+            self._seen[job.name] = {**seen, "spec": template}
+            return template
+        spec = copy.copy(template)
+        for name, value in (("age", float(job.age_s)), ("restarts", int(job.restarts)),
+                            ("attained", float(job.attained_s))):
+            object.__setattr__(spec, name, value)
+        return spec
 
 
 POLICY_NAMES = ("sia", "sia-oracle", "unaware", "gavel", "fifo")

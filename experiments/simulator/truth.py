@@ -66,6 +66,7 @@ job's current progress.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from abc import ABC, abstractmethod
@@ -83,7 +84,7 @@ from goodput.errors import DataFormatError, ValidationError
 from goodput.hybrid import Stages, check_num_stages
 from goodput.io import read_json
 from goodput.observations import Observation
-from goodput.optimize import BatchLimits, GoodputChoices, optimize_goodput
+from goodput.optimize import BatchLimits, GoodputCandidates, GoodputChoices, best_goodput, goodput_candidates
 from goodput.throughput import ThroughputParams, _step_time, fit_throughput
 from goodput.validation import check_float
 
@@ -163,6 +164,7 @@ class Family(ABC):
                                      np.log(np.maximum([k[1] for k in knots], 1e-12))))
         if not self._noise_runs:
             raise ValidationError(f"{self.name}.noise", self.noise, "needs at least one trajectory")
+        self._knots = np.array([b for b, _, _ in self._noise_runs])
         if self.work <= 0:
             raise ValidationError(f"{self.name}.work", self.work, "must be > 0")
 
@@ -219,6 +221,9 @@ class Family(ABC):
         batch-size runs. ``batch_size=None``: the run at the reference batch M0.
         """
         fraction = min(max(progress / self.work, 0.0), 1.0)
+        if batch_size is None:  # the first run alone (what the branch below takes from it)
+            _, x, y = self._noise_runs[0]
+            return float(np.exp(np.interp(fraction, x, y)))
         at_runs = np.array([np.interp(fraction, x, y) for _, x, y in self._noise_runs])
         if batch_size is None or len(self._noise_runs) == 1:
             log_phi = at_runs[0] if batch_size is None else np.full(np.shape(batch_size), at_runs[0])
@@ -227,6 +232,50 @@ class Family(ABC):
             log_phi = np.interp(np.log(np.asarray(batch_size, dtype=float)), batches, at_runs)
         phi = np.exp(log_phi)
         return float(phi) if np.ndim(phi) == 0 else phi
+
+    def efficiencies(self, progress: Any, batch_sizes: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`efficiency` for several jobs and arrays of batch sizes: ``progress`` a number or K of them,
+        the result per array of shape ``(K,) + batch.shape`` (or ``batch.shape`` for one number); the noise
+        trajectories are interpolated once per progress. The same values as one call per job and array."""
+        single = np.ndim(progress) == 0
+        progresses = np.atleast_1d(np.asarray(progress, dtype=float))
+        fractions = np.minimum(np.maximum(progresses / self.work, 0.0), 1.0)
+        at_runs = np.stack([np.interp(fractions, x, y) for _, x, y in self._noise_runs], axis=1)  # (K, R)
+        knots = np.array([b for b, _, _ in self._noise_runs])
+        m0 = self.init_batch_size
+        out = []
+        for batch in batch_sizes:
+            batch = np.asarray(batch, dtype=float)
+            log_batch = np.log(batch)
+            result = np.empty((progresses.size,) + batch.shape)
+            for k in range(progresses.size):
+                if len(self._noise_runs) == 1:
+                    log_phi = np.full(batch.shape, at_runs[k, 0])
+                else:
+                    log_phi = np.interp(log_batch, knots, at_runs[k])
+                phi = np.exp(log_phi)
+                result[k] = (phi + m0) / (phi + batch)
+            out.append(result[0] if single else result)
+        return out
+
+    def column_efficiencies(self, progress: Any, batch: np.ndarray) -> np.ndarray:
+        """:meth:`efficiency` of K jobs, column k of ``batch`` (shape (C, K)) at ``progress[k]``: the same values
+        as one call per job and column."""
+        progresses = np.asarray(progress, dtype=float)
+        batch = np.asarray(batch, dtype=float)
+        fractions = np.minimum(np.maximum(progresses / self.work, 0.0), 1.0)
+        at_runs = np.stack([np.interp(fractions, x, y) for _, x, y in self._noise_runs], axis=1)  # (K, R)
+        knots = np.array([b for b, _, _ in self._noise_runs])
+        m0 = self.init_batch_size
+        log_phi = np.empty(batch.shape)
+        if len(self._noise_runs) == 1:
+            log_phi[:] = at_runs[:, 0]
+        else:
+            log_batch = np.log(batch)
+            for k in range(batch.shape[1]):
+                log_phi[:, k] = np.interp(log_batch[:, k], knots, at_runs[k])
+        phi = np.exp(log_phi)
+        return (phi + m0) / (phi + batch)
 
     def efficiency(self, progress: float, batch_size: Any) -> Any:
         """E(M) = (φ_M + M0)/(φ_M + M), with φ_M the noise scale of training at batch M (Pollux, OSDI'21)."""
@@ -260,25 +309,56 @@ class Family(ABC):
             return 0.0
         t_iter, _ = self._iter_time(gpu_type, num_nodes, replicas, local_bsz, accum_steps)
         batch = replicas * local_bsz * (accum_steps + 1)
-        return float(self.efficiency(progress, batch)) * batch / self.init_batch_size / t_iter
+        return self._efficiency_at(progress, batch) * batch / self.init_batch_size / t_iter
 
-    def best_config(self, gpu_type: str, num_nodes: Any, num_gpus: Any, progress: float,
-                    fixed_batch: int | None = None) -> GoodputChoices:
-        """The true goodput-optimal batch configurations (an oracle's view) on ``num_gpus`` GPUs each;
-        GPU counts that are not whole pipelines get goodput 0."""
+    def _efficiency_at(self, progress: float, batch: float) -> float:
+        """:meth:`efficiency` of one batch size as a float (the simulator's per-job, per-round hot path: scalar
+        interpolation, the same arithmetic as numpy's, instead of array calls)."""
+        fraction = min(max(progress / self.work, 0.0), 1.0)
+        runs = self._noise_runs
+        if len(runs) == 1:
+            log_phi = _interp(fraction, runs[0][1], runs[0][2])
+        else:
+            knots, at_runs = self._knots, [_interp(fraction, x, y) for _, x, y in runs]
+            log_phi = _interp(float(np.log(float(batch))), knots, at_runs)
+        phi = float(np.exp(log_phi))
+        return (phi + self.init_batch_size) / (phi + float(batch))
+
+    def candidates(self, gpu_type: str, num_nodes: Any, num_gpus: Any, fixed_batch: int | None = None) -> GoodputCandidates:
+        """The batch candidates of allocations of ``num_gpus`` GPUs each and their true step times
+        (:func:`goodput.optimize.goodput_candidates`): everything of :meth:`best_config` that does not move
+        with progress. Every count must be whole pipelines (:meth:`configurations` gives only those)."""
+        gpus = np.asarray(num_gpus)
+        stages = self.stages(gpu_type)
+        if stages > 1 and np.any(gpus % stages):
+            bad = gpus[np.flatnonzero(gpus % stages)[0]] if gpus.ndim else gpus
+            raise ValidationError(f"{self.name}.num_gpus", int(bad), f"not whole pipelines of {stages} GPUs on {gpu_type}")
+        return self._candidates(gpu_type, num_nodes, gpus // stages if stages > 1 else gpus, fixed_batch)
+
+    def _candidates(self, gpu_type: str, num_nodes: Any, num_replicas: Any, fixed_batch: int | None) -> GoodputCandidates:
 
         def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._vector_iter_time(gpu_type, n, r, b, a)
 
+        return goodput_candidates(step_fn, num_nodes, num_replicas, self.limits(gpu_type, fixed_batch))
+
+    def best_config(self, gpu_type: str, num_nodes: Any, num_gpus: Any, progress: float,
+                    fixed_batch: int | None = None, candidates: GoodputCandidates | None = None) -> GoodputChoices:
+        """The true goodput-optimal batch configurations (an oracle's view) on ``num_gpus`` GPUs each;
+        GPU counts that are not whole pipelines get goodput 0.
+
+        ``candidates``: :meth:`candidates` of the same allocations, kept by the caller (the answer is the same).
+        """
+        efficiency = lambda m: self.efficiency(progress, m)  # noqa: E731
+        if candidates is not None:
+            return best_goodput(candidates, efficiency)
         stages = self.stages(gpu_type)
         if stages == 1:
-            return optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, num_gpus,
-                                    self.limits(gpu_type, fixed_batch))
+            return best_goodput(self._candidates(gpu_type, num_nodes, num_gpus, fixed_batch), efficiency)
         gpus = np.asarray(num_gpus)
         whole = gpus % stages == 0
         replicas = np.where(whole, gpus // stages, 1)
-        best = optimize_goodput(step_fn, lambda m: self.efficiency(progress, m), num_nodes, replicas,
-                                self.limits(gpu_type, fixed_batch))
+        best = best_goodput(self._candidates(gpu_type, num_nodes, replicas, fixed_batch), efficiency)
         if np.all(whole):
             return best
         return GoodputChoices(*(np.where(whole, getattr(best, f), 0) for f in GoodputChoices.__dataclass_fields__))
@@ -305,15 +385,49 @@ class ParametricFamily(Family):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._theta = {g: p.as_array() for g, p in self.params.items()}
+        self._floats = {g: tuple(float(v) for v in theta) for g, theta in self._theta.items()}
 
     def _step_sync(self, gpu_type: str, num_nodes: int, num_replicas: int, local_bsz: float) -> tuple[float, float]:
-        theta = self._theta[gpu_type]
-        step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
-        compute = theta[0] + theta[1] * local_bsz
+        """Pollux's step time (``goodput.throughput._step_time``, no accumulation) of one configuration, in
+        Python floats (the same arithmetic, without numpy's per-call cost), and its sync part."""
+        a_c, b_c, a_n, b_n, a_r, b_r, gamma = self._floats[gpu_type]
+        nodes, replicas, bsz = float(num_nodes), float(num_replicas), float(local_bsz)
+        compute = a_c + b_c * bsz
+        extra = max(replicas - 2.0, 0.0)
+        sync = (a_n + b_n * extra) if nodes > 1 else (a_r + b_r * extra)
+        sync = sync if replicas > 1 else 0.0
+        top = max(compute, sync)
+        if not top > 0:  # degenerate parameters: numpy's result (nan or inf), as before
+            theta = self._theta[gpu_type]
+            step = float(_step_time(theta, np.float64(num_nodes), np.float64(num_replicas), np.float64(local_bsz), 0.0))
+            return step, max(step - compute, 0.0)
+        step = 0.0 * compute + top * ((compute / top) ** gamma + (sync / top) ** gamma) ** (1.0 / gamma)
         return step, max(step - compute, 0.0)
 
     def _vector_iter_time(self, gpu_type: str, n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         return _step_time(self._theta[gpu_type], n, r, b, a)
+
+
+def _interp(x: float, xp: Any, fp: Any) -> float:
+    """``np.interp`` of one number, with numpy's arithmetic (the same result) but without an array call:
+    clamped at the ends, ``fp[j]`` at a knot, else ``slope * (x - xp[j]) + fp[j]``."""
+    n = len(xp)
+    if x > xp[n - 1]:
+        return float(fp[n - 1])
+    if x < xp[0] or n == 1:
+        return float(fp[0])
+    j = bisect.bisect_right(xp, x) - 1
+    if j >= n - 1:
+        return float(fp[n - 1])
+    if xp[j] == x:
+        return float(fp[j])
+    slope = (float(fp[j + 1]) - float(fp[j])) / (float(xp[j + 1]) - float(xp[j]))
+    value = slope * (x - float(xp[j])) + float(fp[j])
+    if math.isnan(value):  # numpy's fallbacks for infinite slopes
+        value = slope * (x - float(xp[j + 1])) + float(fp[j + 1])
+        if math.isnan(value) and fp[j] == fp[j + 1]:
+            value = float(fp[j])
+    return value
 
 
 def check_cluster_types(families: Mapping[str, Family], cluster: Any) -> None:

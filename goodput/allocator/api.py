@@ -43,6 +43,8 @@ def allocate(
         current: last round's allocations, ``{job: JobAllocation | None}`` or
             the previous :class:`Allocation`; jobs whose configuration stays
             keep their GPUs, and Sia's restart factor penalises the others.
+            A previous Allocation also hands its fast path's GPU prices on
+            (:attr:`SolverInfo.prices`): the next solve starts from them.
             Entries for jobs without a table (finished) are ignored.
         p: Sia's fairness power (non-zero; < 0 minimises, as Sia does). Used
             by ``"sia"`` and ``"unaware"``.
@@ -88,7 +90,7 @@ def allocate(
                                           {"gpu_type": "a100", "num_nodes": 1, "num_gpus": 8, "goodput": 900.0}])}
         allocation = allocate(tables, cluster)
         allocation["a"]          # JobAllocation(gpu_type='a100', num_nodes=1, num_gpus=8, placement={'a100-0': 8})
-        allocation.info.solver   # 'milp'
+        allocation.info.solver   # 'unconstrained': the job's best option fits, no solver needed
     """
     started = time.perf_counter()
     options = dict(policy_options)
@@ -106,7 +108,8 @@ def allocate(
     p = check_power(p)  # every policy: gavel and fifo do not use it, but a bad value is still an error
     prep = prepare(tables, cluster, current, jobs)
     if policy == "sia":
-        return allocate_sia(prep, p, started=started, **options)
+        prices = current.info.prices if isinstance(current, Allocation) and current.info.policy == "sia" else None
+        return allocate_sia(prep, p, started=started, start_prices=prices, **options)
     if policy == "unaware":
         return allocate_unaware(prep, p, started=started, **options)
     if policy in ("gavel", "gavel-throughput"):

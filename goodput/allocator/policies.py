@@ -61,7 +61,7 @@ def _finish(prep: Prepared, assignments: dict[str, tuple[str, int, int]], reason
     for job in prep.names:
         if job in placed.placements:
             config = assignments[job]
-            allocations[job] = JobAllocation(*config, placed.placements[job])
+            allocations[job] = JobAllocation._checked(*config, placed.placements[job])
             old = prep.current.get(job)
             detail = {"changed": old is None or old.configuration != config, "moved": job in placed.moved,
                       "pinned": job in prep.pinned}

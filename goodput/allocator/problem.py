@@ -27,7 +27,6 @@ Everything after the per-table extraction is vectorised over all rows.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,29 +118,21 @@ class Problem:
 
 
 # ---------------------------------------------------------------------------- validation
-# A GoodputTable never changes after construction, so its columns are read once
-# and kept for as long as the table lives (a scheduler re-allocating every round
-# with the same tables pays the pandas access only once).
-_COLUMNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
+# A GoodputTable never changes after construction: its columns are read from
+# GoodputTable.column_arrays, computed once per table.
 
 def _table_columns(name: str, table: Any) -> tuple[np.ndarray, ...]:
     if not isinstance(table, GoodputTable):
         raise ValidationError(f"tables[{name}]", type(table).__name__, "expected a GoodputTable")
     if table.job != name:
         raise ValidationError(f"tables[{name}]", table.job, "the key differs from the table's job name")
-    cached = _COLUMNS.get(table)
-    if cached is None:
-        frame = table._frame  # package-internal: read the columns without copying the frame
-        batch = frame["batch_size"].to_numpy() if "batch_size" in frame.columns else None
-        accum = frame["accum_steps"].to_numpy() if "accum_steps" in frame.columns else None
-        cached = (frame["gpu_type"].to_numpy(), frame["num_nodes"].to_numpy(), frame["num_gpus"].to_numpy(),
-                  frame["goodput"].to_numpy(dtype=float), batch, accum)
-        _COLUMNS[table] = cached
-    return cached
+    arrays = table.column_arrays()
+    return (arrays["gpu_type"], arrays["num_nodes"], arrays["num_gpus"], arrays["goodput"].astype(float, copy=False),
+            arrays.get("batch_size"), arrays.get("accum_steps"))
 
 
-def _coerce_current(job: str, value: Any, cluster: Cluster) -> JobAllocation:
+def _coerce_current(job: str, value: Any, cluster: Cluster, known_nodes: Mapping[str, frozenset[str]],
+                    pools: Mapping[str, Any]) -> JobAllocation:
     if isinstance(value, JobAllocation):
         alloc = value
     else:
@@ -149,16 +140,16 @@ def _coerce_current(job: str, value: Any, cluster: Cluster) -> JobAllocation:
             alloc = JobAllocation.from_dict(value)
         except ValidationError as exc:
             raise ValidationError(f"current[{job}].{exc.field}", exc.value, exc.reason) from None
-    if alloc.gpu_type not in cluster.gpu_types:
+    pool = pools.get(alloc.gpu_type)
+    if pool is None:
         raise UnknownGPUTypeError(alloc.gpu_type, cluster.gpu_types, field=f"current[{job}].gpu_type")
-    pool = cluster.pool(alloc.gpu_type)
     if alloc.num_gpus > pool.gpus or alloc.num_nodes > pool.nodes:
         raise ValidationError(f"current[{job}]", alloc.configuration, f"larger than the {pool.gpu_type} pool ({pool.nodes}x{pool.gpus_per_node})")
     if alloc.num_gpus > alloc.num_nodes * pool.gpus_per_node:
         raise ValidationError(f"current[{job}]", alloc.configuration,
                               f"{alloc.num_gpus} GPUs do not fit on {alloc.num_nodes} {pool.gpu_type} node(s) "
                               f"of {pool.gpus_per_node} GPUs")
-    known = set(pool.node_ids())
+    known = known_nodes[alloc.gpu_type]
     for node, gpus in alloc.placement.items():
         if node not in known:
             raise ValidationError(f"current[{job}].placement", node, f"no such {pool.gpu_type} node (have {pool.node_ids()[0]}…)")
@@ -247,9 +238,11 @@ def prepare(
     if current is not None and not isinstance(current, Mapping):
         raise ValidationError("current", type(current).__name__, "expected {job: JobAllocation or None}")
     running: dict[str, JobAllocation] = {}
+    known_nodes = {pool.gpu_type: frozenset(pool.node_ids()) for pool in cluster.pools}
+    pools = {pool.gpu_type: pool for pool in cluster.pools}
     for job, value in (current or {}).items():
         if job in index and value is not None:
-            running[job] = _coerce_current(job, value, cluster)
+            running[job] = _coerce_current(job, value, cluster, known_nodes, pools)
 
     pinned: dict[str, JobAllocation] = {}
     used = np.zeros(len(gpu_types), dtype=np.int64)
@@ -285,15 +278,20 @@ def prepare(
 
     j = row_job
     positive = row_goodput > 0
-    type_ok = allowed_types[j, row_type] if row_job.size else np.zeros(0, dtype=bool)
+    every = np.ones(row_job.size, dtype=bool)
+    type_ok = allowed_types[j, row_type] if row_job.size and not allowed_types.all() else every
     node_gpus = gpn[row_type]
     shape_ok = (((row_nodes == 1) & (row_gpus <= node_gpus)) | (row_gpus == row_nodes * node_gpus)) & (
         row_nodes <= pool_nodes[row_type])
-    row_gran = gran[j, row_type] if row_job.size else np.ones(0, dtype=np.int64)
-    count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % row_gran == 0)
-    count_ok &= row_gpus >= min_r[j] * row_gran
-    count_ok &= (rigid[j] < 0) | (row_gpus == rigid[j])
-    count_ok &= (fixed[j] < 0) | (row_gpus // row_gran <= fixed[j])
+    if (min_g > 1).any() or (max_g < np.iinfo(np.int64).max).any() or (gran > 1).any() or (min_r > 1).any() or (
+            rigid >= 0).any() or (fixed >= 0).any():
+        row_gran = gran[j, row_type] if row_job.size else np.ones(0, dtype=np.int64)
+        count_ok = (row_gpus >= min_g[j]) & (row_gpus <= max_g[j]) & (row_gpus % row_gran == 0)
+        count_ok &= row_gpus >= min_r[j] * row_gran
+        count_ok &= (rigid[j] < 0) | (row_gpus == rigid[j])
+        count_ok &= (fixed[j] < 0) | (row_gpus // row_gran <= fixed[j])
+    else:  # no job restricts its GPU count (the usual case): every count is allowed
+        count_ok = every
     fits = row_gpus <= free[row_type]
     allowed = positive & type_ok & shape_ok & count_ok & fits
 
@@ -306,10 +304,14 @@ def prepare(
     has_current = cur_type >= 0
     is_current = has_current[j] & (row_type == cur_type[j]) & (row_nodes == cur_nodes[j]) & (row_gpus == cur_gpus[j])
     restart = np.ones(n_jobs)
-    for key in specs_in:
-        i = index[key]
-        if has_current[i]:
-            restart[i] = specs[i].restart_factor
+    with_spec = np.array([index[key] for key in specs_in if has_current[index[key]]], dtype=np.int64)
+    if with_spec.size:  # Sia's restart factor (spec.restart_factor), for all running jobs with a spec at once
+        age = np.array([specs[i].age for i in with_spec])
+        restarts = np.array([specs[i].restarts for i in with_spec], dtype=float)
+        cost = np.array([specs[i].restart_cost for i in with_spec])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            factor = np.maximum(age - restarts * cost, 0.0) / (age + cost)
+        restart[with_spec] = np.where((age < cost) | (age + cost == 0.0), 1.0, factor)
 
     row_norm = np.zeros_like(row_goodput)
     if row_goodput.size:

@@ -72,6 +72,18 @@ class JobAllocation:
     def __hash__(self) -> int:
         return hash((self.gpu_type, self.num_nodes, self.num_gpus, tuple(sorted(self.placement.items()))))
 
+    @classmethod
+    def _checked(cls, gpu_type: str, num_nodes: int, num_gpus: int, placement: dict[str, int]) -> JobAllocation:
+        """An allocation the allocator built itself from validated inputs (its placement holds num_gpus on
+        num_nodes nodes by construction): skips the checks, which cost more than the rest of a large round."""
+        alloc = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(alloc, "gpu_type", gpu_type)
+        set_(alloc, "num_nodes", int(num_nodes))
+        set_(alloc, "num_gpus", int(num_gpus))
+        set_(alloc, "placement", placement)
+        return alloc
+
     @property
     def configuration(self) -> tuple[str, int, int]:
         """``(gpu_type, num_nodes, num_gpus)``, a row key of a goodput table."""
@@ -98,8 +110,11 @@ class SolverInfo:
     Attributes:
         policy: ``"sia"``, ``"gavel"``, ``"gavel-throughput"``, ``"unaware"`` or ``"fifo"``.
         solver: ``"milp"`` (scipy/HiGHS branch and bound), ``"lagrangian"``
-            (the fast path), ``"linprog"`` (Gavel's LP, then rounding),
-            ``"greedy"`` (FIFO) or ``"none"`` (nothing to decide).
+            (the fast path), ``"lagrangian+milp"`` (the fast path, then the
+            MILP over the options its reduced costs leave: exact),
+            ``"unconstrained"`` (every job's best option fits: optimal, no
+            solver), ``"linprog"`` (Gavel's LP, then rounding), ``"greedy"``
+            (FIFO) or ``"none"`` (nothing to decide).
         status: ``"optimal"``, ``"time_limit"`` (best found within the limit),
             ``"heuristic"`` (a feasible answer with a bound), ``"lp+rounding"``.
         objective: the policy's objective at the answer (Sia: the sum of
@@ -115,6 +130,9 @@ class SolverInfo:
         attempts: solves needed (more than 1 when a placement failed and the
             configuration was excluded).
         notes: anything worth knowing (fallbacks, retries).
+        prices: the fast path's price per GPU of each type (its Lagrange
+            multipliers), when it ran; a later round's :func:`~goodput.allocate`
+            given this allocation as ``current`` starts from them.
     """
 
     policy: str
@@ -130,10 +148,13 @@ class SolverInfo:
     num_variables: int = 0
     attempts: int = 1
     notes: tuple[str, ...] = ()
+    prices: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["notes"] = list(self.notes)
+        if self.prices is None:
+            del out["prices"]
         return out
 
 

@@ -24,10 +24,15 @@ with presolve off by default — on this structure HiGHS's presolve costs more
 than it saves (``experiments/bench_allocator.py``, 1024 GPUs, 2560 jobs, 51k
 binaries, on a loaded 2-core machine: 0.8–1.0 s without, 2.4–4.1 s with, in
 two runs);
-``"lagrangian"`` is :mod:`goodput.allocator.lagrangian`; ``"auto"`` runs the
-MILP alone up to 2,000 binaries (after pruning), and beyond that the fast
-path, whose answer is kept when its certified gap is within ``mip_rel_gap``
-and the MILP is run otherwise (up to ``exact_limit`` binaries). A MILP that
+``"lagrangian"`` is :mod:`goodput.allocator.lagrangian`; ``"auto"`` first
+checks whether every job's cheapest option fits (then that choice is
+optimal and no solver runs: an uncontended round), then runs the MILP alone
+up to 2,000 binaries (after pruning), and beyond that the fast path, whose
+answer is kept when its certified gap is within ``mip_rel_gap`` or the
+problem has more than ``exact_limit`` binaries; otherwise its prices fix
+every option that cannot be in a better solution (reduced-cost fixing) and
+the MILP solves what is left, exact like the full MILP at a fraction of its
+size (e.g. 192 of 20,808 binaries at 2048 GPUs × 1024 jobs, p = 0.5). A MILP that
 hits its time limit is compared with the fast path and the better answer
 kept. If a chosen configuration cannot be placed (fragmentation), it is
 excluded and the problem solved again (up to ``placement_retries`` times).
@@ -44,7 +49,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from ..errors import ValidationError
 from ..io import native_stdout_to_stderr
 from ..validation import check_float, check_int
-from .lagrangian import Solution, solve_lagrangian
+from .lagrangian import Solution, fix_by_reduced_costs, solve_lagrangian, unconstrained
 from .placement import place
 from .problem import Prepared, Problem, sia_problem
 from .result import Allocation, JobAllocation, SolverInfo
@@ -52,7 +57,7 @@ from .result import Allocation, JobAllocation, SolverInfo
 __all__ = ["solve", "solve_milp", "allocate_sia", "SOLVERS", "DEFAULT_EXACT_LIMIT"]
 
 SOLVERS = ("auto", "milp", "lagrangian")
-#: binaries (after pruning) up to which ``solver="auto"`` may fall back to the exact MILP
+#: binaries (after pruning) up to which ``solver="auto"`` makes the fast path's answer exact with the MILP
 DEFAULT_EXACT_LIMIT = 20_000
 #: binaries up to which ``solver="auto"`` runs the MILP directly (it beats the fast path there)
 MILP_FIRST = 2_000
@@ -97,30 +102,37 @@ def objective_gap(problem: Problem, solution: Solution) -> float | None:
 
 def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
           presolve: bool = False, exact_limit: int = DEFAULT_EXACT_LIMIT,
-          milp_first: int = MILP_FIRST) -> tuple[Solution, list[str]]:
+          milp_first: int = MILP_FIRST, start_prices: np.ndarray | None = None) -> tuple[Solution, list[str]]:
     """Solve with the chosen solver; returns the solution and notes on fallbacks.
 
-    ``"auto"``: up to ``milp_first`` binaries the MILP alone (fastest there);
-    beyond, the fast path first, accepted when its certified gap is within
-    ``mip_rel_gap``, else the MILP up to ``exact_limit`` binaries.
+    ``"auto"``: when every job's cheapest option fits, that choice (optimal,
+    no solver run); else up to ``milp_first`` binaries the MILP alone
+    (fastest there); beyond, the fast path first, accepted when its certified
+    gap is within ``mip_rel_gap``, else reduced-cost fixing at its prices
+    (:func:`~goodput.allocator.lagrangian.fix_by_reduced_costs`) and the MILP
+    over the options left, for problems of at most ``exact_limit`` binaries:
+    exact, as the full MILP, at a fraction of its cost. ``start_prices``: the fast path's
+    starting prices per type (the last round's).
     """
     notes: list[str] = []
     fast = None
     if solver == "lagrangian":
-        return solve_lagrangian(problem), notes
-    if solver == "auto" and problem.num_options > milp_first:
-        fast = solve_lagrangian(problem)
-        gap = objective_gap(problem, fast)
-        if (gap is not None and gap <= mip_rel_gap) or problem.num_options > exact_limit:
-            return fast, notes
-        notes.append(f"fast path gap {gap:.2e} > mip_rel_gap; solved the MILP")
+        return solve_lagrangian(problem, start_prices=start_prices), notes
+    if solver == "auto":
+        free = unconstrained(problem)
+        if free is not None:
+            return free, notes
+        if problem.num_options > milp_first:
+            fast = solve_lagrangian(problem, start_prices=start_prices)
+            gap = objective_gap(problem, fast)
+            if (gap is not None and gap <= mip_rel_gap) or problem.num_options > exact_limit:
+                return fast, notes
+            return _reduced_milp(problem, fast, gap, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
+                                 presolve=presolve, exact_limit=exact_limit)
     exact = solve_milp(problem, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve)
     if exact is not None and exact.status == "optimal":
-        if fast is not None:
-            exact.seconds += fast.seconds
         return exact, notes
-    if fast is None:
-        fast = solve_lagrangian(problem)
+    fast = solve_lagrangian(problem)
     if exact is None:
         notes.append(f"MILP found no solution within {time_limit} s; used the Lagrangian fast path")
         fast.seconds += time_limit
@@ -131,6 +143,40 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
     best.bound = min(max(bounds), best.total) if bounds else None
     best.seconds = exact.seconds + fast.seconds
     return best, notes
+
+
+def _reduced_milp(problem: Problem, fast: Solution, gap: float | None, *, time_limit: float, mip_rel_gap: float,
+                  presolve: bool, exact_limit: int) -> tuple[Solution, list[str]]:
+    """The fast path's answer made exact: the MILP over the options reduced-cost fixing leaves (see :func:`solve`)."""
+    start = time.perf_counter()
+    notes = [f"fast path gap {gap:.2e} > mip_rel_gap" if gap is not None else "fast path without a bound"]
+    if fast.prices is None or fast.bound is None:
+        return fast, notes
+    reduced = fix_by_reduced_costs(problem, fast.prices, fast.total)
+    sub = reduced.problem
+    found = f"reduced-cost fixing left {sub.num_options} of {problem.num_options} binaries ({len(sub.names)} open jobs)"
+    if np.any(sub.capacity < -1e-9):  # the fixed jobs alone overfill a type: nothing beats the fast path's answer
+        fast.bound, fast.status = fast.total, "optimal"
+        notes.append(found + "; no better solution exists")
+        fast.seconds += time.perf_counter() - start
+        return fast, notes
+    exact = solve_milp(sub, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve)
+    seconds = fast.seconds + time.perf_counter() - start
+    if exact is None:
+        notes.append(found + f"; their MILP found no solution within {time_limit} s; kept the fast path's answer")
+        fast.seconds = seconds
+        return fast, notes
+    choice = reduced.choice.copy()
+    chosen = exact.choice >= 0
+    choice[reduced.open_jobs[chosen]] = sub.opt_row[exact.choice[chosen]]
+    total = reduced.fixed_total + exact.total
+    # every solution better than the fast path's lies within the options kept: the bound holds for the full problem
+    bound = None if exact.bound is None else min(fast.total, reduced.fixed_total + exact.bound)
+    notes.append(found + f"; solved them by MILP ({exact.status})")
+    if total > fast.total:  # the MILP stopped early at a worse answer: keep the fast path's
+        return Solution(fast.choice, fast.total, bound, "lagrangian+milp", exact.status, exact.iterations, seconds,
+                        fast.prices), notes
+    return Solution(choice, total, bound, "lagrangian+milp", exact.status, exact.iterations, seconds, fast.prices), notes
 
 
 def check_power(p: float) -> float:
@@ -165,8 +211,10 @@ def allocate_sia(
     exact_limit: int = DEFAULT_EXACT_LIMIT,
     placement_retries: int = 2,
     started: float | None = None,
+    start_prices: dict[str, float] | None = None,
 ) -> Allocation:
-    """Sia's policy on validated inputs (see :func:`goodput.allocate` for the options)."""
+    """Sia's policy on validated inputs (see :func:`goodput.allocate` for the options); ``start_prices``:
+    the fast path's prices per GPU type to start from (:attr:`SolverInfo.prices` of the last round)."""
     started = time.perf_counter() if started is None else started
     p = check_power(p)
     lam, time_limit, mip_rel_gap, presolve, exact_limit = check_solver_options(
@@ -174,6 +222,10 @@ def allocate_sia(
     placement_retries = check_int("placement_retries", placement_retries, minimum=0)
 
     problem = sia_problem(prep, p, lam)
+    start = None
+    if start_prices:
+        start = np.array([float(start_prices.get(t, np.nan)) for t in problem.gpu_types])
+        start = start if np.all(np.isfinite(start) & (start >= 0)) else None
     with_options = {problem.names[int(j)] for j in np.unique(problem.opt_job)}  # before retries exclude any
     notes: list[str] = []
     solve_seconds = 0.0
@@ -182,7 +234,7 @@ def allocate_sia(
     while True:
         attempts += 1
         solution, more = solve(problem, solver=solver, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
-                               presolve=presolve, exact_limit=exact_limit)
+                               presolve=presolve, exact_limit=exact_limit, start_prices=start)
         notes.extend(more)
         solve_seconds += solution.seconds
         assignments = {job: alloc.configuration for job, alloc in prep.pinned.items()}
@@ -205,7 +257,7 @@ def allocate_sia(
     for job in prep.names:
         if job in placed.placements:
             gpu_type, nodes, gpus = assignments[job]
-            allocations[job] = JobAllocation(gpu_type, nodes, gpus, placed.placements[job])
+            allocations[job] = JobAllocation._checked(gpu_type, nodes, gpus, placed.placements[job])
             old = prep.current.get(job)
             detail = {"changed": old is None or old.configuration != (gpu_type, nodes, gpus),
                       "moved": job in placed.moved, "pinned": job in pinned}
@@ -238,5 +290,6 @@ def allocate_sia(
         policy="sia", solver=solution.solver, status=status, objective=objective, bound=bound, gap=gap,
         sense=problem.sense, wall_time=time.perf_counter() - started, solve_time=solve_seconds,
         num_jobs=len(prep.names), num_variables=problem.num_options, attempts=attempts, notes=tuple(notes),
+        prices=None if solution.prices is None else {t: float(v) for t, v in zip(problem.gpu_types, solution.prices)},
     )
     return Allocation(allocations, unallocated, info, details)
