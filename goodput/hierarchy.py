@@ -63,7 +63,7 @@ from .sync_shape import SyncShape, learn_sync_shape
 from .threads import single_threaded
 from .validation import check_float, check_sizes, normalize_gpu_type
 
-__all__ = ["CellSummary", "ClusterPrior", "default_means", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
+__all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
            "DEFAULT_TYPE_STD", "EFFECT_DOF"]
 
 # Weak defaults, std of each coordinate of COORDS: the part a job shares across its types, and the part
@@ -119,6 +119,15 @@ def default_means(observations: Sequence[Observation]) -> np.ndarray:
     single = [o for o in observations if o.num_replicas == 1] or list(observations)
     c_bar = math.exp(float(np.mean([math.log(o.step_time / (o.accum_steps + 1)) for o in single])))
     return np.array([math.log(c_bar), 0.0, math.log(0.5 * c_bar), math.log(c_bar), math.log(0.05), math.log(0.05), math.log(0.5)])
+
+
+def default_means_by_type(observations: Mapping[str, Sequence[Observation]]) -> list[np.ndarray]:
+    """:func:`default_means` of each type, in the mapping's order; a type without 1-replica steps takes the
+    mean over the types that have them: its only steps include synchronisation, so its compute is better
+    read off the job's compute on its other types (the default prior then centres the type ratio at 1)."""
+    single = [t for t, obs in observations.items() if any(o.num_replicas == 1 for o in obs)]
+    pooled = np.mean([default_means(observations[t]) for t in single], axis=0) if single else None
+    return [default_means(obs) if pooled is None or t in single else pooled for t, obs in observations.items()]
 
 
 def default_prior(means: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -53,7 +53,7 @@ from .cluster import Cluster
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
-from .hierarchy import EFFECT_DOF, ClusterPrior, default_means, default_prior
+from .hierarchy import EFFECT_DOF, ClusterPrior, default_means_by_type, default_prior
 from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
@@ -385,7 +385,7 @@ class JobModel:
         the cluster prior's, or the weak defaults around each type's observed compute."""
         if self.cluster_prior is not None and len(self.cluster_prior):
             return self.cluster_prior.prior(self.gpu_types, self.model_size)
-        return default_prior([default_means(self._observations[t]) for t in self.gpu_types])
+        return default_prior(default_means_by_type({t: self._observations[t] for t in self.gpu_types}))
 
     @single_threaded
     def refit(self, *, hyperparameters: bool = True) -> JobModel:

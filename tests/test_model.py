@@ -308,3 +308,18 @@ def test_online_predictions_stay_finite_and_within_reach_of_the_truth(job):
         assert np.all(np.isfinite(prediction.std)) or np.all(np.isfinite(high))
         assert np.max(np.abs(np.log(prediction.step_time / expected))) < math.log(1000)
         assert np.all(low > expected / 1e8) and np.all(high < expected * 1e8)
+
+
+def test_a_type_seen_only_on_several_gpus_takes_its_compute_from_the_jobs_other_types():
+    """Without a cluster prior, the weak default prior of a type whose only steps include synchronisation is
+    centred on the job's compute on its other types, not on those steps: one sync-dominated observation (2 nodes,
+    4 GPUs, γ = 1) leaves compute free under Pollux's soft maximum, and the hypothesis test above found a new
+    type's 1-GPU step predicted 80x too slow when its default mean was read off that step."""
+    ref = ThroughputParams(0.001, 1e-8, 0.1, 0.1, 0.1, 0.01, 1.0)
+    warm = synthetic(ref, _CONFIGS, bszs=(8, 32, 128), accums=(0,), seed=0, job="fz", gpu="ref")
+    sync = Observation(job="fz", gpu_type="new", num_nodes=2, num_replicas=4, local_bsz=8, step_time=0.3041,
+                       sync_time=0.3031)
+    model = JobModel("fz", init_batch_size=8).observe(warm).observe(sync)
+    one_gpu = model.predict("new", 1, 1, 8).step_time
+    assert one_gpu == pytest.approx(model.predict("ref", 1, 1, 8).step_time, rel=0.5)
+    assert model.predict("new", 2, 4, 8).step_time == pytest.approx(0.3041, rel=0.05)
