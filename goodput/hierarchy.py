@@ -373,8 +373,12 @@ class ClusterPrior:
     @classmethod
     @single_threaded
     def from_observations(cls, observations: Mapping[str, Iterable[Observation]],
-                          sizes: Mapping[str, float] | None = None) -> ClusterPrior:
-        """Summarise every (job, GPU type) of ``{job: observations}``, each type's sync shape learned first."""
+                          sizes: Mapping[str, float] | None = None, *, gp_prior: bool = True) -> ClusterPrior:
+        """Summarise every (job, GPU type) of ``{job: observations}``, each type's sync shape learned first.
+
+        ``gp_prior=False`` skips fitting the residual GP's shared hyperparameters (:attr:`gp_prior` stays
+        ``None``): for a caller that keeps only the :attr:`summaries` (e.g. one finished job's, added to a
+        rolling window)."""
         kept, sizes = _checked_observations(observations), check_sizes("sizes", sizes, allow_unknown=True)
         shapes = _learn_shapes(kept)
         cells, residuals = [], []
@@ -386,7 +390,8 @@ class ClusterPrior:
                 rows, y = step_rows(items, ref, shapes.get(gpu))
                 residuals.append((config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum),
                                   y - log_step_time(cell.u, rows, jacobian=False)[0]))
-        return cls(cells, shapes=shapes, gp_prior=fit_shared_hyperparameters(residuals), observations=kept,
+        return cls(cells, shapes=shapes, gp_prior=fit_shared_hyperparameters(residuals) if gp_prior else None,
+                   observations=kept,
                    sizes={k: v for k, v in sizes.items() if v is not None})
 
     @classmethod

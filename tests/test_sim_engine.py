@@ -284,3 +284,31 @@ def test_isolated_time_from_running_maxima_equals_the_direct_maximum():
                 if np.all(rates > 0):
                     direct = min(direct, float(np.sum(widths * family.work / rates)))
             assert metrics.isolated_time(family, cluster, contention) == direct + family.restart_cost_s
+
+
+def test_cluster_knowledge_refits_its_prior_every_few_finished_jobs_from_the_same_summaries():
+    """learn() keeps each finished job's cell summaries (without fitting a shared GP prior it would drop), and
+    prior() hands out one ClusterPrior until refresh_every more jobs are learned."""
+    from experiments.simulator.engine import ClusterKnowledge
+    from goodput import JobModel
+    from goodput.hierarchy import ClusterPrior
+    from tests.hierarchy_jobs import cluster
+
+    jobs = cluster(6, seed=3)
+    models = [JobModel(name, init_batch_size=32).observe(obs) for name, obs in jobs.items()]
+    knowledge = ClusterKnowledge(refresh_every=3)
+    assert knowledge.prior() is None
+    knowledge.learn(models[0])
+    first = knowledge.prior()
+    assert first is not None and first.jobs == [models[0].job]
+    for model in models[1:3]:
+        knowledge.learn(model)
+        assert knowledge.prior() is first  # two learned since: not yet refreshed
+    knowledge.learn(models[3])
+    fresh = knowledge.prior()
+    assert fresh is not first and sorted(fresh.jobs) == sorted(m.job for m in models[:4])
+    each = [c for m in models[:4] for c in ClusterPrior.from_models([m]).summaries]  # each job summarised alone
+    assert [(c.job, c.gpu_type) for c in fresh.summaries] == [(c.job, c.gpu_type) for c in each]
+    assert all(np.allclose(a.u, b.u) and np.allclose(a.info, b.info) for a, b in zip(fresh.summaries, each))
+    assert ClusterPrior.from_models(models[:1]).gp_prior is not None
+    assert ClusterPrior.from_observations(jobs, gp_prior=False).gp_prior is None

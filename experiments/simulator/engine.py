@@ -207,20 +207,27 @@ class ClusterKnowledge:
       blind (its bootstrap profile holds 1-GPU runs only);
     * ``gp_hyperparameters``: the latest refitted job's GP hyperparameters, the
       starting point of a new job's first fit (a short warm refit).
+
+    The prior is rebuilt once ``refresh_every`` jobs have been learned since the
+    last (each rebuild fits the hierarchy, an EM over every cell of the window,
+    and every new job's first refit pays it); 1 rebuilds after every finished job.
     """
 
     window: int = 24
     summaries: list[Any] = field(default_factory=list)
     gp_hyperparameters: Any = None
+    refresh_every: int = 4
     _prior: Any = field(default=None, repr=False)
+    _learned_since: int = field(default=0, repr=False)
 
     def prior(self) -> Any:
-        """The prior of the finished jobs learned so far (one object until the next :meth:`learn`: its
-        hierarchy is fitted once, at the first new job that uses it)."""
+        """The prior of the finished jobs learned so far, one object until ``refresh_every`` more are learned
+        (its hierarchy is fitted once, at the first new job that uses it)."""
         from goodput.hierarchy import ClusterPrior
 
-        if self._prior is None and self.summaries:
+        if self.summaries and (self._prior is None or self._learned_since >= self.refresh_every):
             self._prior = ClusterPrior(list(self.summaries))
+            self._learned_since = 0
         return self._prior
 
     def learn(self, model: JobModel) -> None:
@@ -230,8 +237,10 @@ class ClusterKnowledge:
         from goodput.hierarchy import ClusterPrior
 
         self.summaries = [s for s in self.summaries if s.job != model.job]
-        self.summaries += ClusterPrior.from_models([model]).summaries
-        self._prior = None
+        self.summaries += ClusterPrior.from_observations({model.job: list(model.observations)},
+                                                         {model.job: getattr(model, "model_size", None)},
+                                                         gp_prior=False).summaries
+        self._learned_since += 1
         jobs = list(dict.fromkeys(s.job for s in self.summaries))
         if len(jobs) > self.window:
             keep = set(jobs[-self.window:])
