@@ -244,6 +244,54 @@ class _Fitted:
         return rows @ self.beta, rows @ self.beta_cov @ rows.T + extra
 
 
+@dataclass
+class _JobGroup:
+    """The EM's fixed inputs of the jobs with the same number of cells, stacked (B jobs, n cells each): in the
+    z-space of a job's effects (a, e_1 … e_n), the data's information ``q``, the image ``f`` of the type means
+    and size slopes (Σ Gᵀ H P) and ``g`` (Σ Gᵀ H û)."""
+
+    jobs: np.ndarray  # (B,) positions of the jobs
+    cell_types: np.ndarray  # (B, n) type index of each cell
+    q: np.ndarray  # (B, K(n+1), K(n+1))
+    f: np.ndarray  # (B, K(n+1), dim)
+    g: np.ndarray  # (B, K(n+1))
+    diagonal: np.ndarray  # indices of the cells' diagonal entries, K … K(n+1) − 1
+
+
+def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, int], dim: int, dim_m: int,
+                log_sizes: Mapping[str, float], center: float | None) -> tuple[list[_JobGroup], np.ndarray, np.ndarray]:
+    """The EM's fixed inputs per group of jobs with as many cells, and the data's part of the type means'
+    information and linear term (Σ Pᵀ H P, Σ Pᵀ H û over every cell)."""
+    lam, eta = np.zeros((dim, dim)), np.zeros(dim)
+    by_size: dict[int, list[tuple[int, list[int], np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for position, (job, job_cells) in enumerate(jobs.items()):
+        n = len(job_cells)
+        size = K * (n + 1)
+        q, f, g = np.zeros((size, size)), np.zeros((size, dim)), np.zeros(size)
+        s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
+        for c_i, c in enumerate(job_cells):
+            e = slice(K * (c_i + 1), K * (c_i + 2))
+            design = np.zeros((K, dim))  # P_c: u_c = P_c β + a + e
+            design[:, K * index[c.gpu_type]:K * (index[c.gpu_type] + 1)] = np.eye(K)
+            if center is not None:
+                design[:, dim_m:] = s_j * np.eye(K)
+            for block in ((slice(0, K), slice(0, K)), (slice(0, K), e), (e, slice(0, K)), (e, e)):
+                q[block] += c.info
+            hp, hu = c.info @ design, c.info @ c.u
+            f[:K] += hp
+            f[e] += hp
+            g[:K] += hu
+            g[e] += hu
+            lam += design.T @ hp
+            eta += design.T @ hu
+        by_size.setdefault(n, []).append((position, [index[c.gpu_type] for c in job_cells], q, f, g))
+    groups = [_JobGroup(np.array([m[0] for m in members]), np.array([m[1] for m in members]),
+                        np.stack([m[2] for m in members]), np.stack([m[3] for m in members]),
+                        np.stack([m[4] for m in members]), np.arange(K, K * (n + 1)))
+              for n, members in sorted(by_size.items())]
+    return groups, lam, eta
+
+
 def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS) -> _Fitted:
     """EM for A and E (module docstring) on the cells' Laplace likelihoods, the type means and size slopes integrated out.
 
@@ -272,63 +320,39 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     if center is not None:
         prior_prec[dim_m:, dim_m:] = np.eye(K) / SIZE_SLOPE_STD**2
     beta, beta_cov = np.linalg.solve(prior_prec, prior_lin), np.linalg.inv(prior_prec)
-    weights = dict.fromkeys(jobs, 1.0)
+    groups, lam_data, eta_data = _job_groups(jobs, index, dim, dim_m, log_sizes, center)
+    count = np.bincount([index[c.gpu_type] for c in cells], minlength=len(types)).astype(float)
+    weights = np.ones(len(jobs))  # each job's scale weight (Student-t effects: an odd job widens only its own prior)
     for _ in range(iterations):
         inv_a = np.linalg.inv(shared)
-        lam, eta = prior_prec.copy(), prior_lin.copy()
-        parts = []
-        for job, job_cells in jobs.items():
-            n = len(job_cells)
-            size = K * (n + 1)
-            q = np.zeros((size, size))
-            w = weights[job]  # the job's scale weight (Student-t effects: an odd job widens only its own prior)
-            q[:K, :K] = w * inv_a
-            f = np.zeros((size, dim))  # z-space image of (means, slopes): Σ Gᵀ H P
-            g = np.zeros(size)  # Σ Gᵀ H û
-            s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
-            for c_i, c in enumerate(job_cells):
-                e = slice(K * (c_i + 1), K * (c_i + 2))
-                design = np.zeros((K, dim))  # P_c: u_c = P_c β + a + e
-                design[:, K * index[c.gpu_type]:K * (index[c.gpu_type] + 1)] = np.eye(K)
-                if center is not None:
-                    design[:, dim_m:] = s_j * np.eye(K)
-                q[e, e] += w * np.diag(1.0 / particular[index[c.gpu_type]]) + c.info
-                q[:K, :K] += c.info
-                q[:K, e] += c.info
-                q[e, :K] += c.info
-                hp = c.info @ design
-                f[:K] += hp
-                f[e] += hp
-                hu = c.info @ c.u
-                g[:K] += hu
-                g[e] += hu
-                lam += design.T @ hp
-                eta += design.T @ hu
+        lam, eta = prior_prec + lam_data, prior_lin + eta_data
+        solved = []
+        for group in groups:  # the jobs' effects marginalised out, all jobs with as many cells at once
+            w = weights[group.jobs]
+            q = group.q.copy()
+            q[:, :K, :K] += w[:, None, None] * inv_a
+            q[:, group.diagonal, group.diagonal] += w[:, None] * (1.0 / particular[group.cell_types]).reshape(w.size, -1)
             qi = np.linalg.inv(q)
-            lam -= f.T @ qi @ f
-            eta -= f.T @ qi @ g
-            parts.append((job, job_cells, qi, f, g))
+            qf = qi @ group.f
+            lam -= np.einsum("bsd,bse->de", group.f, qf)
+            eta -= np.einsum("bsd,bs->d", qf, group.g)
+            solved.append((group, qi, qf))
         beta_cov = np.linalg.inv(0.5 * (lam + lam.T))
         beta = beta_cov @ eta
         sum_aa = np.zeros((K, K))
         sum_ee = np.zeros((len(types), K))
-        count = np.zeros(len(types))
-        for job, job_cells, qi, f, g in parts:
-            z = qi @ (g - f @ beta)
-            qf = qi @ f
-            cov = qi + qf @ beta_cov @ qf.T
-            w = weights[job]
-            second_a = np.outer(z[:K], z[:K]) + cov[:K, :K]
-            sum_aa += w * second_a
-            quad = float(np.trace(inv_a @ second_a))
-            for c_i, c in enumerate(job_cells):
-                e = slice(K * (c_i + 1), K * (c_i + 2))
-                second_e = z[e] ** 2 + np.diag(cov[e, e])
-                sum_ee[index[c.gpu_type]] += w * second_e
-                count[index[c.gpu_type]] += 1
-                quad += float(np.sum(second_e / particular[index[c.gpu_type]]))
+        for group, qi, qf in solved:
+            w = weights[group.jobs]
+            z = np.einsum("bst,bt->bs", qi, group.g - group.f @ beta)
+            cov = qi + qf @ beta_cov @ qf.transpose(0, 2, 1)
+            second_a = z[:, :K, None] * z[:, None, :K] + cov[:, :K, :K]
+            sum_aa += np.einsum("b,bij->ij", w, second_a)
+            quad = np.einsum("ij,bji->b", inv_a, second_a)
+            second_e = (z[:, K:] ** 2 + cov[:, group.diagonal, group.diagonal]).reshape(group.cell_types.shape + (K,))
+            np.add.at(sum_ee, group.cell_types, w[:, None, None] * second_e)
+            quad += np.sum(second_e / particular[group.cell_types], axis=(1, 2))
             # E-step of the scale mixture (Lange, Little & Taylor, JASA 84, 1989): E[w | data]
-            weights[job] = (EFFECT_DOF + K * (len(job_cells) + 1)) / (EFFECT_DOF + quad)
+            weights[group.jobs] = (EFFECT_DOF + K * (group.cell_types.shape[1] + 1)) / (EFFECT_DOF + quad)
         shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
         # the correlation of the sync constants' job effects: a few jobs hardly estimate it, and
         # physics says it is strong (the same gradient bytes cross both interconnects), so it is
