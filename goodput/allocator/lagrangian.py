@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -333,6 +334,23 @@ def _near_options(problem: Problem, prices: np.ndarray, window: float = 0.03, dr
                    problem.offset, problem.sign, problem.sense)
 
 
+def _type_demand(dense: list[_Dense], t: int, prices: np.ndarray, n_jobs: int) -> Callable[[float], float]:
+    """Type ``t``'s GPU demand as a function of its price, the other types' prices fixed: a job takes its best
+    option on ``t`` when that beats the best value it gets elsewhere (other types or none)."""
+    outside = np.zeros(n_jobs)
+    for s, other in enumerate(dense):
+        if s != t and not other.empty:
+            outside = np.minimum(outside, other.best(prices[s])[0])
+    d = dense[t]
+
+    def demand_at(price: float) -> float:
+        value, column = d.best(price)
+        take = value < outside
+        return float(d.gpus[d.rows[take], column[take]].sum())
+
+    return demand_at
+
+
 def _filled_prices(dense: list[_Dense], prices: np.ndarray, capacity: np.ndarray, rtol: float = 1e-9) -> np.ndarray | None:
     """``prices`` with each type whose demand at them leaves GPUs idle lowered, type by type, to just above the
     price at which its demand (the others' prices fixed) exceeds its capacity; ``None`` if none is."""
@@ -342,16 +360,7 @@ def _filled_prices(dense: list[_Dense], prices: np.ndarray, capacity: np.ndarray
     for t, d in enumerate(dense):
         if d.empty or prices[t] <= 0:
             continue
-        outside = np.zeros(n_jobs)
-        for s, other in enumerate(dense):
-            if s != t and not other.empty:
-                outside = np.minimum(outside, other.best(prices[s])[0])
-
-        def demand_at(price: float) -> float:
-            value, column = d.best(price)
-            take = value < outside
-            return float(d.gpus[d.rows[take], column[take]].sum())
-
+        demand_at = _type_demand(dense, t, prices, n_jobs)
         if demand_at(prices[t]) >= capacity[t] or demand_at(0.0) <= capacity[t]:
             continue  # full already, or not fillable at any price
         low, high = 0.0, float(prices[t])  # demand(low) > capacity >= demand(high)
@@ -400,17 +409,7 @@ def _ascend(dense: list[_Dense], best: _Best, *, capacity: np.ndarray, max_sweep
         for t, d in enumerate(dense):
             if d.empty:
                 continue
-            # the best value each job gets elsewhere (other types or none) while μ_t moves
-            outside = np.zeros(n_jobs)
-            for s, other in enumerate(dense):
-                if s != t and not other.empty:
-                    outside = np.minimum(outside, other.best(prices[s])[0])
-
-            def demand_at(price: float) -> float:
-                value, column = d.best(price)
-                take = value < outside
-                return float(d.gpus[d.rows[take], column[take]].sum())
-
+            demand_at = _type_demand(dense, t, prices, n_jobs)
             best.evaluations += 1
             if demand_at(0.0) <= capacity[t]:
                 new = 0.0
