@@ -598,7 +598,7 @@ class JobModel:
         """
         if not isinstance(cluster, Cluster):
             raise ValidationError("cluster", cluster, "expected a Cluster")
-        frames = []
+        parts: list[dict[str, Any]] = []
         missing = []
         for pool in cluster:
             if pool.gpu_type not in self._observations:
@@ -611,26 +611,27 @@ class JobModel:
             nodes = np.array([c[1] for c in configs], dtype=float)
             gpus = np.array([c[2] for c in configs], dtype=float)
             choices, std = self._choices(pool.gpu_type, nodes, gpus / stages)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "gpu_type": pool.gpu_type,
-                        "num_nodes": nodes.astype(int),
-                        "num_gpus": gpus.astype(int),
-                        **({"num_replicas": (gpus / stages).astype(int)} if self._stages.hybrid else {}),
-                        "goodput": choices.goodput,
-                        "batch_size": choices.batch_size,
-                        "local_bsz": choices.local_bsz,
-                        "accum_steps": choices.accum_steps,
-                        "throughput": choices.throughput,
-                        "efficiency": choices.efficiency,
-                        "step_time": choices.step_time,
-                        "std": std,
-                    }
-                )
-            )
-        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["gpu_type", "num_nodes", "num_gpus", "goodput"])
-        return GoodputTable(self.job, frame, missing_gpu_types=missing)
+            parts.append({
+                "gpu_type": [pool.gpu_type] * len(configs),
+                "num_nodes": nodes.astype(int),
+                "num_gpus": gpus.astype(int),
+                **({"num_replicas": (gpus / stages).astype(int)} if self._stages.hybrid else {}),
+                "goodput": choices.goodput,
+                "batch_size": choices.batch_size,
+                "local_bsz": choices.local_bsz,
+                "accum_steps": choices.accum_steps,
+                "throughput": choices.throughput,
+                "efficiency": choices.efficiency,
+                "step_time": choices.step_time,
+                "std": np.broadcast_to(np.asarray(std, dtype=float), nodes.shape),
+            })
+        if not parts:
+            empty = pd.DataFrame(columns=["gpu_type", "num_nodes", "num_gpus", "goodput"])
+            return GoodputTable(self.job, empty, missing_gpu_types=missing)
+        # numpy columns, validated without pandas (GoodputTable.from_columns); the frame is built when read
+        columns = {name: (sum((p[name] for p in parts), []) if name == "gpu_type" else
+                          np.concatenate([np.asarray(p[name]) for p in parts])) for name in parts[0]}
+        return GoodputTable.from_columns(self.job, columns, missing_gpu_types=missing)
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{g}: {len(o)}" for g, o in self._observations.items())
