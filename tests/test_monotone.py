@@ -43,12 +43,14 @@ def _errors(model: JobModel, truth, targets):
 def test_one_types_multi_gpu_observations_never_make_the_others_worse(prior, seed, warm):
     """Over jobs drawn from the prior, the expected squared error on the other types does not rise beyond
     what the sample of jobs can tell (3 standard errors of the mean difference) and the measurement noise,
-    and the predicted variance falls on average (Gaussian conditioning only narrows; the relinearisation at
-    a new MAP may move single configurations)."""
+    and the predicted variance falls on average over the jobs. Not job by job: the prior is Student-t, so
+    evidence that a job is unusual widens its own prior (the scale's E-step), and with it the other types'
+    intervals (seed 494, warm v100: one job of ten 0.023 -> 0.026 while the ten fell 0.29 -> 0.036); the
+    relinearisation at a new MAP may also move single configurations."""
     rng = np.random.default_rng(seed)
     hyper = prior.gp_prior.initial(len(TYPES))
     others = [t for t in TYPES if t != warm]
-    before, after = [], []
+    before, after, var_before, var_after = [], [], [], []
     for j in range(JOBS_PER_EXAMPLE):
         truth = draw_job(rng)
         cold = [o for t in TYPES for o in observe(f"new{j}", t, truth[t], SINGLE, rng)]
@@ -56,9 +58,11 @@ def test_one_types_multi_gpu_observations_never_make_the_others_worse(prior, see
         p1 = JobModel(f"new{j}", 8, cluster_prior=prior, gp_hyperparameters=hyper).observe(cold)
         p2 = JobModel(f"new{j}", 8, cluster_prior=prior, gp_hyperparameters=hyper).observe(cold + extra)
         (sq1, var1), (sq2, var2) = _errors(p1, truth, others), _errors(p2, truth, others)
-        assert var2.mean() <= var1.mean()
+        var_before.append(var1.mean())
+        var_after.append(var2.mean())
         before.append(sq1.mean())
         after.append(sq2.mean())
+    assert np.mean(var_after) <= np.mean(var_before)
     diff = np.array(after) - np.array(before)
     noise = 0.03**2  # the observations' measurement noise, log scale
     assert diff.mean() <= 3 * diff.std(ddof=1) / np.sqrt(diff.size) + 2 * noise
