@@ -18,7 +18,7 @@ from cli import main
 from goodput import Profile
 from goodput.errors import UnknownGPUTypeError, ValidationError
 from profilers import ClusterProfileError, profile_cluster
-from profilers.rayutil import RayNotInstalledError, check_address, cluster_types, local_cluster, ray_type_name
+from profilers.rayutil import RayConnectionError, RayNotInstalledError, check_address, cluster_types, local_cluster, ray_type_name
 from tests.profiler_jobs import tiny_mlp
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -283,9 +283,20 @@ def test_profile_cluster_from_a_laptop_through_ray_client(private_ray, ray_nodes
     ray.shutdown()  # this process now reaches the cluster only as a client would
     try:
         work = tiny_mlp()
-        profile = profile_cluster(**work.profile_args(), address=private_ray.client_address, gpu_types="xeon-a",
-                                  batch_sizes=[4, 8], replicas=[], time_budget_s=10, out=tmp_path / "client.jsonl",
-                                  progress=False)
+
+        def through_client():
+            return profile_cluster(**work.profile_args(), address=private_ray.client_address, gpu_types="xeon-a",
+                                   batch_sizes=[4, 8], replicas=[], time_budget_s=10, out=tmp_path / "client.jsonl",
+                                   progress=False)
+
+        try:
+            profile = through_client()
+        except RayConnectionError as exc:
+            # Ray's client proxy starts a server process per client; once in a full suite on 2 busy cores that
+            # process exited at start ("Starting Ray client server failed"), a Ray-side transient: try once more
+            if "Starting Ray client server failed" not in str(exc):
+                raise
+            profile = through_client()
         assert not ray.is_initialized()  # the connection it opened is closed again
         assert [o.local_bsz for o in profile.observations if o.num_replicas == 1] == [4, 8]
         assert profile.metadata["profiler.xeon-a"]["node_id"] == ray_nodes["xeon-a"]
