@@ -49,6 +49,7 @@ import scipy.linalg
 import scipy.optimize
 
 from .observations import Observation
+from .throughput import SoftMax
 
 __all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "fit_map", "MapFit"]
 
@@ -122,11 +123,8 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
     compute = a_c + b_c * rows.bsz
     s_inter = factor * (a_n + b_n * extra)
     sync = np.where(multi, np.where(inter, s_inter, a_r + b_r * extra), 0.0)
-    top = np.maximum(compute, sync)
-    x, y = compute / top, sync / top
-    xg, yg = x**g, y**g
-    q = xg + yg
-    overlap = top * q ** (1.0 / g)
+    soft = SoftMax.of(compute, sync, g)
+    overlap, x, y, xg, yg, q = soft.overlap, soft.x, soft.y, soft.xg, soft.yg, soft.q
     step = rows.accum * compute + overlap
     log_step = np.log(step)
     if not jacobian:

@@ -205,15 +205,34 @@ def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: An
     return _sync_time(params.as_array(), nodes, replicas, sync_shape)
 
 
+@dataclass(frozen=True)
+class SoftMax:
+    """Pollux's overlap of compute and sync, ``(C^γ + S^γ)^{1/γ}`` (Qiao et al., OSDI'21, Eq. 4), computed as
+    ``top · q^{1/γ}`` with ``top = max(C, S)`` so that no power overflows; ``x = C/top``, ``y = S/top``,
+    ``xg = x^γ``, ``yg = y^γ`` and ``q = xg + yg`` are kept for the gradients of the fits."""
+
+    overlap: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    xg: np.ndarray
+    yg: np.ndarray
+    q: np.ndarray
+
+    @classmethod
+    def of(cls, compute: np.ndarray, sync: np.ndarray, gamma: Any) -> SoftMax:
+        top = np.maximum(compute, sync)
+        x, y = compute / top, sync / top
+        xg, yg = x**gamma, y**gamma
+        q = xg + yg
+        return cls(top * q ** (1.0 / gamma), x, y, xg, yg, q)
+
+
 def _step_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray,
                shape: SyncShapeFn | np.ndarray | None = None) -> np.ndarray:
     """Unvalidated ``T_iter`` for the hot paths (goodput optimisation, fitting)."""
     compute = theta[0] + theta[1] * bsz
     sync = _sync_time(theta, nodes, replicas, shape)
-    gamma = theta[6]
-    top = np.maximum(compute, sync)
-    overlap = top * ((compute / top) ** gamma + (sync / top) ** gamma) ** (1.0 / gamma)
-    return accum * compute + overlap
+    return accum * compute + SoftMax.of(compute, sync, theta[6]).overlap
 
 
 def predict_step_time(
@@ -295,11 +314,8 @@ class _Problem:
 
         compute = a_c + b_c * self.bsz
         sync = np.where(multi, (a_r + b_r * extra + np.where(inter, da_n + db_n * extra, 0.0)) * self.scale, 0.0)
-        top = np.maximum(compute, sync)
-        x, y = compute / top, sync / top
-        xg, yg = x**g, y**g
-        q = xg + yg
-        overlap = top * q ** (1.0 / g)
+        soft = SoftMax.of(compute, sync, g)
+        overlap, x, y, xg, yg, q = soft.overlap, soft.x, soft.y, soft.xg, soft.yg, soft.q
         step = self.accum * compute + overlap
 
         d_over_dc = (compute / overlap) ** (g - 1.0)
