@@ -152,16 +152,12 @@ def test_online_observe_conditions_without_refitting(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_hyperparameters_and_reference_posterior_on_cuda():
+def test_reference_posterior_on_cuda():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     x, t, s, y = _data(60, seed=4)
-    init = GPHyperparameters.default(num_tasks=3)
-    on_gpu = fit_hyperparameters(x, t, s, y, init, device="cuda")
-    on_cpu = fit_hyperparameters(x, t, s, y, init)
-    np.testing.assert_allclose(on_gpu.lengthscale, on_cpu.lengthscale, rtol=1e-3)
-    assert on_gpu.noise == pytest.approx(on_cpu.noise, rel=1e-3)
+    on_cpu = fit_hyperparameters(x, t, s, y, GPHyperparameters.default(num_tasks=3))
     mean_gpu, var_gpu = gpytorch_posterior(on_cpu, x, t, s, y, x[:5], t[:5], s[:5], device="cuda")
     mean_cpu, var_cpu = OnlinePosterior(on_cpu, x, t, s, y).predict(x[:5], t[:5], s[:5], noise=False)
     np.testing.assert_allclose(mean_gpu, mean_cpu, atol=1e-8)
@@ -219,3 +215,38 @@ def test_a_hyper_prior_keeps_a_few_points_from_collapsing_the_noise():
     with pytest.raises(ValidationError, match="signal_var"):
         HyperPrior((2.0,) * 6, -1.0, 0.001)
     assert HyperPrior.from_dict(prior.to_dict()) == prior
+
+
+@pytest.mark.parametrize("with_prior, linear, fixed_noise", [(False, False, False), (True, False, False), (True, True, True),
+                                                             (False, True, False)])
+def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear, fixed_noise):
+    """The hyperparameter fit's objective and its analytic gradient equal gpytorch's ExactMarginalLogLikelihood of the
+    Hadamard model (plus the signal prior) and its autograd gradient, in the same raw coordinates."""
+    import gpytorch
+    import torch
+
+    from goodput.gp import _FitData, _negative_log_posterior, _raw_from_hyper, _torch_model
+
+    x, t, s, y = _data(30, tasks=3, seed=7)
+    s = s if linear else np.zeros((30, 0))
+    d = np.random.default_rng(1).uniform(1e-4, 1e-3, 30) if fixed_noise else None
+    hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 0.4, 2.5, 9.0, 3.0), task_factor=(0.1, -0.12, 0.08),
+                              task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
+    prior = HyperPrior((2.0, 1.0, 3.0, 2.0, 2.0, 4.0), 0.004, 0.002, log_std=0.7) if with_prior else None
+    model, likelihood, inputs, target = _torch_model(hyper, x, t, s, y, d, None, prior)
+    model.train()
+    likelihood.train()
+    with gpytorch.settings.max_cholesky_size(100_000):
+        loss = -gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(*inputs), target)
+        if prior is not None:
+            task = model.task_kernel.covar_matrix.to_dense().diagonal()
+            loss = loss + 0.5 * (((torch.log(task) - np.log(prior.signal_var)) / prior.log_std) ** 2).sum() / len(y)
+    loss.backward()
+    noise_module = likelihood.second_noise_covar if fixed_noise else likelihood.noise_covar
+    expected_grad = np.concatenate([p.grad.numpy().ravel() for p in (noise_module.raw_noise, model.data_kernel.raw_lengthscale,
+                                                                     model.task_kernel.covar_factor, model.task_kernel.raw_var)])
+    data = _FitData((x[:, None, :] - x[None, :, :]) ** 2, np.eye(3)[t], s @ s.T, np.zeros(30) if d is None else d, y, np.unique(t))
+    value, grad = _negative_log_posterior(_raw_from_hyper(hyper), data, prior)
+    # gpytorch keeps its constraints' bounds (0.05, 50, the noise floor) as float32 numbers: 1e-9 relative apart
+    assert value == pytest.approx(float(loss.detach()), rel=1e-7)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-9)
