@@ -41,8 +41,9 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg
@@ -70,6 +71,19 @@ class Rows:
     accum: np.ndarray
     ref_bsz: float
     factor: np.ndarray | None = None
+    # derived once (a fit evaluates the same rows many times): regimes as 0/1 floats, extra replicas
+    multi: np.ndarray = field(init=False, repr=False, compare=False)
+    inter: np.ndarray = field(init=False, repr=False, compare=False)
+    intra: np.ndarray = field(init=False, repr=False, compare=False)
+    extra: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        multi = self.replicas > 1
+        inter = multi & (self.nodes > 1)
+        object.__setattr__(self, "multi", multi.astype(float))
+        object.__setattr__(self, "inter", inter.astype(float))
+        object.__setattr__(self, "intra", (multi & ~inter).astype(float))
+        object.__setattr__(self, "extra", np.maximum(self.replicas - 2.0, 0.0))
 
     @classmethod
     def of(cls, observations: Sequence[Observation], ref_bsz: float, shape: object | None = None) -> Rows:
@@ -108,44 +122,50 @@ def u_from_theta(theta: np.ndarray, ref_bsz: float) -> np.ndarray:
                      np.log(b_n / a_n), np.log(np.maximum(gamma - 1.0, 1e-6))], axis=-1)
 
 
+def _theta_scalars(u: np.ndarray, ref_bsz: float) -> tuple[float, float, float, float, float, float, float, float]:
+    """:func:`theta_from_u` of one ``u`` (7,) as Python floats, and the split ``f`` (the hot path of the fits)."""
+    u0, u1, u2, u3, u4, u5, u6 = (min(v, 700.0) for v in u.tolist())  # math.exp raises beyond; a trial step may go there
+    c = math.exp(u0)
+    f = 1.0 / (1.0 + math.exp(-u1)) if u1 > -700.0 else 0.0
+    a_r, a_n = math.exp(u2), math.exp(u3)
+    gamma = min(1.0 + math.exp(u6), _GAMMA_MAX)
+    return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * math.exp(u5), a_r, a_r * math.exp(u4), gamma, f
+
+
 def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """log T_iter of each configuration under ``u`` (7,) and ``∂ log T / ∂u`` (N, 7).
 
     T_iter = a·C + (C^γ + S^γ)^{1/γ} with C = α_c + β_c·b, S the sync time of
     Pollux's form (× the sync shape on several nodes), a the accumulation steps.
     """
-    th = theta_from_u(u, rows.ref_bsz)
-    a_c, b_c, a_n, b_n, a_r, b_r, g = (float(v) for v in th)
-    multi = rows.replicas > 1
-    inter = multi & (rows.nodes > 1)
-    extra = np.maximum(rows.replicas - 2.0, 0.0)
+    a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_scalars(np.asarray(u, dtype=float), rows.ref_bsz)
+    extra, inter = rows.extra, rows.inter
     factor = 1.0 if rows.factor is None else rows.factor
     compute = a_c + b_c * rows.bsz
-    s_inter = factor * (a_n + b_n * extra)
-    sync = np.where(multi, np.where(inter, s_inter, a_r + b_r * extra), 0.0)
+    inter_sync = factor * (a_n + b_n * extra)
+    intra_sync = a_r + b_r * extra
+    sync = np.where(inter > 0, inter_sync, np.where(rows.intra > 0, intra_sync, 0.0))  # 0 on one replica
     soft = SoftMax.of(compute, sync, g)
     overlap, x, y, xg, yg, q = soft.overlap, soft.x, soft.y, soft.xg, soft.yg, soft.q
     step = rows.accum * compute + overlap
     log_step = np.log(step)
     if not jacobian:
         return log_step, None
-    d_c = rows.accum + (compute / overlap) ** (g - 1.0)
-    safe_sync = np.where(sync > 0, sync, 1.0)
-    d_s = np.where(multi & (sync > 0), (safe_sync / overlap) ** (g - 1.0), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ylogy = np.where(yg > 0, yg * np.log(np.where(y > 0, y, 1.0)), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d_c = rows.accum + (compute / overlap) ** (g - 1.0)
+        d_s = np.where(sync > 0, (sync / overlap) ** (g - 1.0), 0.0) / step  # ∂ log T / ∂ log S per unit S
+        ylogy = np.where(yg > 0, yg * np.log(y), 0.0)
         d_g = overlap * (-np.log(q) / g**2 + (xg * np.log(x) + ylogy) / (g * q))
-    jac = np.empty((step.size, K))
-    f = float(_split(u[1]))
-    jac[:, 0] = d_c * compute
-    jac[:, 1] = d_c * (a_c + b_c * rows.ref_bsz) * f * (1.0 - f) * (rows.bsz / rows.ref_bsz - 1.0)
-    jac[:, 2] = np.where(inter, 0.0, d_s * sync)
-    jac[:, 3] = np.where(inter, d_s * sync, 0.0)
-    jac[:, 4] = np.where(multi & ~inter, d_s * b_r * extra, 0.0)
-    jac[:, 5] = np.where(inter, d_s * factor * b_n * extra, 0.0)
-    jac[:, 6] = np.where(multi & (g < _GAMMA_MAX), d_g * (g - 1.0), 0.0)
-    jac /= step[:, None]
-    return log_step, np.nan_to_num(jac, nan=0.0, posinf=0.0, neginf=0.0)
+        jac = np.empty((step.size, K))
+        jac[:, 0] = d_c * compute / step
+        jac[:, 1] = (d_c * ((a_c + b_c * rows.ref_bsz) * f * (1.0 - f)) / step) * (rows.bsz / rows.ref_bsz - 1.0)
+        jac[:, 2] = d_s * (rows.intra * intra_sync)
+        jac[:, 3] = d_s * (inter * inter_sync)
+        jac[:, 4] = d_s * (rows.intra * b_r * extra)
+        jac[:, 5] = d_s * (inter * factor * b_n * extra)
+        jac[:, 6] = (d_g * (g - 1.0) / step) * (rows.multi if g < _GAMMA_MAX else 0.0)
+    jac[~np.isfinite(jac)] = 0.0
+    return log_step, jac
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,25 @@ def test_the_weak_default_prior_is_read_off_the_jobs_compute():
     mean, cov = default_prior([means, means])
     assert cov.shape == (2 * K, 2 * K) and np.all(np.linalg.eigvalsh(cov) > 0)
     assert cov[1, K + 1] / cov[1, 1] > 0.9  # the compute split: the job's, shared across its types
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed):
+    """∂ log T / ∂u of :func:`goodput.parametric.log_step_time` (what the MAP fit and the Laplace posterior use)
+    against central differences, on one, several and inter-node replicas, with accumulation and a sync shape."""
+    from goodput.parametric import Rows, log_step_time
+
+    rng = np.random.default_rng(seed)
+    u = rng.normal([-3.0, 0.0, -2.5, -1.5, -2.0, -2.0, 0.5], [1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0])
+    nodes = np.array([1, 1, 1, 2, 3, 1, 2], dtype=float)
+    replicas = np.array([1, 2, 4, 4, 12, 8, 2], dtype=float)
+    rows = Rows(nodes, replicas, 2.0 ** rng.uniform(3, 9, 7), np.array([0, 0, 2, 0, 1, 3, 0], dtype=float), 48.0,
+                None if seed % 2 else rng.uniform(0.8, 1.4, 7))
+    value, jac = log_step_time(u, rows)
+    assert np.all(np.isfinite(value)) and jac.shape == (7, K)
+    step = 1e-6
+    numeric = np.column_stack([(log_step_time(u + step * e, rows, jacobian=False)[0]
+                                - log_step_time(u - step * e, rows, jacobian=False)[0]) / (2 * step) for e in np.eye(K)])
+    np.testing.assert_allclose(jac, numeric, rtol=1e-5, atol=1e-8)
+    assert np.all(jac[0, 2:] == 0.0)  # one replica: no sync parameter matters
+    assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
