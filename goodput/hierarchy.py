@@ -247,15 +247,52 @@ class _Fitted:
 @dataclass
 class _JobGroup:
     """The EM's fixed inputs of the jobs with the same number of cells, stacked (B jobs, n cells each): in the
-    z-space of a job's effects (a, e_1 … e_n), the data's information ``q``, the image ``f`` of the type means
-    and size slopes (Σ Gᵀ H P) and ``g`` (Σ Gᵀ H û)."""
+    z-space of a job's effects (a, e_1 … e_n), the data's information (each cell's ``info`` H_c: it enters
+    the (a, a), (a, e_c), (e_c, a) and (e_c, e_c) blocks), the image ``f`` of the type means and size
+    slopes (Σ Gᵀ H P) and ``g`` (Σ Gᵀ H û)."""
 
     jobs: np.ndarray  # (B,) positions of the jobs
     cell_types: np.ndarray  # (B, n) type index of each cell
-    q: np.ndarray  # (B, K(n+1), K(n+1))
+    info: np.ndarray  # (B, n, K, K)
     f: np.ndarray  # (B, K(n+1), dim)
     g: np.ndarray  # (B, K(n+1))
-    diagonal: np.ndarray  # indices of the cells' diagonal entries, K … K(n+1) − 1
+
+    def precision_solver(self, weights: np.ndarray, inv_shared: np.ndarray, particular: np.ndarray) -> _ArrowSolve:
+        """The jobs' posterior precision of (a, e_1 … e_n), ``H + w·blockdiag(A⁻¹, E_1⁻¹ … E_n⁻¹)``, factorised."""
+        return _ArrowSolve.of(self.info, weights[:, None, None] * inv_shared,
+                              weights[:, None, None] / particular[self.cell_types])
+
+
+@dataclass
+class _ArrowSolve:
+    """Solves with a batch of "arrow" matrices [[Σ_c H_c + P_a, H_1 … H_n], [H_c, H_c + D_c] …] (7×7 blocks,
+    D_c diagonal) by eliminating the cells' blocks: the Schur complement S = P_a + Σ_c (H_c − H_c M_c⁻¹ H_c)
+    with M_c = H_c + D_c. Only 7×7 matrices are inverted, not the (7(n+1))² whole."""
+
+    m_inv: np.ndarray  # (B, n, K, K) M_c⁻¹
+    p: np.ndarray  # (B, n, K, K) M_c⁻¹ H_c
+    s_inv: np.ndarray  # (B, K, K) S⁻¹
+
+    @classmethod
+    def of(cls, info: np.ndarray, prec_a: np.ndarray, prec_e: np.ndarray) -> _ArrowSolve:
+        m = info.copy()
+        m[..., np.arange(K), np.arange(K)] += prec_e
+        m_inv = np.linalg.inv(m)
+        p = m_inv @ info
+        s = prec_a + (info - info @ p).sum(axis=1)
+        return cls(m_inv, p, np.linalg.inv(s))
+
+    def solve(self, v: np.ndarray) -> np.ndarray:
+        """x with (arrow) x = v, for ``v`` (B, K(n+1), d)."""
+        b, n = self.p.shape[:2]
+        v_a, v_c = v[:, :K], v[:, K:].reshape(b, n, K, -1)
+        x_a = self.s_inv @ (v_a - (self.p.transpose(0, 1, 3, 2) @ v_c).sum(axis=1))  # H_c M_c⁻¹ = P_cᵀ
+        x_c = self.m_inv @ v_c - self.p @ x_a[:, None]
+        return np.concatenate([x_a, x_c.reshape(b, n * K, -1)], axis=1)
+
+    def cell_variances(self) -> np.ndarray:
+        """The diagonals of the inverse's cell blocks, M_c⁻¹ + P_c S⁻¹ P_cᵀ: (B, n, K)."""
+        return np.diagonal(self.m_inv, axis1=2, axis2=3) + ((self.p @ self.s_inv[:, None]) * self.p).sum(axis=3)
 
 
 def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, int], dim: int, dim_m: int,
@@ -267,7 +304,7 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
     for position, (job, job_cells) in enumerate(jobs.items()):
         n = len(job_cells)
         size = K * (n + 1)
-        q, f, g = np.zeros((size, size)), np.zeros((size, dim)), np.zeros(size)
+        f, g = np.zeros((size, dim)), np.zeros(size)
         s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
         for c_i, c in enumerate(job_cells):
             e = slice(K * (c_i + 1), K * (c_i + 2))
@@ -275,8 +312,6 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
             design[:, K * index[c.gpu_type]:K * (index[c.gpu_type] + 1)] = np.eye(K)
             if center is not None:
                 design[:, dim_m:] = s_j * np.eye(K)
-            for block in ((slice(0, K), slice(0, K)), (slice(0, K), e), (e, slice(0, K)), (e, e)):
-                q[block] += c.info
             hp, hu = c.info @ design, c.info @ c.u
             f[:K] += hp
             f[e] += hp
@@ -284,10 +319,11 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
             g[e] += hu
             lam += design.T @ hp
             eta += design.T @ hu
-        by_size.setdefault(n, []).append((position, [index[c.gpu_type] for c in job_cells], q, f, g))
+        by_size.setdefault(n, []).append((position, [index[c.gpu_type] for c in job_cells],
+                                          np.stack([c.info for c in job_cells]), f, g))
     groups = [_JobGroup(np.array([m[0] for m in members]), np.array([m[1] for m in members]),
                         np.stack([m[2] for m in members]), np.stack([m[3] for m in members]),
-                        np.stack([m[4] for m in members]), np.arange(K, K * (n + 1)))
+                        np.stack([m[4] for m in members]))
               for n, members in sorted(by_size.items())]
     return groups, lam, eta
 
@@ -328,27 +364,25 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         lam, eta = prior_prec + lam_data, prior_lin + eta_data
         solved = []
         for group in groups:  # the jobs' effects marginalised out, all jobs with as many cells at once
-            w = weights[group.jobs]
-            q = group.q.copy()
-            q[:, :K, :K] += w[:, None, None] * inv_a
-            q[:, group.diagonal, group.diagonal] += w[:, None] * (1.0 / particular[group.cell_types]).reshape(w.size, -1)
-            qi = np.linalg.inv(q)
-            qf = qi @ group.f
-            lam -= np.einsum("bsd,bse->de", group.f, qf)
-            eta -= np.einsum("bsd,bs->d", qf, group.g)
-            solved.append((group, qi, qf))
+            arrow = group.precision_solver(weights[group.jobs], inv_a, particular)
+            qf = arrow.solve(group.f)
+            lam -= np.tensordot(group.f, qf, axes=([0, 1], [0, 1]))
+            eta -= np.tensordot(qf, group.g, axes=([0, 1], [0, 1]))
+            solved.append((group, arrow, qf))
         beta_cov = np.linalg.inv(0.5 * (lam + lam.T))
         beta = beta_cov @ eta
         sum_aa = np.zeros((K, K))
         sum_ee = np.zeros((len(types), K))
-        for group, qi, qf in solved:
+        for group, arrow, qf in solved:
             w = weights[group.jobs]
-            z = np.einsum("bst,bt->bs", qi, group.g - group.f @ beta)
-            cov = qi + qf @ beta_cov @ qf.transpose(0, 2, 1)
-            second_a = z[:, :K, None] * z[:, None, :K] + cov[:, :K, :K]
-            sum_aa += np.einsum("b,bij->ij", w, second_a)
-            quad = np.einsum("ij,bji->b", inv_a, second_a)
-            second_e = (z[:, K:] ** 2 + cov[:, group.diagonal, group.diagonal]).reshape(group.cell_types.shape + (K,))
+            z = arrow.solve((group.g - group.f @ beta)[:, :, None])[:, :, 0]
+            qf_a, qf_e = qf[:, :K], qf[:, K:].reshape(group.cell_types.shape + (K, -1))
+            cov_a = arrow.s_inv + qf_a @ beta_cov @ qf_a.transpose(0, 2, 1)
+            var_e = arrow.cell_variances() + ((qf_e @ beta_cov) * qf_e).sum(axis=3)
+            second_a = z[:, :K, None] * z[:, None, :K] + cov_a
+            sum_aa += np.tensordot(w, second_a, axes=1)
+            quad = (second_a * inv_a.T).sum(axis=(1, 2))
+            second_e = z[:, K:].reshape(group.cell_types.shape + (K,)) ** 2 + var_e
             np.add.at(sum_ee, group.cell_types, w[:, None, None] * second_e)
             quad += np.sum(second_e / particular[group.cell_types], axis=(1, 2))
             # E-step of the scale mixture (Lange, Little & Taylor, JASA 84, 1989): E[w | data]

@@ -143,3 +143,29 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     np.testing.assert_allclose(jac, numeric, rtol=1e-5, atol=1e-8)
     assert np.all(jac[0, 2:] == 0.0)  # one replica: no sync parameter matters
     assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
+
+
+def test_the_ems_arrow_solve_equals_the_dense_inverse():
+    """The E-step's block elimination (only 7×7 inverses) against numpy's inverse of the whole precision matrix."""
+    from goodput.hierarchy import _ArrowSolve
+
+    rng = np.random.default_rng(3)
+    jobs, cells = 5, 3
+    roots = rng.normal(size=(jobs, cells, K, K))
+    info = roots @ roots.transpose(0, 1, 3, 2) + 0.1 * np.eye(K)
+    root_a = rng.normal(size=(jobs, K, K))
+    prec_a, prec_e = root_a @ root_a.transpose(0, 2, 1) + np.eye(K), rng.uniform(0.5, 5.0, (jobs, cells, K))
+    size = K * (cells + 1)
+    dense = np.zeros((jobs, size, size))
+    dense[:, :K, :K] = prec_a + info.sum(axis=1)
+    for c in range(cells):
+        e = slice(K * (c + 1), K * (c + 2))
+        dense[:, :K, e] = dense[:, e, :K] = info[:, c]
+        dense[:, e, e] = info[:, c] + prec_e[:, c, :, None] * np.eye(K)
+    inverse = np.linalg.inv(dense)
+    arrow = _ArrowSolve.of(info, prec_a, prec_e)
+    v = rng.normal(size=(jobs, size, 4))
+    np.testing.assert_allclose(arrow.solve(v), inverse @ v, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(arrow.s_inv, inverse[:, :K, :K], rtol=1e-8, atol=1e-12)
+    cell_diagonal = np.diagonal(inverse, axis1=1, axis2=2)[:, K:].reshape(jobs, cells, K)
+    np.testing.assert_allclose(arrow.cell_variances(), cell_diagonal, rtol=1e-8, atol=1e-12)
