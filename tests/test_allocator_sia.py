@@ -117,25 +117,6 @@ def test_smoothed_prices_reach_the_lp_bound(p):
     assert exact.total <= fast.total + 1e-12 and fast.bound <= exact.total + 1e-9
 
 
-def test_an_integral_relaxation_is_the_milps_optimum():
-    """``relaxation_first``: an LP optimum that is integral is returned as is, a fractional one goes on to the
-    MILP; either way the optimum equals the MILP's (and both cases occur on these instances)."""
-    cluster = Cluster.parse("t4:6x4,a100:2x8,rtx2080ti:3x8")
-    shortcut = 0
-    for seed in range(12):
-        rng = np.random.default_rng(300 + seed)
-        tables = random_tables(cluster, int(rng.integers(4, 30)), rng, drop=0.3)
-        prob = sia_problem(prepare(tables, cluster), 0.5 if seed % 2 else -0.5, 1.1)
-        exact, first = solve_milp(prob), solve_milp(prob, relaxation_first=True)
-        assert first.status == "optimal" and first.total == pytest.approx(exact.total, rel=1e-9, abs=1e-12)
-        assert first.bound == pytest.approx(first.total, rel=1e-6, abs=1e-9)
-        used = np.bincount(prob.opt_type[first.choice[first.choice >= 0]],
-                           weights=prob.opt_gpus[first.choice[first.choice >= 0]], minlength=3)
-        assert np.all(used <= prob.capacity + 1e-9)
-        shortcut += first.iterations == 0 and exact.iterations > 0
-    assert 0 < shortcut < 12
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_reduced_cost_fixing_keeps_the_optimum(seed):
     """auto's exact fallback: options whose reduced cost exceeds the gap are dropped, jobs left with one fixed,

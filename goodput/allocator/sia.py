@@ -41,6 +41,7 @@ excluded and the problem solved again (up to ``placement_retries`` times).
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 from scipy import sparse
@@ -64,13 +65,8 @@ MILP_FIRST = 2_000
 
 
 def solve_milp(problem: Problem, *, time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
-               presolve: bool = False, relaxation_first: bool = False) -> Solution | None:
-    """The exact MILP with HiGHS; ``None`` if it found no solution within the limit.
-
-    ``relaxation_first``: solve the LP relaxation first and, when its optimum is integral, return it
-    (it is then the MILP's optimum). On small problems HiGHS's MIP solver costs ~6 ms of set-up around
-    a root LP of ~1 ms, and about half of a contended simulation's rounds have an integral relaxation.
-    """
+               presolve: bool = False) -> Solution | None:
+    """The exact MILP with HiGHS; ``None`` if it found no solution within the limit."""
     start = time.perf_counter()
     n_jobs, n_types, m = len(problem.names), len(problem.gpu_types), problem.num_options
     if m == 0:
@@ -81,18 +77,15 @@ def solve_milp(problem: Problem, *, time_limit: float = 10.0, mip_rel_gap: float
     capacity = sparse.csr_array((problem.opt_gpus.astype(float), (problem.opt_type, columns)), shape=(n_types, m))
     constraints = LinearConstraint(sparse.vstack([one_each, capacity]).tocsr(), -np.inf,
                                    np.concatenate([np.ones(n_jobs), problem.capacity]))
-    if relaxation_first:
-        relaxed = milp(problem.opt_cost, constraints=constraints, integrality=np.zeros(m), bounds=Bounds(0, 1),
-                       options={"presolve": presolve, "time_limit": time_limit})
-        if relaxed.status == 0 and relaxed.x is not None and np.all(np.abs(relaxed.x - np.round(relaxed.x)) <= 1e-9):
-            chosen = np.flatnonzero(relaxed.x > 0.5)
-            choice = np.full(n_jobs, -1, dtype=np.int64)
-            choice[problem.opt_job[chosen]] = chosen
-            total = float(problem.opt_cost[chosen].sum())
-            return Solution(choice, total, total, "milp", "optimal", 0, time.perf_counter() - start)
-    with native_stdout_to_stderr():  # HiGHS may print a debug line to stdout (see native_stdout_to_stderr)
+    # HiGHS's feasibility-jump heuristic looks for a first feasible point, which this problem always has
+    # (nothing allocated): on the simulator's small rounds it took two thirds of the solve. scipy passes the
+    # option through verbatim and warns that it does not know it.
+    options = {"presolve": presolve, "time_limit": time_limit, "mip_rel_gap": mip_rel_gap,
+               "mip_heuristic_run_feasibility_jump": False}
+    with native_stdout_to_stderr(), warnings.catch_warnings():  # HiGHS may print a debug line to stdout
+        warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
         result = milp(problem.opt_cost, constraints=constraints, integrality=np.ones(m), bounds=Bounds(0, 1),
-                      options={"presolve": presolve, "time_limit": time_limit, "mip_rel_gap": mip_rel_gap})
+                      options=options)
     seconds = time.perf_counter() - start
     if result.x is None:
         return None
@@ -143,8 +136,7 @@ def solve(problem: Problem, *, solver: str = "auto", time_limit: float = 10.0, m
                 return fast, notes
             return _reduced_milp(problem, fast, gap, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
                                  presolve=presolve, exact_limit=exact_limit)
-    exact = solve_milp(problem, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve,
-                       relaxation_first=solver == "auto")
+    exact = solve_milp(problem, time_limit=time_limit, mip_rel_gap=mip_rel_gap, presolve=presolve)
     if exact is not None and exact.status == "optimal":
         return exact, notes
     fast = solve_lagrangian(problem)
