@@ -256,6 +256,10 @@ class _JobGroup:
     info: np.ndarray  # (B, n, K, K)
     f: np.ndarray  # (B, K(n+1), dim)
     g: np.ndarray  # (B, K(n+1))
+    fg: np.ndarray = field(init=False, repr=False)  # f and g side by side, (B, K(n+1), dim + 1)
+
+    def __post_init__(self) -> None:
+        self.fg = np.concatenate([self.f, self.g[:, :, None]], axis=2)
 
     def precision_solver(self, weights: np.ndarray, inv_shared: np.ndarray, particular: np.ndarray) -> _ArrowSolve:
         """The jobs' posterior precision of (a, e_1 … e_n), ``H + w·blockdiag(A⁻¹, E_1⁻¹ … E_n⁻¹)``, factorised."""
@@ -365,17 +369,18 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         solved = []
         for group in groups:  # the jobs' effects marginalised out, all jobs with as many cells at once
             arrow = group.precision_solver(weights[group.jobs], inv_a, particular)
-            qf = arrow.solve(group.f)
+            solved_fg = arrow.solve(group.fg)  # Q⁻¹ f and Q⁻¹ g at once
+            qf, qg = solved_fg[..., :-1], solved_fg[..., -1]
             lam -= np.tensordot(group.f, qf, axes=([0, 1], [0, 1]))
             eta -= np.tensordot(qf, group.g, axes=([0, 1], [0, 1]))
-            solved.append((group, arrow, qf))
+            solved.append((group, arrow, qf, qg))
         beta_cov = np.linalg.inv(0.5 * (lam + lam.T))
         beta = beta_cov @ eta
         sum_aa = np.zeros((K, K))
         sum_ee = np.zeros((len(types), K))
-        for group, arrow, qf in solved:
+        for group, arrow, qf, qg in solved:
             w = weights[group.jobs]
-            z = arrow.solve((group.g - group.f @ beta)[:, :, None])[:, :, 0]
+            z = qg - qf @ beta  # the effects' posterior mean, Q⁻¹ (g − f β)
             qf_a, qf_e = qf[:, :K], qf[:, K:].reshape(group.cell_types.shape + (K, -1))
             cov_a = arrow.s_inv + qf_a @ beta_cov @ qf_a.transpose(0, 2, 1)
             var_e = arrow.cell_variances() + ((qf_e @ beta_cov) * qf_e).sum(axis=3)
