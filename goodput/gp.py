@@ -643,8 +643,6 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, np.ndarray]], 
     the prior of a new job's (:func:`fit_hyperparameters`). ``None`` without enough points (fewer than
     8 in all) or when the fit fails.
     """
-    import torch
-
     rng = np.random.default_rng(seed)
     kept = []
     for x, y in groups:
@@ -654,51 +652,55 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, np.ndarray]], 
         if y.size > max_points:
             idx = np.sort(rng.choice(y.size, max_points, replace=False))
             x, y = x[idx], y[idx]
-        kept.append((torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y - y.mean(), dtype=torch.float64)))
-    if sum(int(y.numel()) for _, y in kept) < 8:
+        kept.append(((x[:, None, :] - x[None, :, :]) ** 2, y - y.mean()))
+    total = sum(y.size for _, y in kept)
+    if total < 8:
         return None
-    dims = kept[0][0].shape[1]
-    total = sum(int(y.numel()) for _, y in kept)
+    dims = kept[0][0].shape[2]
     variance = float(np.mean([float((y**2).mean()) for _, y in kept]))
-    log_ls = torch.zeros(dims, dtype=torch.float64).fill_(math.log(2.0)).requires_grad_()
-    log_sig = torch.tensor(math.log(max(0.7 * variance, 1e-6)), dtype=torch.float64, requires_grad=True)
-    log_noise = torch.tensor(math.log(max(0.3 * variance, NOISE_FLOOR)), dtype=torch.float64, requires_grad=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    start = np.concatenate([np.full(dims, math.log(2.0)), [math.log(max(0.7 * variance, 1e-6)), math.log(max(0.3 * variance, NOISE_FLOOR))]])
     try:
-        optimizer = torch.optim.LBFGS([log_ls, log_sig, log_noise], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
-
-        def closure() -> Any:
-            optimizer.zero_grad()
-            ls = torch.exp(log_ls).clamp(0.05, 50.0)
-            loss = torch.zeros((), dtype=torch.float64)
-            for x, y in kept:
-                a = x / ls
-                d2 = ((a[:, None, :] - a[None, :, :]) ** 2).sum(-1)
-                r = torch.sqrt(5.0 * d2 + 1e-12)
-                k = torch.exp(log_sig) * (1.0 + r + r * r / 3.0) * torch.exp(-r)
-                k = k + (torch.exp(log_noise) + NOISE_FLOOR) * torch.eye(y.numel(), dtype=torch.float64)
-                chol = torch.linalg.cholesky(k)
-                alpha = torch.cholesky_solve(y[:, None], chol)
-                loss = loss + 0.5 * (y[:, None] * alpha).sum() + torch.log(torch.diagonal(chol)).sum()
-            # the single-job fit's Gamma(2, 1/2) prior on the length scales
-            ls_prior = -(torch.log(ls) - 0.5 * ls).sum()
-            loss = (loss + ls_prior) / total
-            loss.backward()
-            return loss
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            optimizer.step(closure)
-        ls = np.clip(np.exp(log_ls.detach().numpy()), 0.05, 50.0)
-        sig, noise = math.exp(float(log_sig.detach())), math.exp(float(log_noise.detach())) + NOISE_FLOOR
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            found = scipy.optimize.minimize(_shared_negative_log_likelihood, start, args=(kept, total), jac=True,
+                                            method="L-BFGS-B", options={"maxiter": max_iter})
+        ls = np.clip(np.exp(found.x[:dims]), *LENGTHSCALE_BOUNDS)
+        sig, noise = math.exp(found.x[dims]), math.exp(found.x[dims + 1]) + NOISE_FLOOR
     except Exception:  # noqa: BLE001 - numerical failure: no shared prior
         return None
-    finally:
-        torch.set_num_threads(threads)
     if not (np.all(np.isfinite(ls)) and math.isfinite(sig) and math.isfinite(noise)):
         return None
     return HyperPrior(tuple(float(v) for v in ls), max(sig, 1e-6), noise)
+
+
+def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
+                                    total: int) -> tuple[float, np.ndarray]:
+    """The objective of :func:`fit_shared_hyperparameters` and its gradient in ``params`` = (log length scales,
+    log signal variance, log noise): Σ over groups of −log p(y_g) (without its constant) with the length
+    scales' Gamma(2, ½) prior, per point. Length scales are clamped to :data:`LENGTHSCALE_BOUNDS` (no
+    gradient beyond them)."""
+    dims = params.size - 2
+    raw_ls = np.exp(params[:dims])
+    ls = np.clip(raw_ls, *LENGTHSCALE_BOUNDS)
+    inside = (raw_ls >= LENGTHSCALE_BOUNDS[0]) & (raw_ls <= LENGTHSCALE_BOUNDS[1])
+    sig, noise = math.exp(params[dims]), math.exp(params[dims + 1])
+    loss, grad_ls, grad_sig, grad_noise = 0.0, np.zeros(dims), 0.0, 0.0
+    for sq_diff, y in groups:
+        r = np.sqrt(5.0 * (sq_diff @ ls**-2.0) + 1e-12)
+        decay = np.exp(-r)
+        matern = (1.0 + r + r * r / 3.0) * decay
+        k = sig * matern
+        k[np.diag_indices(y.size)] += noise + NOISE_FLOOR
+        chol = scipy.linalg.cholesky(k, lower=True, check_finite=False)
+        alpha = scipy.linalg.cho_solve((chol, True), y, check_finite=False)
+        weight = 0.5 * (scipy.linalg.cho_solve((chol, True), np.eye(y.size), check_finite=False) - np.outer(alpha, alpha))
+        loss += 0.5 * y @ alpha + np.log(np.diag(chol)).sum()
+        grad_sig += np.sum(weight * matern) * sig
+        grad_noise += np.trace(weight) * noise
+        grad_ls += (5.0 / 3.0) * sig * np.tensordot(weight * (1.0 + r) * decay, sq_diff, axes=([0, 1], [0, 1])) / ls**3
+    loss -= np.sum(np.log(ls) - 0.5 * ls)  # the single-job fit's Gamma(2, ½) prior on the length scales
+    grad_ls -= 1.0 / ls - 0.5
+    grad = np.concatenate([np.where(inside, grad_ls * ls, 0.0), [grad_sig, grad_noise]]) / total
+    return float(loss / total), grad
 
 
 def gpytorch_posterior(

@@ -250,3 +250,21 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
     # gpytorch keeps its constraints' bounds (0.05, 50, the noise floor) as float32 numbers: 1e-9 relative apart
     assert value == pytest.approx(float(loss.detach()), rel=1e-7)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-9)
+
+
+def test_the_shared_fits_gradient_matches_finite_differences():
+    """fit_shared_hyperparameters' analytic gradient (log length scales, log signal variance, log noise) against
+    central differences, with one length scale clamped at its upper bound (no gradient there)."""
+    from scipy.optimize import approx_fprime
+
+    from goodput.gp import _shared_negative_log_likelihood
+
+    groups = []
+    for seed in range(3):
+        x, _, _, y = _data(25, tasks=1, seed=10 + seed)
+        groups.append(((x[:, None, :] - x[None, :, :]) ** 2, y - y.mean()))
+    params = np.log([1.5, 2.0, 3.0, 0.7, 60.0, 2.5, 0.003, 0.001])
+    value, grad = _shared_negative_log_likelihood(params, groups, 75)
+    numeric = approx_fprime(params, lambda p: _shared_negative_log_likelihood(p, groups, 75)[0], 1e-7)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
+    assert grad[4] == 0.0 and np.isfinite(value)
