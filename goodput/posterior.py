@@ -29,7 +29,8 @@ normals): the refit sets its scale from the job's own distance to it (E-steps
 of Lange, Little & Taylor, *JASA* 84, 1989), so an unusual job widens its own
 prior rather than being pulled to the cluster's typical one. The GP's
 hyperparameters (Matérn length scales, task covariance, noise) are fitted by
-gpytorch's exact marginal likelihood to the MAP's residuals, under a prior of
+the exact marginal likelihood of gpytorch's model (computed in numpy,
+:func:`goodput.gp.fit_hyperparameters`) to the MAP's residuals, under a prior of
 what the cluster's jobs show (:class:`goodput.gp.HyperPrior`), now and then.
 If the covariance cannot be factorised even with jitter, the state falls back
 to the parametric mean with an inflated log-std and says why (``reason``).
