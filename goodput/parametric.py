@@ -42,6 +42,7 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -200,7 +201,7 @@ def fit_map(
         initial: (T, 7) starting point (default: the prior mean).
 
     Minimises ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
-    :func:`scipy.optimize.least_squares`), the prior as pseudo-observations.
+    :func:`scipy.optimize.leastsq`), the prior as pseudo-observations.
     """
     mean = np.asarray(prior_mean, dtype=float)
     num_types = mean.shape[0]
@@ -229,10 +230,14 @@ def fit_map(
     start = (mean if initial is None else np.asarray(initial, dtype=float)).ravel()
     best = start
     if n_rows:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            result = scipy.optimize.least_squares(residuals, start, jac=jacobian, method="lm", max_nfev=200 * (dim + 1))
-        if np.all(np.isfinite(result.x)) and np.isfinite(result.cost):
-            best = result.x
+        # MINPACK's lmder with least_squares(method="lm")'s settings, through leastsq: the same iterates without
+        # least_squares' wrappers (a third of a small fit's time)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # "reached maxfev" and the like: the point is checked below
+            found, _ = scipy.optimize.leastsq(residuals, start, Dfun=jacobian, ftol=1e-8, xtol=1e-8, gtol=1e-8,
+                                              maxfev=200 * (dim + 1), factor=100.0)
+        if np.all(np.isfinite(found)) and np.isfinite(residuals(found)).all():
+            best = found
     u = best.reshape(num_types, K)
     res = [log_step_time(u[k], rows, jacobian=False)[0] - y for k, rows, y in steps]
     r = np.concatenate(res) if res else np.zeros(0)
