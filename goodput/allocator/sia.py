@@ -72,11 +72,12 @@ def solve_milp(problem: Problem, *, time_limit: float = 10.0, mip_rel_gap: float
     if m == 0:
         return Solution(np.full(n_jobs, -1, dtype=np.int64), 0.0, 0.0, "milp", "optimal", 0,
                         time.perf_counter() - start)
-    columns = np.arange(m)
-    one_each = sparse.csr_array((np.ones(m), (problem.opt_job, columns)), shape=(n_jobs, m))
-    capacity = sparse.csr_array((problem.opt_gpus.astype(float), (problem.opt_type, columns)), shape=(n_types, m))
-    constraints = LinearConstraint(sparse.vstack([one_each, capacity]).tocsr(), -np.inf,
-                                   np.concatenate([np.ones(n_jobs), problem.capacity]))
+    # column k has two entries: 1 in its job's row (one option per job) and its GPUs in its type's row (capacity);
+    # built as CSC directly, the form HiGHS takes
+    rows = np.stack([problem.opt_job, n_jobs + problem.opt_type], axis=1).ravel()
+    values = np.stack([np.ones(m), problem.opt_gpus.astype(float)], axis=1).ravel()
+    matrix = sparse.csc_array((values, rows, np.arange(0, 2 * m + 1, 2)), shape=(n_jobs + n_types, m))
+    constraints = LinearConstraint(matrix, -np.inf, np.concatenate([np.ones(n_jobs), problem.capacity]))
     # HiGHS's feasibility-jump heuristic looks for a first feasible point, which this problem always has
     # (nothing allocated): on the simulator's small rounds it took two thirds of the solve. scipy passes the
     # option through verbatim and warns that it does not know it.
