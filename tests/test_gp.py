@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -236,7 +238,8 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
     model, likelihood, inputs, target = _torch_model(hyper, x, t, s, y, d, None, prior)
     model.train()
     likelihood.train()
-    with gpytorch.settings.max_cholesky_size(100_000):
+    with gpytorch.settings.max_cholesky_size(100_000), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # linear_operator's notice on torch's sparse invariant checks
         loss = -gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)(model(*inputs), target)
         if prior is not None:
             task = model.task_kernel.covar_matrix.to_dense().diagonal()
