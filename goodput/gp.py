@@ -100,6 +100,32 @@ def _kern(d2: np.ndarray) -> np.ndarray:
     return (1.0 + r + r * r / 3.0) * np.exp(-r)
 
 
+def _matern_terms(sq_diff: np.ndarray, lengthscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(r, e^{−r}, k)`` of the Matérn-5/2 correlation for squared feature differences ``sq_diff`` (n, n, D):
+    ``r = √5·|Δ/ℓ|`` (floored at 1e-15 so its gradient stays finite), ``k = (1 + r + r²/3) e^{−r}``. The
+    hyperparameter fits' gradient in ``ℓ_d`` is ``(5/3)(1 + r) e^{−r} Δ_d² / ℓ_d³`` times ``∂/∂k``."""
+    r = np.sqrt(np.maximum(5.0 * (sq_diff @ lengthscale**-2.0), 1e-30))
+    decay = np.exp(-r)
+    return r, decay, (1.0 + r + r * r / 3.0) * decay
+
+
+def _gaussian_nll(k: np.ndarray, y: np.ndarray, jitters: tuple[float, ...] = (0.0,)) -> tuple[float, np.ndarray]:
+    """``½ yᵀK⁻¹y + ½ log|K|`` (no 2π term) and its gradient in K, ``½ (K⁻¹ − ααᵀ)`` (Rasmussen & Williams 2006,
+    eq. 5.9); the absolute ``jitters`` are tried in turn until K factorises (else :class:`GPNumericalError`)."""
+    n = y.size
+    for jitter in jitters:
+        try:
+            chol = scipy.linalg.cholesky(k + jitter * np.eye(n) if jitter else k, lower=True, check_finite=False)
+            break
+        except np.linalg.LinAlgError:
+            continue
+    else:
+        raise GPNumericalError(f"covariance not positive definite with jitter {jitters[-1]:g}")
+    alpha = scipy.linalg.cho_solve((chol, True), y, check_finite=False)
+    inverse = scipy.linalg.cho_solve((chol, True), np.eye(n), check_finite=False)
+    return float(0.5 * y @ alpha + np.log(np.diag(chol)).sum()), 0.5 * (inverse - np.outer(alpha, alpha))
+
+
 class GPNumericalError(ArithmeticError):
     """The covariance could not be factorised even with the largest jitter."""
 
@@ -528,39 +554,26 @@ def _hyper_from_raw(raw: np.ndarray, num_features: int, task_names: tuple[str, .
     return hyper, slope
 
 
-def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperPrior | None,
-                            task_names: tuple[str, ...] = ()) -> tuple[float, np.ndarray]:
+def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperPrior | None) -> tuple[float, np.ndarray]:
     """−(log p(y | θ) + log p(θ)) / n of the Hadamard model (:func:`_torch_model`) and its gradient in raw coordinates.
 
     The same objective as gpytorch's ``ExactMarginalLogLikelihood`` of that model (the log likelihood and
     the priors registered on its modules, divided by n) plus the per-type signal prior of ``hyper_prior``;
     ``tests/test_gp.py`` checks value and gradient against gpytorch's autograd. The gradient of the log
-    likelihood is ``½ tr((K⁻¹ − ααᵀ) ∂K/∂θ)`` (Rasmussen & Williams, 2006, eq. 5.9); for the Matérn-5/2
-    kernel ``∂k/∂ℓ_d = (5/3)(1 + r) e^{−r} Δ_d² / ℓ_d³``.
+    likelihood is ``½ tr((K⁻¹ − ααᵀ) ∂K/∂θ)`` (Rasmussen & Williams, 2006, eq. 5.9; :func:`_gaussian_nll`).
     """
     n, dims = data.y.size, data.sq_diff.shape[2]
-    hyper, slope = _hyper_from_raw(raw, dims, task_names)
+    hyper, slope = _hyper_from_raw(raw, dims, ())
     ls = np.asarray(hyper.lengthscale)
     w, v = np.asarray(hyper.task_factor), np.asarray(hyper.task_var)
-    r = np.sqrt(np.maximum(5.0 * (data.sq_diff @ ls**-2.0), 1e-30))
-    decay = np.exp(-r)
-    matern = (1.0 + r + r * r / 3.0) * decay
+    r, decay, matern = _matern_terms(data.sq_diff, ls)
     task = np.outer(w, w) + np.diag(v)
     task_full = data.one_hot @ task @ data.one_hot.T
     k = matern * task_full + data.linear
     k[np.diag_indices(n)] += data.fixed_noise + hyper.noise
-    for jitter in (0.0, 1e-8, 1e-7, 1e-6, 1e-5):  # gpytorch's psd_safe_cholesky, cholesky_jitter 1e-8, 4 tries
-        try:
-            chol = scipy.linalg.cholesky(k + jitter * np.eye(n) if jitter else k, lower=True, check_finite=False)
-            break
-        except np.linalg.LinAlgError:
-            continue
-    else:
-        raise GPNumericalError("covariance not positive definite with jitter 1e-5")
-    alpha = scipy.linalg.cho_solve((chol, True), data.y, check_finite=False)
-    inverse = scipy.linalg.cho_solve((chol, True), np.eye(n), check_finite=False)
-    loss = 0.5 * data.y @ alpha + np.log(np.diag(chol)).sum() + 0.5 * n * math.log(2.0 * math.pi)
-    weight = 0.5 * (inverse - np.outer(alpha, alpha))  # ∂loss/∂K
+    # gpytorch's psd_safe_cholesky with cholesky_jitter 1e-8 and 4 tries
+    loss, weight = _gaussian_nll(k, data.y, (0.0, 1e-8, 1e-7, 1e-6, 1e-5))
+    loss += 0.5 * n * math.log(2.0 * math.pi)
     grad_noise = np.trace(weight)
     grad_ls = (5.0 / 3.0) * np.tensordot(weight * task_full * (1.0 + r) * decay, data.sq_diff, axes=([0, 1], [0, 1])) / ls**3
     grad_task = data.one_hot.T @ (weight * matern) @ data.one_hot  # ∂loss/∂B
@@ -685,15 +698,11 @@ def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.nd
     sig, noise = math.exp(params[dims]), math.exp(params[dims + 1])
     loss, grad_ls, grad_sig, grad_noise = 0.0, np.zeros(dims), 0.0, 0.0
     for sq_diff, y in groups:
-        r = np.sqrt(5.0 * (sq_diff @ ls**-2.0) + 1e-12)
-        decay = np.exp(-r)
-        matern = (1.0 + r + r * r / 3.0) * decay
+        r, decay, matern = _matern_terms(sq_diff, ls)
         k = sig * matern
         k[np.diag_indices(y.size)] += noise + NOISE_FLOOR
-        chol = scipy.linalg.cholesky(k, lower=True, check_finite=False)
-        alpha = scipy.linalg.cho_solve((chol, True), y, check_finite=False)
-        weight = 0.5 * (scipy.linalg.cho_solve((chol, True), np.eye(y.size), check_finite=False) - np.outer(alpha, alpha))
-        loss += 0.5 * y @ alpha + np.log(np.diag(chol)).sum()
+        nll, weight = _gaussian_nll(k, y)
+        loss += nll
         grad_sig += np.sum(weight * matern) * sig
         grad_noise += np.trace(weight) * noise
         grad_ls += (5.0 / 3.0) * sig * np.tensordot(weight * (1.0 + r) * decay, sq_diff, axes=([0, 1], [0, 1])) / ls**3
