@@ -92,6 +92,11 @@ JITTERS = (0.0, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2)
 NOISE_FLOOR = 1e-5  # variance of log step time: a 0.3% measurement spread
 NOISE_PRIOR = 1e-3  # median of the noise variance's log-normal prior: a 3% spread
 LENGTHSCALE_BOUNDS = (0.05, 50.0)  # the Matérn length scales' interval (gpytorch Interval constraint), feature units
+# The correlation of a job's residuals across its GPU types before a cluster says otherwise, and how far (in logit of
+# each type's shared fraction w²/(w² + v)) one job's may depart from the cluster's typical one.
+DEFAULT_TASK_CORRELATION = 0.9
+CORRELATION_LOGIT_STD = 1.0
+CORRELATION_RANGE = (0.02, 0.98)
 
 
 def _kern(d2: np.ndarray) -> np.ndarray:
@@ -248,32 +253,42 @@ class HyperPrior:
         signal_var: median variance of each GPU type's residual process (the task covariance's diagonal).
         noise: median measurement-noise variance.
         log_std: log-std of every one of them: how far one job may differ.
+        correlation: typical correlation of a job's residuals on two GPU types, in (0, 1): each type's
+            shared fraction ``w²/(w² + v)`` of its residual variance gets a logit-normal prior around it
+            (std :data:`CORRELATION_LOGIT_STD`), so how much one type's misfit says about another's is the
+            cluster's measured figure, not an assumption (on Gavel's and Zeus's real types about 0.3–0.5).
     """
 
     lengthscale: tuple[float, ...]
     signal_var: float
     noise: float
     log_std: float = 0.5
+    correlation: float = DEFAULT_TASK_CORRELATION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengthscale", tuple(check_float(f"lengthscale[{i}]", v, positive=True) for i, v in enumerate(self.lengthscale)))
-        for name in ("signal_var", "noise", "log_std"):
+        for name in ("signal_var", "noise", "log_std", "correlation"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), positive=True))
+        if not self.correlation < 1.0:
+            raise ValidationError("correlation", self.correlation, "expected a correlation in (0, 1)")
 
-    def initial(self, num_tasks: int, correlation: float = 0.9) -> GPHyperparameters:
-        """Hyperparameters at the prior's medians, types correlated by ``correlation``."""
-        w = math.sqrt(correlation * self.signal_var)
-        return GPHyperparameters(self.lengthscale, (w,) * num_tasks, ((1.0 - correlation) * self.signal_var,) * num_tasks,
+    def initial(self, num_tasks: int, correlation: float | None = None) -> GPHyperparameters:
+        """Hyperparameters at the prior's medians, types correlated by ``correlation`` (default: the prior's)."""
+        rho = self.correlation if correlation is None else correlation
+        w = math.sqrt(rho * self.signal_var)
+        return GPHyperparameters(self.lengthscale, (w,) * num_tasks, ((1.0 - rho) * self.signal_var,) * num_tasks,
                                  max(self.noise, NOISE_FLOOR))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std}
+        return {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std,
+                "correlation": self.correlation}
 
     @classmethod
     def from_dict(cls, data: Any) -> HyperPrior:
         if not isinstance(data, dict):
-            raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std}")
-        return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5))
+            raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std, correlation}")
+        return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5),
+                   data.get("correlation", DEFAULT_TASK_CORRELATION))
 
 
 def covariance(
@@ -558,7 +573,8 @@ def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperP
     """−(log p(y | θ) + log p(θ)) / n of the Hadamard model (:func:`_torch_model`) and its gradient in raw coordinates.
 
     The same objective as gpytorch's ``ExactMarginalLogLikelihood`` of that model (the log likelihood and
-    the priors registered on its modules, divided by n) plus the per-type signal prior of ``hyper_prior``;
+    the priors registered on its modules, divided by n) plus the per-type signal prior of ``hyper_prior`` and,
+    with several types, the logit-normal prior of each type's shared fraction around its ``correlation``;
     ``tests/test_gp.py`` checks value and gradient against gpytorch's autograd. The gradient of the log
     likelihood is ``½ tr((K⁻¹ − ααᵀ) ∂K/∂θ)`` (Rasmussen & Williams, 2006, eq. 5.9; :func:`_gaussian_nll`).
     """
@@ -601,6 +617,14 @@ def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperP
         pull[data.present] = z / (hyper_prior.log_std * diagonal) / n
         grad[1 + dims:1 + dims + w.size] += 2.0 * w * pull
         grad[1 + dims + w.size:] += pull
+        if w.size > 1:  # each type's shared fraction w²/(w² + v): logit-normal around the cluster's correlation
+            wp, vp = w[data.present], v[data.present]
+            z = (np.log(wp * wp + 1e-300) - np.log(vp) - math.log(hyper_prior.correlation / (1.0 - hyper_prior.correlation))) \
+                / CORRELATION_LOGIT_STD
+            loss += 0.5 * np.sum(z * z) / n
+            pull = z / (CORRELATION_LOGIT_STD * n)
+            grad[1 + dims + data.present] += pull * 2.0 * wp / (wp * wp + 1e-300)
+            grad[1 + dims + w.size + data.present] -= pull / vp
     return float(loss), grad * slope
 
 
@@ -646,69 +670,85 @@ def fit_hyperparameters(
     return result
 
 
-def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, np.ndarray]], *, max_points: int = 128, max_iter: int = 60,
+def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_points: int = 128, max_iter: int = 60,
                                seed: int = 0) -> HyperPrior | None:
     """Hyperparameters shared by independent residual processes (one per group), by maximum marginal likelihood.
 
-    ``groups``: ``(features (N, D), residuals (N,))`` of each job on each GPU type of a cluster, each
-    an independent draw of a Matérn-5/2 process plus noise with the same length scales, variance and
-    noise (at most ``max_points`` of each, a random subset). The cluster's typical residual structure:
-    the prior of a new job's (:func:`fit_hyperparameters`). ``None`` without enough points (fewer than
-    8 in all) or when the fit fails.
+    ``groups``: ``(features (N, D), residuals (N,))`` or ``(features, residuals, types (N,))`` of each job
+    of a cluster, each an independent draw of the Hadamard residual process of :func:`fit_hyperparameters`
+    with the same length scales, variance and noise, and the task covariance ``σ²(ρ 11ᵀ + (1 − ρ) I)``
+    over its GPU types (each type's residuals centred). The cluster's typical residual structure, ``ρ``
+    included (the correlation of a job's residuals across types, learned from the jobs with several; else
+    :data:`DEFAULT_TASK_CORRELATION`): the prior of a new job's (:func:`fit_hyperparameters`). At most
+    ``max_points`` observations of a one-type group are kept, twice that of a group with several types
+    (a random subset of whole configurations, so that the types' residuals meet). ``None`` without enough points (fewer than 8 in all) or when the fit fails.
     """
     rng = np.random.default_rng(seed)
     kept = []
-    for x, y in groups:
-        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    for group in groups:
+        x, y = np.asarray(group[0], dtype=float), np.asarray(group[1], dtype=float).ravel()
+        t = np.zeros(y.size, dtype=int) if len(group) < 3 else np.unique(np.asarray(group[2]).ravel(), return_inverse=True)[1]
         if y.size < 3 or not np.all(np.isfinite(y)):
             continue
-        if y.size > max_points:
-            idx = np.sort(rng.choice(y.size, max_points, replace=False))
-            x, y = x[idx], y[idx]
-        kept.append(((x[:, None, :] - x[None, :, :]) ** 2, y - y.mean()))
-    total = sum(y.size for _, y in kept)
+        num_types = int(t.max()) + 1
+        budget = max_points * min(num_types, 2)
+        if y.size > budget:  # whole configurations, so that the types' residuals meet
+            configs, which = np.unique(x, axis=0, return_inverse=True)
+            rank = rng.permutation(len(configs))[which.ravel()]
+            order = np.lexsort((rng.random(y.size), rank))
+            idx = np.sort(order[:budget])
+            x, y, t = x[idx], y[idx], t[idx]
+        for k in range(num_types):
+            y[t == k] -= y[t == k].mean() if np.any(t == k) else 0.0
+        kept.append(((x[:, None, :] - x[None, :, :]) ** 2, t[:, None] == t[None, :], y))
+    total = sum(y.size for _, _, y in kept)
     if total < 8:
         return None
     dims = kept[0][0].shape[2]
-    variance = float(np.mean([float((y**2).mean()) for _, y in kept]))
-    start = np.concatenate([np.full(dims, math.log(2.0)), [math.log(max(0.7 * variance, 1e-6)), math.log(max(0.3 * variance, NOISE_FLOOR))]])
+    several = any(not same.all() for _, same, _ in kept)
+    variance = float(np.mean([float((y**2).mean()) for _, _, y in kept]))
+    start = np.concatenate([np.full(dims, math.log(2.0)), [math.log(max(0.7 * variance, 1e-6)), math.log(max(0.3 * variance, NOISE_FLOOR)),
+                                                           0.0]])
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             found = scipy.optimize.minimize(_shared_negative_log_likelihood, start, args=(kept, total), jac=True,
                                             method="L-BFGS-B", options={"maxiter": max_iter})
         ls = np.clip(np.exp(found.x[:dims]), *LENGTHSCALE_BOUNDS)
         sig, noise = math.exp(found.x[dims]), math.exp(found.x[dims + 1]) + NOISE_FLOOR
+        rho = float(np.clip(scipy.special.expit(found.x[dims + 2]), *CORRELATION_RANGE)) if several else DEFAULT_TASK_CORRELATION
     except Exception:  # noqa: BLE001 - numerical failure: no shared prior
         return None
-    if not (np.all(np.isfinite(ls)) and math.isfinite(sig) and math.isfinite(noise)):
+    if not (np.all(np.isfinite(ls)) and math.isfinite(sig) and math.isfinite(noise) and math.isfinite(rho)):
         return None
-    return HyperPrior(tuple(float(v) for v in ls), max(sig, 1e-6), noise)
+    return HyperPrior(tuple(float(v) for v in ls), max(sig, 1e-6), noise, correlation=rho)
 
 
-def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
+def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                                     total: int) -> tuple[float, np.ndarray]:
     """The objective of :func:`fit_shared_hyperparameters` and its gradient in ``params`` = (log length scales,
-    log signal variance, log noise): Σ over groups of −log p(y_g) (without its constant) with the length
-    scales' Gamma(2, ½) prior, per point. Length scales are clamped to :data:`LENGTHSCALE_BOUNDS` (no
-    gradient beyond them)."""
-    dims = params.size - 2
+    log signal variance, log noise, logit ρ): Σ over groups ``(squared feature differences, same-type mask,
+    residuals)`` of −log p(y_g) (without its constant) with the length scales' Gamma(2, ½) prior, per point.
+    Length scales are clamped to :data:`LENGTHSCALE_BOUNDS` (no gradient beyond them)."""
+    dims = params.size - 3
     raw_ls = np.exp(params[:dims])
     ls = np.clip(raw_ls, *LENGTHSCALE_BOUNDS)
     inside = (raw_ls >= LENGTHSCALE_BOUNDS[0]) & (raw_ls <= LENGTHSCALE_BOUNDS[1])
-    sig, noise = math.exp(params[dims]), math.exp(params[dims + 1])
-    loss, grad_ls, grad_sig, grad_noise = 0.0, np.zeros(dims), 0.0, 0.0
-    for sq_diff, y in groups:
+    sig, noise, rho = math.exp(params[dims]), math.exp(params[dims + 1]), float(scipy.special.expit(params[dims + 2]))
+    loss, grad_ls, grad_sig, grad_noise, grad_rho = 0.0, np.zeros(dims), 0.0, 0.0, 0.0
+    for sq_diff, same, y in groups:
         r, decay, matern = _matern_terms(sq_diff, ls)
-        k = sig * matern
+        task = np.where(same, 1.0, rho)
+        k = sig * matern * task
         k[np.diag_indices(y.size)] += noise + NOISE_FLOOR
         nll, weight = _gaussian_nll(k, y)
         loss += nll
-        grad_sig += np.sum(weight * matern) * sig
+        grad_sig += np.sum(weight * matern * task) * sig
         grad_noise += np.trace(weight) * noise
-        grad_ls += (5.0 / 3.0) * sig * np.tensordot(weight * (1.0 + r) * decay, sq_diff, axes=([0, 1], [0, 1])) / ls**3
+        grad_rho += sig * np.sum(np.where(same, 0.0, weight * matern)) * rho * (1.0 - rho)
+        grad_ls += (5.0 / 3.0) * sig * np.tensordot(weight * task * (1.0 + r) * decay, sq_diff, axes=([0, 1], [0, 1])) / ls**3
     loss -= np.sum(np.log(ls) - 0.5 * ls)  # the single-job fit's Gamma(2, ½) prior on the length scales
     grad_ls -= 1.0 / ls - 0.5
-    grad = np.concatenate([np.where(inside, grad_ls * ls, 0.0), [grad_sig, grad_noise]]) / total
+    grad = np.concatenate([np.where(inside, grad_ls * ls, 0.0), [grad_sig, grad_noise, grad_rho]]) / total
     return float(loss / total), grad
 
 

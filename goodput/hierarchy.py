@@ -419,7 +419,7 @@ class ClusterPrior:
     summaries: list[CellSummary] = field(default_factory=list)
     shapes: dict[str, SyncShape] = field(default_factory=dict)
     # the residual GP's typical hyperparameters on this cluster (goodput.gp.fit_shared_hyperparameters of
-    # every cell's residuals around its fit): a new job's GP prior
+    # every cell's residuals around its fit, a job's types one multitask process): a new job's GP prior
     gp_prior: HyperPrior | None = None
     # the jobs' observations when built from them (not saved): exclude() relearns the shapes without a job
     observations: dict[str, list[Observation]] | None = field(default=None, repr=False, compare=False)
@@ -447,12 +447,15 @@ class ClusterPrior:
         cells, residuals = [], []
         for job, obs in kept.items():
             ref = reference_bsz(obs)
-            for gpu, items in sorted(by_gpu_type(obs).items()):
+            features, values, types = [], [], []
+            for k, (gpu, items) in enumerate(sorted(by_gpu_type(obs).items())):
                 cell = summarize_cell(job, gpu, items, ref, shapes.get(gpu), sizes.get(job))
                 cells.append(cell)
                 rows, y = step_rows(items, ref, shapes.get(gpu))
-                residuals.append((config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum),
-                                  y - log_step_time(cell.u, rows, jacobian=False)[0]))
+                features.append(config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum))
+                values.append(y - log_step_time(cell.u, rows, jacobian=False)[0])
+                types.append(np.full(y.size, k))
+            residuals.append((np.concatenate(features), np.concatenate(values), np.concatenate(types)))  # one process per job
         return cls(cells, shapes=shapes, gp_prior=fit_shared_hyperparameters(residuals) if gp_prior else None,
                    observations=kept,
                    sizes={k: v for k, v in sizes.items() if v is not None})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -10,12 +11,15 @@ import pytest
 from goodput import JobModel, Observation, ValidationError
 from goodput import posterior as posterior_module
 from goodput.gp import (
+    CORRELATION_LOGIT_STD,
+    DEFAULT_TASK_CORRELATION,
     GPHyperparameters,
     GPNumericalError,
     HyperPrior,
     OnlinePosterior,
     cholesky_with_jitter,
     config_features,
+    covariance,
     fit_hyperparameters,
     fit_shared_hyperparameters,
     gpytorch_posterior,
@@ -234,7 +238,7 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
     d = np.random.default_rng(1).uniform(1e-4, 1e-3, 30) if fixed_noise else None
     hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 0.4, 2.5, 9.0, 3.0), task_factor=(0.1, -0.12, 0.08),
                               task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
-    prior = HyperPrior((2.0, 1.0, 3.0, 2.0, 2.0, 4.0), 0.004, 0.002, log_std=0.7) if with_prior else None
+    prior = HyperPrior((2.0, 1.0, 3.0, 2.0, 2.0, 4.0), 0.004, 0.002, log_std=0.7, correlation=0.4) if with_prior else None
     model, likelihood, inputs, target = _torch_model(hyper, x, t, s, y, d, None, prior)
     model.train()
     likelihood.train()
@@ -244,6 +248,10 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
         if prior is not None:
             task = model.task_kernel.covar_matrix.to_dense().diagonal()
             loss = loss + 0.5 * (((torch.log(task) - np.log(prior.signal_var)) / prior.log_std) ** 2).sum() / len(y)
+            # each type's shared fraction w²/(w² + v), logit-normal around the prior's correlation
+            w2, v = model.task_kernel.covar_factor.ravel() ** 2, model.task_kernel.var
+            z = (torch.log(w2 / v) - np.log(prior.correlation / (1 - prior.correlation))) / CORRELATION_LOGIT_STD
+            loss = loss + 0.5 * (z**2).sum() / len(y)
     loss.backward()
     noise_module = likelihood.second_noise_covar if fixed_noise else likelihood.noise_covar
     expected_grad = np.concatenate([p.grad.numpy().ravel() for p in (noise_module.raw_noise, model.data_kernel.raw_lengthscale,
@@ -256,18 +264,61 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
 
 
 def test_the_shared_fits_gradient_matches_finite_differences():
-    """fit_shared_hyperparameters' analytic gradient (log length scales, log signal variance, log noise) against
-    central differences, with one length scale clamped at its upper bound (no gradient there)."""
+    """fit_shared_hyperparameters' analytic gradient (log length scales, log signal variance, log noise, logit of
+    the types' correlation) against central differences, one job on one type and two on several, with one length
+    scale clamped at its upper bound (no gradient there)."""
     from scipy.optimize import approx_fprime
 
     from goodput.gp import _shared_negative_log_likelihood
 
     groups = []
-    for seed in range(3):
-        x, _, _, y = _data(25, tasks=1, seed=10 + seed)
-        groups.append(((x[:, None, :] - x[None, :, :]) ** 2, y - y.mean()))
-    params = np.log([1.5, 2.0, 3.0, 0.7, 60.0, 2.5, 0.003, 0.001])
+    for seed, tasks in ((10, 1), (11, 3), (12, 2)):
+        x, t, _, y = _data(25, tasks=tasks, seed=seed)
+        groups.append(((x[:, None, :] - x[None, :, :]) ** 2, t[:, None] == t[None, :], y - y.mean()))
+    params = np.concatenate([np.log([1.5, 2.0, 3.0, 0.7, 60.0, 2.5, 0.003, 0.001]), [0.4]])
     value, grad = _shared_negative_log_likelihood(params, groups, 75)
     numeric = approx_fprime(params, lambda p: _shared_negative_log_likelihood(p, groups, 75)[0], 1e-7)
     np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
-    assert grad[4] == 0.0 and np.isfinite(value)
+    assert grad[4] == 0.0 and grad[-1] != 0.0 and np.isfinite(value)
+
+
+@pytest.mark.parametrize("rho", [0.2, 0.85])
+def test_the_shared_fit_learns_how_correlated_a_jobs_types_are(rho):
+    """Jobs on three types whose residuals are one Hadamard process with correlation ρ between types: the cluster's
+    fit recovers ρ, and a new job's prior starts there. One-type jobs alone leave it at the default."""
+    rng = np.random.default_rng(int(rho * 100))
+    true_var, true_noise = 0.01, 5e-4
+    w = math.sqrt(rho * true_var)
+    hyper = GPHyperparameters((1.5,) + (50.0,) * 5, (w, w, w), ((1 - rho) * true_var,) * 3, true_noise)
+    groups = []
+    for _ in range(8):
+        bsz = 2.0 ** np.sort(rng.uniform(3, 10, 15))
+        x = np.tile(config_features(np.ones(15), np.ones(15), bsz, np.zeros(15)), (3, 1))
+        t = np.repeat(np.arange(3), 15)
+        k = covariance(hyper, x, t, np.zeros((45, 0)), x, t, np.zeros((45, 0)))
+        groups.append((x, rng.multivariate_normal(np.zeros(45), k + true_noise * np.eye(45)), t))
+    fitted = fit_shared_hyperparameters(groups)
+    assert fitted.correlation == pytest.approx(rho, abs=0.15)
+    start = fitted.initial(3).task_correlation()
+    assert start[0, 1] == pytest.approx(fitted.correlation)
+    assert fit_shared_hyperparameters([(x, y) for x, y, _ in groups]).correlation == DEFAULT_TASK_CORRELATION
+
+
+def test_a_hyper_priors_correlation_is_validated_and_saved():
+    prior = HyperPrior((2.0,) * 6, 0.004, 0.002, correlation=0.3)
+    assert HyperPrior.from_dict(prior.to_dict()) == prior
+    older = {k: v for k, v in prior.to_dict().items() if k != "correlation"}  # saved before the field existed
+    assert HyperPrior.from_dict(older).correlation == DEFAULT_TASK_CORRELATION
+    for bad in (0.0, 1.0, 1.5, float("nan")):
+        with pytest.raises(ValidationError, match="correlation"):
+            HyperPrior((2.0,) * 6, 0.004, 0.002, correlation=bad)
+
+
+def test_the_correlation_prior_holds_a_few_points_near_the_clusters_figure():
+    """Three types, a handful of points each: the fitted types' correlation follows the prior's (0.2 or 0.9)."""
+    x, t, s, y = _data(12, tasks=3, seed=9)
+    fitted = {rho: fit_hyperparameters(x, t, np.zeros((12, 0)), y, HyperPrior((2.0,) * 6, 0.004, 0.002, correlation=rho).initial(3),
+                                       hyper_prior=HyperPrior((2.0,) * 6, 0.004, 0.002, correlation=rho))
+              for rho in (0.2, 0.9)}
+    low, high = (abs(fitted[rho].task_correlation()[0, 1]) for rho in (0.2, 0.9))
+    assert low < 0.5 < high
