@@ -9,9 +9,11 @@ type *t* has
 a two-way random-effects model (Gelman & Hill, *Data Analysis Using Regression
 and Multilevel/Hierarchical Models*, 2007, ch. 13): ``m[t]`` is the typical
 job on type *t*; ``a[j]`` is the job's own effect, shared by all its types (a
-larger model computes more and synchronises more bytes everywhere; ``A`` is a
-full covariance, so what the job's compute shows moves its sync too); and
-``e[j, t]`` is what is particular to the job on that type. Every source of
+larger model computes more and synchronises more bytes everywhere; ``A`` is
+block-diagonal over the compute pair, the sync constants, the inter-node
+growth and the overlap, :data:`BLOCKS`, and zero on the intra-node growth,
+which the node's topology sets: :data:`NO_JOB_EFFECT`); and ``e[j, t]`` is
+what is particular to the job on that type. Every source of
 evidence enters through this one prior and the job's own likelihood
 (:mod:`goodput.posterior`): its observations on a type inform ``m + a + e``
 there, and through ``a`` its other types; other jobs inform ``m``, ``A`` and
@@ -64,23 +66,33 @@ from .threads import single_threaded
 from .validation import check_float, check_sizes, normalize_gpu_type
 
 __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
-           "DEFAULT_TYPE_STD", "EFFECT_DOF"]
+           "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT"]
 
 # Weak defaults, std of each coordinate of COORDS: the part a job shares across its types, and the part
 # particular to one type. Compute's level is always observed (1-GPU steps); its split between per-sample
 # work and per-step overhead is the job's (its FLOPs against its overheads), anywhere in (0, 1) for a new
 # job (logit-std 1.5) and shared across its types (logit-std 0.3 apart). Sync constants: a factor ~5 either way of half the compute
 # (Pollux's traces: 0.02-2x), intra- and inter-node moving together (the same gradient bytes: correlation
-# SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5.
-DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 0.7])
-DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 0.5, 0.5, 0.5])
+# SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5. The intra-node growth ratio
+# has no shared part (NO_JOB_EFFECT): all of its default spread (1.1 = √(1² + ½²)) is the type's.
+DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 0.01, 1.0, 0.7])
+DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5])
 SYNC_CORRELATION = 0.95
 CORRELATION_WEIGHT = 10.0
 # Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, the sync
-# constants, each growth ratio, the overlap. A job's compute says little about its sync beyond what its
-# size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is host-bound),
-# and coupling them lets one odd coordinate pull the others.
-BLOCKS = ((0, 1), (2, 3), (4,), (5,), (6,))
+# constants, the inter-node growth ratio, the overlap. A job's compute says little about its sync beyond
+# what its size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is
+# host-bound), and coupling them lets one odd coordinate pull the others.
+BLOCKS = ((0, 1), (2, 3), (5,), (6,))
+# Coordinates without a job effect (A's variance held at DEFAULT_SHARED_STD², i.e. none): how a job's
+# intra-node sync grows per extra GPU is set by the node's topology (PCIe switches, NVLink rings) as much as
+# by the job, so it is a property of the job on a type, learned per type (m[t], E[t]); the network between
+# nodes is the cluster's, so the inter-node growth keeps its job effect. The cells hardly identify it
+# (single-node steps trade it against the sync constant and the overlap), so the cluster's likelihood barely
+# tells a job effect (the EM settled at 0.4-0.55 in log) from a per-type one (0.1-0.2): with the job effect,
+# a job's single-node steps moved its growth along that ridge and its other types' with it (derived set P2
+# 12.0, P3 11.1; without, 10.4 and 9.9; Pollux's P3 7.8 -> 7.6; experiments/results/accuracy.md).
+NO_JOB_EFFECT = tuple(c for c in range(7) if not any(c in block for block in BLOCKS))
 _BLOCK_MASK = np.zeros((7, 7), dtype=bool)
 for _block in BLOCKS:
     _BLOCK_MASK[np.ix_(_block, _block)] = True
@@ -393,6 +405,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
             # E-step of the scale mixture (Lange, Little & Taylor, JASA 84, 1989): E[w | data]
             weights[group.jobs] = (EFFECT_DOF + K * (group.cell_types.shape[1] + 1)) / (EFFECT_DOF + quad)
         shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
+        shared[NO_JOB_EFFECT, NO_JOB_EFFECT] = a0[NO_JOB_EFFECT, NO_JOB_EFFECT]  # held: no job effect there
         # the correlation of the sync constants' job effects: a few jobs hardly estimate it, and
         # physics says it is strong (the same gradient bytes cross both interconnects), so it is
         # shrunk toward SYNC_CORRELATION by CORRELATION_WEIGHT pseudo-jobs (separation strategy:

@@ -60,6 +60,21 @@ def test_a_new_jobs_prior_couples_its_types_through_the_shared_effect(prior):
     assert np.all(np.diag(cov)[2 * K:] > np.diag(cov)[:K])
 
 
+def test_the_intra_node_growth_is_a_property_of_the_job_on_a_type(prior):
+    """No job effect on the intra-node growth ratio (NO_JOB_EFFECT): the prior couples a job's types there only
+    through the estimated type means, while its sync constants stay coupled by the job's shared effect."""
+    from goodput.hierarchy import DEFAULT_SHARED_STD, NO_JOB_EFFECT
+
+    assert NO_JOB_EFFECT == (4,)
+    fit = prior.fitted()
+    assert fit.shared[4, 4] == pytest.approx(DEFAULT_SHARED_STD[4] ** 2) and not fit.shared[4, np.arange(K) != 4].any()
+    _, cov = prior.prior(["t4", "a100"])
+    across = np.diag(cov[:K, K:]) / np.sqrt(np.diag(cov[:K, :K]) * np.diag(cov[K:, K:]))
+    assert across[4] < 0.2 < 0.5 < across[2] and across[3] > 0.5
+    _, default = default_prior([np.zeros(K)] * 2)
+    assert default[4, K + 4] < 0.01 * default[4, 4]
+
+
 def test_observations_on_one_type_move_the_others(prior):
     rng = np.random.default_rng(3)
     truth = draw_job(rng)
