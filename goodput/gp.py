@@ -256,7 +256,8 @@ class HyperPrior:
         correlation: typical correlation of a job's residuals on two GPU types, in (0, 1): each type's
             shared fraction ``w²/(w² + v)`` of its residual variance gets a logit-normal prior around it
             (std :data:`CORRELATION_LOGIT_STD`), so how much one type's misfit says about another's is the
-            cluster's measured figure, not an assumption (on Gavel's and Zeus's real types about 0.3–0.5).
+            cluster's measured figure, not an assumption (:func:`fit_shared_hyperparameters` finds 0.17 on
+            Gavel's K80/P100/V100 and 0.68 on Zeus's four types).
     """
 
     lengthscale: tuple[float, ...]
@@ -681,12 +682,13 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_
     included (the correlation of a job's residuals across types, learned from the jobs with several; else
     :data:`DEFAULT_TASK_CORRELATION`): the prior of a new job's (:func:`fit_hyperparameters`). At most
     ``max_points`` observations of a one-type group are kept, twice that of a group with several types
-    (a random subset of whole configurations, so that the types' residuals meet). ``None`` without enough points (fewer than 8 in all) or when the fit fails.
+    (a random subset of whole configurations, so that the types' residuals meet). ``None`` without enough
+    points (fewer than 8 in all) or when the fit fails.
     """
     rng = np.random.default_rng(seed)
     kept = []
     for group in groups:
-        x, y = np.asarray(group[0], dtype=float), np.asarray(group[1], dtype=float).ravel()
+        x, y = np.asarray(group[0], dtype=float), np.array(group[1], dtype=float).ravel()  # a copy: centred below
         t = np.zeros(y.size, dtype=int) if len(group) < 3 else np.unique(np.asarray(group[2]).ravel(), return_inverse=True)[1]
         if y.size < 3 or not np.all(np.isfinite(y)):
             continue
@@ -698,8 +700,8 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_
             order = np.lexsort((rng.random(y.size), rank))
             idx = np.sort(order[:budget])
             x, y, t = x[idx], y[idx], t[idx]
-        for k in range(num_types):
-            y[t == k] -= y[t == k].mean() if np.any(t == k) else 0.0
+        for k in np.unique(t):
+            y[t == k] -= y[t == k].mean()
         kept.append(((x[:, None, :] - x[None, :, :]) ** 2, t[:, None] == t[None, :], y))
     total = sum(y.size for _, _, y in kept)
     if total < 8:

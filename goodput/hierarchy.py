@@ -405,7 +405,8 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
             # E-step of the scale mixture (Lange, Little & Taylor, JASA 84, 1989): E[w | data]
             weights[group.jobs] = (EFFECT_DOF + K * (group.cell_types.shape[1] + 1)) / (EFFECT_DOF + quad)
         shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
-        shared[NO_JOB_EFFECT, NO_JOB_EFFECT] = a0[NO_JOB_EFFECT, NO_JOB_EFFECT]  # held: no job effect there
+        held = np.array(NO_JOB_EFFECT, dtype=int)
+        shared[held, held] = a0[held, held]  # the diagonal held at the default's (near zero): no job effect there
         # the correlation of the sync constants' job effects: a few jobs hardly estimate it, and
         # physics says it is strong (the same gradient bytes cross both interconnects), so it is
         # shrunk toward SYNC_CORRELATION by CORRELATION_WEIGHT pseudo-jobs (separation strategy:

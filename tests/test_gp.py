@@ -297,8 +297,10 @@ def test_the_shared_fit_learns_how_correlated_a_jobs_types_are(rho):
         t = np.repeat(np.arange(3), 15)
         k = covariance(hyper, x, t, np.zeros((45, 0)), x, t, np.zeros((45, 0)))
         groups.append((x, rng.multivariate_normal(np.zeros(45), k + true_noise * np.eye(45)), t))
+    residuals = [y.copy() for _, y, _ in groups]
     fitted = fit_shared_hyperparameters(groups)
     assert fitted.correlation == pytest.approx(rho, abs=0.15)
+    assert all(np.array_equal(y, kept) for (_, y, _), kept in zip(groups, residuals))  # centred on a copy
     start = fitted.initial(3).task_correlation()
     assert start[0, 1] == pytest.approx(fitted.correlation)
     assert fit_shared_hyperparameters([(x, y) for x, y, _ in groups]).correlation == DEFAULT_TASK_CORRELATION
