@@ -258,6 +258,9 @@ class HyperPrior:
             (std :data:`CORRELATION_LOGIT_STD`), so how much one type's misfit says about another's is the
             cluster's measured figure, not an assumption (:func:`fit_shared_hyperparameters` finds 0.17 on
             Gavel's K80/P100/V100 and 0.68 on Zeus's four types).
+        noise_dof: degrees of freedom of the measurement noise's Student-t tails (> 2; ``inf``: Gaussian),
+            :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 3.3; Gavel,
+            Zeus: inf). They widen a prediction's intervals, not its fit.
     """
 
     lengthscale: tuple[float, ...]
@@ -265,6 +268,7 @@ class HyperPrior:
     noise: float
     log_std: float = 0.5
     correlation: float = DEFAULT_TASK_CORRELATION
+    noise_dof: float = math.inf
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengthscale", tuple(check_float(f"lengthscale[{i}]", v, positive=True) for i, v in enumerate(self.lengthscale)))
@@ -272,6 +276,10 @@ class HyperPrior:
             object.__setattr__(self, name, check_float(name, getattr(self, name), positive=True))
         if not self.correlation < 1.0:
             raise ValidationError("correlation", self.correlation, "expected a correlation in (0, 1)")
+        dof = math.inf if self.noise_dof is None else self.noise_dof
+        if isinstance(dof, bool) or not isinstance(dof, (int, float)) or math.isnan(dof) or not dof > 2:
+            raise ValidationError("noise_dof", self.noise_dof, "expected degrees of freedom > 2 (inf: Gaussian noise)")
+        object.__setattr__(self, "noise_dof", float(dof))
 
     def initial(self, num_tasks: int, correlation: float | None = None) -> GPHyperparameters:
         """Hyperparameters at the prior's medians, types correlated by ``correlation`` (default: the prior's)."""
@@ -282,14 +290,14 @@ class HyperPrior:
 
     def to_dict(self) -> dict[str, Any]:
         return {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std,
-                "correlation": self.correlation}
+                "correlation": self.correlation, "noise_dof": None if math.isinf(self.noise_dof) else self.noise_dof}
 
     @classmethod
     def from_dict(cls, data: Any) -> HyperPrior:
         if not isinstance(data, dict):
             raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std, correlation}")
         return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5),
-                   data.get("correlation", DEFAULT_TASK_CORRELATION))
+                   data.get("correlation", DEFAULT_TASK_CORRELATION), data.get("noise_dof"))  # None: Gaussian
 
 
 def covariance(

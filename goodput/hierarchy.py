@@ -50,7 +50,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from .gp import HyperPrior, config_features, fit_shared_hyperparameters
 from .observations import Observation, by_gpu_type
 from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
+from .tails import fit_noise_dof
 from .threads import single_threaded
 from .validation import check_float, check_sizes, normalize_gpu_type
 
@@ -458,7 +459,7 @@ class ClusterPrior:
         rolling window)."""
         kept, sizes = _checked_observations(observations), check_sizes("sizes", sizes, allow_unknown=True)
         shapes = _learn_shapes(kept)
-        cells, residuals = [], []
+        cells, residuals, cell_residuals = [], [], []
         for job, obs in kept.items():
             ref = reference_bsz(obs)
             features, values, types = [], [], []
@@ -468,9 +469,12 @@ class ClusterPrior:
                 rows, y = step_rows(items, ref, shapes.get(gpu))
                 features.append(config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum))
                 values.append(y - log_step_time(cell.u, rows, jacobian=False)[0])
+                cell_residuals.append(values[-1])
                 types.append(np.full(y.size, k))
             residuals.append((np.concatenate(features), np.concatenate(values), np.concatenate(types)))  # one process per job
-        return cls(cells, shapes=shapes, gp_prior=fit_shared_hyperparameters(residuals) if gp_prior else None,
+        # the noise's tails, from every cell's residuals around its own fit (goodput.tails)
+        hyper = replace(fit_shared_hyperparameters(residuals), noise_dof=fit_noise_dof(cell_residuals)) if gp_prior else None
+        return cls(cells, shapes=shapes, gp_prior=hyper,
                    observations=kept,
                    sizes={k: v for k, v in sizes.items() if v is not None})
 

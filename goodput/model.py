@@ -61,6 +61,7 @@ from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .posterior import DEFAULT_HYPER_PRIOR, JobPosterior, build_posterior
 from .sync_shape import SyncShape
 from .table import GoodputTable
+from .tails import gaussian_t_quantile
 from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
@@ -81,23 +82,30 @@ class Prediction:
         step_time: predicted seconds of one optimizer step (median).
         std: standard deviation of the step time, seconds.
         throughput: samples/s at ``step_time``.
-        log_std: standard deviation of log step time (0 for a point estimate).
+        log_std: standard deviation of log step time (0 for a point estimate), the measurement noise
+            counted by its scale.
+        noise_log_std, noise_dof: that noise's scale (std of log step time) and Student-t degrees of
+            freedom (:mod:`goodput.tails`; ``inf``: Gaussian): its tails widen :meth:`interval`.
     """
 
     step_time: Any
     std: Any
     throughput: Any
     log_std: Any = 0.0
+    noise_log_std: Any = 0.0
+    noise_dof: float = math.inf
 
     def interval(self, level: float = 0.9) -> tuple[Any, Any]:
-        """Central ``level`` interval of the step time, seconds: ``step_time · exp(±z · log_std)``."""
-        from scipy.stats import norm
-
+        """Central ``level`` interval of the step time, seconds: ``step_time · exp(±z)`` with ``z`` the
+        ``(1 + level) / 2`` quantile of log step time's spread: normal (``z = Φ⁻¹ · log_std``), or with
+        Student-t noise a normal of std ``√(log_std² − noise_log_std²)`` plus ``noise_log_std · t_ν``."""
         level = check_float("level", level, positive=True)
         if level >= 1:
             raise ValidationError("level", level, "must be in (0, 1)")
-        z = float(norm.ppf(0.5 + level / 2))
-        spread = np.exp(z * np.asarray(self.log_std, dtype=float))
+        log_std = np.asarray(self.log_std, dtype=float)
+        noise = np.minimum(np.asarray(self.noise_log_std, dtype=float), log_std)
+        gaussian = np.sqrt(np.maximum(log_std**2 - noise**2, 0.0))
+        spread = np.exp(gaussian_t_quantile(gaussian, noise, self.noise_dof, 0.5 + level / 2))
         low, high = np.asarray(self.step_time) / spread, np.asarray(self.step_time) * spread
         if np.ndim(low) == 0:
             return float(low), float(high)
@@ -506,9 +514,10 @@ class JobModel:
         mean, log_std = self._mean_and_log_std(name, nodes, replicas, bsz, accum)
         std = lognormal_std(mean, log_std)
         throughput = replicas * bsz * (accum + 1.0) / mean
+        noise, dof = self._current().noise_tails() if self.bayesian else (0.0, math.inf)
         if mean.ndim == 0:
-            return Prediction(float(mean), float(std), float(throughput), float(log_std))
-        return Prediction(mean, std, throughput, log_std)
+            return Prediction(float(mean), float(std), float(throughput), float(log_std), noise, dof)
+        return Prediction(mean, std, throughput, log_std, noise, dof)
 
     # ------------------------------------------------------------------ efficiency and goodput
     @property

@@ -22,7 +22,9 @@ conditions this one GP, so each type's parameters and residual learn from all
 of them; :meth:`JobPosterior.condition` adds observations online (a block
 Cholesky update, no refit), and a refit moves the linearisation point to the
 new MAP. Predictions of log step time are normal: mean
-``log T(û, x) + J(x)(m − û) + E[J L z + f]`` and the GP's variance plus ``σ²``.
+``log T(û, x) + J(x)(m − û) + E[J L z + f]`` and the GP's variance plus ``σ²``;
+the noise's Student-t tails, learned from the cluster (:mod:`goodput.tails`),
+widen the intervals of :class:`goodput.model.Prediction` beyond the normal's.
 
 The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
 normals): the refit sets its scale from the job's own distance to it (E-steps
@@ -95,6 +97,7 @@ class JobPosterior:
     reason: str | None = None
     n_fit: int = 0  # observations the refit conditioned on
     fallback_log_std: float = FALLBACK_LOG_STD
+    noise_dof: float = math.inf  # the measurement noise's Student-t tails (goodput.tails; inf: Gaussian)
     index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +165,14 @@ class JobPosterior:
             return d.log_map, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
         return np.where(ok, d.log_mean + mu, d.log_map), np.where(ok, np.sqrt(np.maximum(var, 0.0)), fallback)
+
+    def noise_tails(self) -> tuple[float, float]:
+        """Scale (std of log step time) and degrees of freedom of the measurement noise's Student-t, the part
+        of :meth:`predict`'s std whose tails are heavier than a normal's: the GP's noise std (its core) and
+        :attr:`noise_dof`; ``(0, inf)`` on the fallback."""
+        if self.posterior is None:
+            return 0.0, math.inf
+        return math.sqrt(self.hyper.noise), self.noise_dof
 
     # ------------------------------------------------------------------ online
     def condition(self, observations: Sequence[Observation]) -> float:
@@ -270,7 +281,7 @@ def build_posterior(
                                 residual_std, prior_dof)
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
     start = (start or hyper_prior.initial(len(types))).for_types(types)
-    state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise)
+    state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof)
     design, y = state.rows_of(_window(observations, max_points))
     state.n_fit = y.size
     rms = float(np.sqrt(np.mean(y**2))) if y.size else 0.0

@@ -43,13 +43,15 @@ def draw_job(rng: np.random.Generator, types=TYPES) -> dict[str, np.ndarray]:
 
 
 def observe(job: str, gpu: str, u: np.ndarray, configs, rng: np.random.Generator, noise: float = 0.03,
-            bszs=BSZS) -> list[Observation]:
-    """Noisy observations of ``u`` on ``gpu`` at ``configs`` × ``bszs``."""
+            bszs=BSZS, noise_dof: float = np.inf) -> list[Observation]:
+    """Noisy observations of ``u`` on ``gpu`` at ``configs`` × ``bszs`` (the log's noise: ``noise`` × a
+    Student-t with ``noise_dof`` degrees of freedom, normal when infinite)."""
     out = []
     for nodes, replicas in configs:
         for bsz in bszs:
             rows = Rows(np.array([float(nodes)]), np.array([float(replicas)]), np.array([float(bsz)]), np.zeros(1), REF_BSZ)
-            step = float(np.exp(log_step_time(u, rows, jacobian=False)[0][0] + rng.normal(0.0, noise)))
+            draw = rng.standard_normal() if np.isinf(noise_dof) else rng.standard_t(noise_dof)
+            step = float(np.exp(log_step_time(u, rows, jacobian=False)[0][0] + noise * draw))
             out.append(Observation(job=job, gpu_type=gpu, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz, step_time=step))
     return out
 

@@ -1,0 +1,120 @@
+"""Heavy-tailed measurement noise (goodput.tails): its degrees of freedom, the intervals it gives, and where they enter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from goodput import JobModel
+from goodput.errors import ValidationError
+from goodput.gp import HyperPrior
+from goodput.hierarchy import ClusterPrior
+from goodput.model import Prediction
+from goodput.tails import fit_noise_dof, gaussian_t_quantile
+from tests import hierarchy_jobs as hj
+
+
+@pytest.mark.parametrize("dof", [2.5, 3.3, 6.0, 30.0])
+@pytest.mark.parametrize("q", [0.05, 0.75, 0.95, 0.995])
+def test_the_quantile_is_the_students_without_a_gaussian_part(dof, q):
+    assert gaussian_t_quantile(0.0, 0.2, dof, q) == pytest.approx(0.2 * stats.t.ppf(q, dof), rel=2e-4)
+
+
+def test_the_quantile_is_the_normals_without_tails():
+    assert gaussian_t_quantile(0.3, 0.0, 4.0, 0.95) == pytest.approx(0.3 * stats.norm.ppf(0.95), rel=1e-6)
+    both = gaussian_t_quantile(np.array([0.3, 0.1]), np.array([0.4, 0.0]), math.inf, 0.95)
+    np.testing.assert_allclose(both, stats.norm.ppf(0.95) * np.array([0.5, 0.1]))
+
+
+def test_the_quantile_of_the_sum_matches_sampling():
+    rng = np.random.default_rng(3)
+    draws = 0.1 * rng.standard_normal(1_000_000) + 0.05 * rng.standard_t(3.0, 1_000_000)
+    for q in (0.05, 0.5, 0.9, 0.99):
+        assert gaussian_t_quantile(0.1, 0.05, 3.0, q) == pytest.approx(np.quantile(draws, q), abs=2e-3)
+
+
+def test_the_quantile_rejects_bad_input():
+    with pytest.raises(ValueError, match="gaussian_std"):
+        gaussian_t_quantile(-0.1, 0.1, 3.0, 0.9)
+    with pytest.raises(ValueError):
+        gaussian_t_quantile(0.1, 0.1, 3.0, 1.5)
+    with pytest.raises(ValueError):
+        gaussian_t_quantile(0.1, 0.1, -3.0, 0.9)
+
+
+@pytest.mark.parametrize("dof", [3.0, 6.0])
+def test_the_degrees_of_freedom_are_recovered_from_groups_of_different_scales(dof):
+    rng = np.random.default_rng(int(dof))
+    groups = [scale * rng.standard_t(dof, 1500) for scale in (0.01, 0.05, 0.2)]
+    assert fit_noise_dof(groups) == pytest.approx(dof, rel=0.3)
+
+
+def test_gaussian_residuals_and_too_few_residuals_read_as_gaussian():
+    rng = np.random.default_rng(0)
+    assert math.isinf(fit_noise_dof([0.05 * rng.standard_normal(3000), 0.2 * rng.standard_normal(3000)]))
+    assert math.isinf(fit_noise_dof([0.05 * rng.standard_t(2.5, 40)]))  # fewer than MIN_RESIDUALS
+    # groups too small for their own scale are left out, whatever they hold
+    heavy = [0.05 * rng.standard_t(3.0, 3000)]
+    assert fit_noise_dof(heavy + [np.array([0.0, 5.0, -5.0])]) == fit_noise_dof(heavy)
+    with pytest.raises(ValueError, match=r"residuals\[1\]"):
+        fit_noise_dof([np.zeros(10), np.array([0.1, np.nan] * 5)])
+
+
+def test_the_hyper_prior_carries_the_degrees_of_freedom():
+    assert math.isinf(HyperPrior((2.0,) * 6, 0.004, 0.002).noise_dof)
+    heavy = HyperPrior((2.0,) * 6, 0.004, 0.002, noise_dof=3.3)
+    assert HyperPrior.from_dict(heavy.to_dict()) == heavy
+    gaussian = HyperPrior((2.0,) * 6, 0.004, 0.002)
+    assert gaussian.to_dict()["noise_dof"] is None  # JSON has no infinity
+    assert HyperPrior.from_dict(gaussian.to_dict()) == gaussian
+    older = {k: v for k, v in heavy.to_dict().items() if k != "noise_dof"}
+    assert math.isinf(HyperPrior.from_dict(older).noise_dof)
+    for bad in (2.0, 0.5, -1.0, math.nan, "3", True):
+        with pytest.raises(ValidationError, match="noise_dof"):
+            HyperPrior((2.0,) * 6, 0.004, 0.002, noise_dof=bad)
+
+
+def test_student_t_noise_widens_the_tails_of_an_interval_not_its_middle():
+    gaussian = Prediction(1.0, 0.1, 1.0, 0.1)
+    heavy = Prediction(1.0, 0.1, 1.0, 0.1, noise_log_std=0.08, noise_dof=3.0)
+    assert gaussian.interval(0.9) == pytest.approx((math.exp(-0.1 * stats.norm.ppf(0.95)), math.exp(0.1 * stats.norm.ppf(0.95))))
+    widening = [math.log(heavy.interval(level)[1]) / math.log(gaussian.interval(level)[1]) for level in (0.5, 0.9, 0.99)]
+    assert 1.0 < widening[0] < widening[1] < widening[2]  # the noise's scale is the core's: the tails widen most
+    # Gaussian noise, or none: the normal interval
+    assert Prediction(1.0, 0.1, 1.0, 0.1, 0.08, math.inf).interval(0.9) == pytest.approx(gaussian.interval(0.9))
+    low, high = Prediction(np.ones(3), 0.1, 1.0, np.array([0.1, 0.05, 0.0]), 0.08, 3.0).interval(0.9)
+    assert low.shape == (3,) and high[2] == pytest.approx(1.0) and high[0] > high[1] > 1.0
+
+
+@pytest.fixture(scope="module")
+def heavy_cluster():
+    rng = np.random.default_rng(11)
+    out = {}
+    for j in range(3):
+        truth = hj.draw_job(rng)
+        out[f"job{j}"] = [o for t in hj.TYPES[:2] for o in hj.observe(f"job{j}", t, truth[t], hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE,
+                                                                     rng, bszs=tuple(range(8, 136, 4)), noise_dof=3.0)]
+    return out
+
+
+def test_a_cluster_learns_its_noise_tails_and_a_jobs_intervals_take_them(heavy_cluster):
+    prior = ClusterPrior.from_observations({k: v for k, v in heavy_cluster.items() if k != "job0"})
+    assert 2.5 <= prior.gp_prior.noise_dof < 6.0
+    assert ClusterPrior.from_dict(prior.to_dict()).gp_prior.noise_dof == pytest.approx(prior.gp_prior.noise_dof)
+    model = JobModel("job0", init_batch_size=32, cluster_prior=prior)
+    model.observe(heavy_cluster["job0"][:40])
+    p = model.predict("t4", 2, 8, 32)
+    assert p.noise_dof == prior.gp_prior.noise_dof and 0 < p.noise_log_std <= p.log_std
+    gaussian = Prediction(p.step_time, p.std, p.throughput, p.log_std)
+    assert p.interval(0.9)[1] > gaussian.interval(0.9)[1]
+    # without a cluster, or with Gaussian noise on it: normal intervals
+    alone = JobModel("job0", init_batch_size=32)
+    alone.observe(heavy_cluster["job0"][:40])
+    assert math.isinf(alone.predict("t4", 2, 8, 32).noise_dof)
+    rng = np.random.default_rng(5)
+    smooth = {f"g{j}": hj.observe(f"g{j}", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE, rng,
+                                  bszs=tuple(range(8, 136, 4))) for j in range(2)}
+    assert math.isinf(ClusterPrior.from_observations(smooth).gp_prior.noise_dof)
