@@ -54,17 +54,16 @@ _HERMITE_NODES = 64
 _LEGENDRE_NODES = 200
 
 
-def _profile_loglik(groups: Sequence[np.ndarray], dof: float) -> float:
-    """Log-likelihood of Student-t residuals with ``dof`` degrees of freedom, each group's scale at its maximum."""
-    total = 0.0
+def _profile_loglik(r2: np.ndarray, mask: np.ndarray, dof: float) -> float:
+    """Log-likelihood of Student-t residuals with ``dof`` degrees of freedom, each group's scale at its maximum.
+
+    ``r2``: squared residuals, one group per row, padded; ``mask``: which entries are residuals."""
+    counts = mask.sum(axis=1)
+    s2 = np.maximum((r2 * mask).sum(axis=1) / counts, 1e-12)
+    for _ in range(_SCALE_ITERATIONS):  # EM for the scales: the weights are E[precision | r]
+        s2 = np.maximum(((dof + 1) / (dof + r2 / s2[:, None]) * r2 * mask).sum(axis=1) / counts, 1e-12)
     const = gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * math.log(dof * math.pi)
-    for r in groups:
-        r2 = r * r
-        s2 = max(float(np.mean(r2)), 1e-12)
-        for _ in range(_SCALE_ITERATIONS):  # EM for the scale: the weights are E[precision | r]
-            s2 = max(float(np.mean((dof + 1) / (dof + r2 / s2) * r2)), 1e-12)
-        total += r.size * (const - 0.5 * math.log(s2)) - 0.5 * (dof + 1) * float(np.sum(np.log1p(r2 / (dof * s2))))
-    return total
+    return float(np.sum(counts * (const - 0.5 * np.log(s2))) - 0.5 * (dof + 1) * np.sum(np.log1p(r2 / (dof * s2[:, None])) * mask))
 
 
 def fit_noise_dof(residuals: Sequence[Any]) -> float:
@@ -84,8 +83,12 @@ def fit_noise_dof(residuals: Sequence[Any]) -> float:
             groups.append(r - r.mean())
     if sum(r.size for r in groups) < MIN_RESIDUALS:
         return math.inf
+    width = max(r.size for r in groups)
+    r2, mask = np.zeros((len(groups), width)), np.zeros((len(groups), width), dtype=bool)
+    for row, r in enumerate(groups):
+        r2[row, :r.size], mask[row, :r.size] = r * r, True
     lo, hi = math.log(DOF_RANGE[0]), math.log(DOF_RANGE[1])
-    best = minimize_scalar(lambda log_dof: -_profile_loglik(groups, math.exp(log_dof)), bounds=(lo, hi),
+    best = minimize_scalar(lambda log_dof: -_profile_loglik(r2, mask, math.exp(log_dof)), bounds=(lo, hi),
                            method="bounded", options={"xatol": 1e-3})
     dof = math.exp(float(best.x))
     return math.inf if dof > 0.95 * DOF_RANGE[1] else dof
