@@ -45,12 +45,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.special import ndtri
 
 from .gp import GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
 from .hierarchy import step_rows
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u
 from .sync_shape import SyncShape
+from .tails import gaussian_t_cdf
 
 __all__ = ["JobPosterior", "build_posterior", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
 
@@ -174,6 +176,18 @@ class JobPosterior:
             return 0.0, math.inf
         return math.sqrt(self.hyper.noise), self.noise_dof
 
+    def normal_z(self, residual: np.ndarray, var: np.ndarray) -> np.ndarray:
+        """|z| a normal would give residuals of log step time as far into the predictive's tails (variance
+        ``var``, noise included): ``|r| / √var`` with Gaussian noise; with Student-t noise (:meth:`noise_tails`)
+        ``−Φ⁻¹(P(X < −|r|))``, so an outlier the noise's tails expect is not a surprise."""
+        sd = np.sqrt(np.maximum(var, 1e-300))
+        noise, dof = self.noise_tails()
+        if math.isinf(dof) or noise <= 0:
+            return np.abs(residual) / sd
+        noise_part = np.minimum(noise, sd)
+        tail = gaussian_t_cdf(-np.abs(residual), np.sqrt(np.maximum(sd**2 - noise_part**2, 0.0)), noise_part, dof)
+        return -ndtri(np.clip(tail, 1e-300, 0.5))
+
     # ------------------------------------------------------------------ online
     def condition(self, observations: Sequence[Observation]) -> float:
         """Condition the posterior on observations of known types; returns the largest |z| before the update.
@@ -184,7 +198,7 @@ class JobPosterior:
             raise GPNumericalError("no posterior to update")
         design, y = self.rows_of(observations)
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
-        z = np.abs(y - mu) / np.sqrt(var)
+        z = self.normal_z(y - mu, var)
         self.posterior.condition(design.x, design.t, design.s, y)
         return float(np.max(z)) if z.size else 0.0
 

@@ -44,7 +44,7 @@ from scipy.special import gammaln, ndtr, ndtri, roots_hermitenorm, roots_legendr
 
 from .validation import check_float, check_quantile
 
-__all__ = ["fit_noise_dof", "gaussian_t_quantile", "DOF_RANGE", "MIN_GROUP_SIZE"]
+__all__ = ["fit_noise_dof", "gaussian_t_quantile", "gaussian_t_cdf", "DOF_RANGE", "MIN_GROUP_SIZE"]
 
 DOF_RANGE = (2.5, 100.0)  # ν searched; at the upper end the noise is Gaussian (inf): 100 dof are within 1% of it
 MIN_GROUP_SIZE = 8  # residuals a group needs for its scale to be estimated alongside ν
@@ -94,29 +94,57 @@ def fit_noise_dof(residuals: Sequence[Any]) -> float:
     return math.inf if dof > 0.95 * DOF_RANGE[1] else dof
 
 
+@lru_cache(maxsize=16)
+def _nodes(dof: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gauss–Hermite nodes and weights of N(0, 1), and Gauss–Legendre ones in probability mapped to t_dof quantiles."""
+    hermite_x, hermite_w = roots_hermitenorm(_HERMITE_NODES)
+    legendre_x, legendre_w = roots_legendre(_LEGENDRE_NODES)
+    return hermite_x, hermite_w / math.sqrt(2 * math.pi), stdtrit(dof, (legendre_x + 1) / 2), legendre_w / 2
+
+
+def _standard_cdf(x: np.ndarray, rho: np.ndarray, dof: float) -> np.ndarray:
+    """Distribution function of ``ρZ + (1 − ρ)T_dof`` at ``x`` (arrays of one shape, ρ in [0, 1]).
+
+    Integrated over the part that varies more slowly: the normal's (Gauss–Hermite, with the t's
+    distribution function) where the t weighs more (ρ ≤ ½), the t's quantiles (Gauss–Legendre in
+    probability) where the normal does."""
+    hermite_x, hermite_w, tau, legendre_w = _nodes(dof)
+    x, rho = np.asarray(x, dtype=float)[..., None], np.asarray(rho, dtype=float)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over_normal = (hermite_w * stdtr(dof, (x - rho * hermite_x) / (1 - rho))).sum(axis=-1)
+        over_t = (legendre_w * ndtr((x - (1 - rho) * tau) / rho)).sum(axis=-1)
+    return np.where(rho[..., 0] <= 0.5, over_normal, over_t)
+
+
 @lru_cache(maxsize=128)
 def _ratio_quantiles(dof: float, q: float) -> np.ndarray:
-    """The ``q``-quantile of ``ρZ + (1 − ρ)T_dof`` at Chebyshev points ρ ∈ [0, 1] (q > 0.5).
-
-    Its distribution function is integrated over the part that varies more slowly: the normal's
-    (Gauss–Hermite, with the t's distribution function) where the t weighs more (ρ ≤ ½), the t's
-    quantiles (Gauss–Legendre in probability) where the normal does; each quantile by Brent's method.
-    """
-    hermite_x, hermite_w = roots_hermitenorm(_HERMITE_NODES)
-    hermite_w = hermite_w / math.sqrt(2 * math.pi)
-    legendre_x, legendre_w = roots_legendre(_LEGENDRE_NODES)
-    tau, legendre_w = stdtrit(dof, (legendre_x + 1) / 2), legendre_w / 2
+    """The ``q``-quantile of ``ρZ + (1 − ρ)T_dof`` at Chebyshev points ρ ∈ [0, 1] (q > 0.5), each by Brent's method."""
     out = np.empty(_RATIO_POINTS)
     for k, rho in enumerate(_RATIO_GRID):
         if rho <= 0.0:
             out[k] = stdtrit(dof, q)
         elif rho >= 1.0:
             out[k] = ndtri(q)
-        elif rho <= 0.5:
-            out[k] = brentq(lambda x, r=rho: float(hermite_w @ stdtr(dof, (x - r * hermite_x) / (1 - r))) - q, 0.0, 100.0, xtol=1e-12)
         else:
-            out[k] = brentq(lambda x, r=rho: float(legendre_w @ ndtr((x - (1 - r) * tau) / r)) - q, 0.0, 100.0, xtol=1e-12)
+            out[k] = brentq(lambda x, r=rho: float(_standard_cdf(x, r, dof)) - q, 0.0, 100.0, xtol=1e-12)
     return out
+
+
+def gaussian_t_cdf(x: Any, gaussian_std: Any, t_scale: Any, dof: float) -> Any:
+    """The distribution function at ``x`` of ``g + t_scale·t_dof``, ``g ~ N(0, gaussian_std²)`` (arrays broadcast;
+    ``dof = inf``: the normal of ``√(gaussian_std² + t_scale²)``)."""
+    x, g, s = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (x, gaussian_std, t_scale)))
+    if np.any(g < 0) or np.any(s < 0):
+        raise ValueError(f"gaussian_std, t_scale: expected non-negative, got {g.min()}, {s.min()}")
+    total = g + s
+    if math.isinf(dof):
+        out = ndtr(x / np.sqrt(g * g + s * s))
+    else:
+        dof = check_float("dof", dof, positive=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = _standard_cdf(np.where(total > 0, x / total, 0.0), np.divide(g, total, out=np.ones_like(total), where=total > 0), dof)
+    out = np.where(total > 0, out, np.where(x >= 0, 1.0, 0.0))
+    return float(out) if out.ndim == 0 else out
 
 
 def gaussian_t_quantile(gaussian_std: Any, t_scale: Any, dof: float, q: float) -> Any:

@@ -13,7 +13,7 @@ from goodput.errors import ValidationError
 from goodput.gp import HyperPrior
 from goodput.hierarchy import ClusterPrior
 from goodput.model import Prediction
-from goodput.tails import fit_noise_dof, gaussian_t_quantile
+from goodput.tails import fit_noise_dof, gaussian_t_cdf, gaussian_t_quantile
 from tests import hierarchy_jobs as hj
 
 
@@ -34,6 +34,12 @@ def test_the_quantile_of_the_sum_matches_sampling():
     draws = 0.1 * rng.standard_normal(1_000_000) + 0.05 * rng.standard_t(3.0, 1_000_000)
     for q in (0.05, 0.5, 0.9, 0.99):
         assert gaussian_t_quantile(0.1, 0.05, 3.0, q) == pytest.approx(np.quantile(draws, q), abs=2e-3)
+    x = np.array([-0.4, -0.1, 0.0, 0.2, 0.5])
+    np.testing.assert_allclose(gaussian_t_cdf(x, 0.1, 0.05, 3.0), (draws[:, None] <= x).mean(axis=0), atol=2e-3)
+    for g, s in ((0.1, 0.05), (0.05, 0.1), (0.0, 0.1)):  # the distribution function inverts the quantile
+        assert gaussian_t_cdf(gaussian_t_quantile(g, s, 4.0, 0.97), g, s, 4.0) == pytest.approx(0.97, abs=1e-5)
+    assert gaussian_t_cdf(0.1, 0.1, 0.05, math.inf) == pytest.approx(stats.norm.cdf(0.1 / math.hypot(0.1, 0.05)))
+    np.testing.assert_array_equal(gaussian_t_cdf(np.array([-1.0, 0.0, 1.0]), 0.0, 0.0, 3.0), [0.0, 1.0, 1.0])  # a point mass at 0
 
 
 def test_the_quantile_rejects_bad_input():
@@ -118,3 +124,24 @@ def test_a_cluster_learns_its_noise_tails_and_a_jobs_intervals_take_them(heavy_c
     smooth = {f"g{j}": hj.observe(f"g{j}", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE, rng,
                                   bszs=tuple(range(8, 136, 4))) for j in range(2)}
     assert math.isinf(ClusterPrior.from_observations(smooth).gp_prior.noise_dof)
+
+
+def test_an_outlier_the_noises_tails_expect_is_less_of_a_surprise(heavy_cluster):
+    prior = ClusterPrior.from_observations({k: v for k, v in heavy_cluster.items() if k != "job0"})
+    model = JobModel("job0", init_batch_size=32, cluster_prior=prior)
+    model.observe(heavy_cluster["job0"][:40])
+    state = model._current()
+    noise, dof = state.noise_tails()
+    var = np.full(3, 2.0 * noise**2)  # half the variance is the noise's
+    residual = np.array([0.5, 4.0, 8.0]) * math.sqrt(2.0) * noise  # 0.5, 4 and 8 standard deviations out
+    z = state.normal_z(residual, var)
+    gaussian = np.abs(residual) / np.sqrt(var)
+    assert z[0] == pytest.approx(gaussian[0], rel=0.3)  # the core: about the normal's
+    assert z[1] < gaussian[1] and z[2] < gaussian[2] and z[1] < z[2]  # the tails: expected, still ordered
+    # the same under the normal z the interval gives: 90% inside ±z = Φ⁻¹(0.95)
+    p = model.predict("t4", 2, 8, 32)
+    high = math.log(p.interval(0.9)[1] / p.step_time)
+    assert state.normal_z(np.array([high]), np.array([p.log_std**2]))[0] == pytest.approx(stats.norm.ppf(0.95), rel=1e-3)
+    alone = JobModel("job0", init_batch_size=32)
+    alone.observe(heavy_cluster["job0"][:40])
+    np.testing.assert_allclose(alone._current().normal_z(residual, var), gaussian)
