@@ -4,7 +4,8 @@ The held-out data that issue 4's targets are stated on has 6 models on 5 GPU
 types, with multi-GPU and multi-node placements; the shared data has that
 layout only on one type (Pollux's T4 traces). This writes, for each model of
 a Pollux trace folder and each derived type with compute factor ``c`` and
-sync factor ``s``::
+sync factor ``s`` (``s_n`` on placements over several nodes, when given;
+else ``s`` there too)::
 
     step_time' = (step_time − sync_time) · c + sync_time · s
     sync_time' = sync_time · s
@@ -23,6 +24,10 @@ Run: ``python -m experiments.derive_types OUT [--data DIR] [--type NAME=C,S ...]
 then ``goodput accuracy OUT``. ``--type`` replaces the default types, e.g.
 ``--type t4=1,1 --type half=0.5,0.5`` for types that scale compute and sync
 alike (on which every prediction should scale too: accuracy.md, round 13).
+A third factor sets the sync over several nodes apart from the sync within
+one: ``--type a100=0.3,0.25,0.8`` (NVLink within a node, the cluster's
+network between them), so the types' placement effects differ, as on real
+hardware (:data:`SPLIT_SYNC_TYPES`).
 """
 
 from __future__ import annotations
@@ -32,11 +37,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from experiments.datasets import default_data_dir, read_csv_rows
+from experiments.datasets import default_data_dir, parse_placement, read_csv_rows
 from goodput.errors import DataFormatError, ValidationError
 from goodput.io import atomic_write_text
 
-__all__ = ["DERIVED_TYPES", "derive", "main"]
+__all__ = ["DERIVED_TYPES", "SPLIT_SYNC_TYPES", "derive", "main"]
 
 # (compute factor, sync factor) per derived type, relative to T4: faster compute, and a sync
 # that improves less than compute does (so sync weighs more on the faster types). Chosen once
@@ -48,6 +53,16 @@ DERIVED_TYPES: dict[str, tuple[float, float]] = {
     "rtx6000": (0.7, 1.2),
     "2080ti": (0.8, 1.4),
 }
+# (compute, sync within a node, sync over several nodes): the same compute, intra-node sync that differs more
+# across types than the network does (NVLink on V100/A100 nodes, PCIe on the others). Chosen once, to probe
+# whether one type's single-node data mislead the others' multi-node predictions; not fitted to anything.
+SPLIT_SYNC_TYPES: dict[str, tuple[float, float, float]] = {
+    "t4": (1.0, 1.0, 1.0),
+    "v100": (0.45, 0.5, 0.9),
+    "a100": (0.3, 0.25, 0.8),
+    "rtx6000": (0.7, 1.2, 1.0),
+    "2080ti": (0.8, 1.6, 1.2),
+}
 _PLACEMENTS = {"placement": "str", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _SCALABILITY = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _REPOSITORY = Path(__file__).resolve().parents[1]
@@ -57,25 +72,33 @@ def _scaled(step: float, sync: float, compute_factor: float, sync_factor: float)
     return (step - sync) * compute_factor + sync * sync_factor, sync * sync_factor
 
 
-def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, float]) -> str:
-    """The CSV text of ``source`` (validated row by row) with its times scaled by ``factors``."""
+def _nodes(row: Mapping[str, object]) -> int:
+    """Nodes a placements row (its digit string) or a scalability row (``num_nodes``) spans."""
+    return int(row["num_nodes"]) if "num_nodes" in row else len(parse_placement(str(row["placement"])))
+
+
+def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, ...]) -> str:
+    """The CSV text of ``source`` (validated row by row) with its times scaled by ``factors``
+    (compute, sync[, sync over several nodes])."""
     columns = list(schema)
     lines = [",".join(columns)]
     for line_no, row in read_csv_rows(source, schema):
         if row["sync_time"] > row["step_time"]:
             raise DataFormatError(source, line_no, "sync_time", row["sync_time"], f"must be <= step_time ({row['step_time']})")
-        row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], *factors)
+        sync = factors[2] if len(factors) == 3 and _nodes(row) > 1 else factors[1]
+        row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], factors[0], sync)
         lines.append(",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
     return "\n".join(lines) + "\n"
 
 
-def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, float]] = DERIVED_TYPES) -> list[Path]:
+def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, ...]] = DERIVED_TYPES) -> list[Path]:
     """Write the derived folder; returns the files written.
 
     Args:
         trace_dir: Pollux's ``traces`` folder (``<model>/placements.csv``, optional ``scalability.csv``).
         out_dir: where to write; refused inside this repository.
-        types: per GPU type name, ``(compute factor, sync factor)`` (both > 0).
+        types: per GPU type name, ``(compute factor, sync factor)`` or ``(compute, sync within a node,
+            sync over several nodes)``, all > 0.
     """
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if not trace_dir.is_dir():
@@ -85,8 +108,8 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     if not types:
         raise ValidationError("types", dict(types), "need at least one derived type")
     for name, factors in types.items():
-        if len(factors) != 2 or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
-            raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor), both > 0")
+        if len(factors) not in (2, 3) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
+            raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor[, inter-node sync factor]), all > 0")
     models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
     if not models:
         raise ValidationError("trace_dir", str(trace_dir), "no <model>/placements.csv below it")
@@ -101,32 +124,38 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     return written
 
 
-def _parse_type(text: str) -> tuple[str, tuple[float, float]]:
-    """``NAME=C,S`` (compute factor, sync factor) of ``--type``."""
+def _parse_type(text: str) -> tuple[str, tuple[float, ...]]:
+    """``NAME=C,S[,S_N]`` (compute factor, sync factor[, inter-node sync factor]) of ``--type``."""
     name, sep, factors = text.partition("=")
     parts = factors.split(",")
-    if sep and name and len(parts) == 2:
+    if sep and name and len(parts) in (2, 3):
         try:
-            return name, (float(parts[0]), float(parts[1]))
+            return name, tuple(float(p) for p in parts)
         except ValueError:
             pass
-    raise ValidationError("--type", text, "expected NAME=COMPUTE,SYNC, e.g. v100=0.45,0.7")
+    raise ValidationError("--type", text, "expected NAME=COMPUTE,SYNC[,INTER_NODE_SYNC], e.g. v100=0.45,0.7")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.derive_types", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="folder to write (outside the repository)")
     parser.add_argument("--data", default=None, help="shared data folder (default: ../shared/data or $GOODPUT_DATA_DIR)")
-    parser.add_argument("--type", action="append", default=None, metavar="NAME=C,S",
-                        help="a derived type and its compute and sync factors relative to T4, repeatable "
+    parser.add_argument("--type", action="append", default=None, metavar="NAME=C,S[,S_N]",
+                        help="a derived type and its compute and sync factors relative to T4 (a third: the sync over "
+                             "several nodes), repeatable "
                              f"(default: {' '.join(f'{n}={c},{s}' for n, (c, s) in DERIVED_TYPES.items())})")
+    parser.add_argument("--split-sync", action="store_true",
+                        help="the types of SPLIT_SYNC_TYPES, whose sync within a node and over several differ: "
+                             f"{' '.join(f'{n}=' + ','.join(map(str, f)) for n, f in SPLIT_SYNC_TYPES.items())}")
     args = parser.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
     if data is None:
         print("no shared data folder found: pass --data DIR", file=sys.stderr)
         return 2
     try:
-        types = DERIVED_TYPES
+        types: Mapping[str, tuple[float, ...]] = SPLIT_SYNC_TYPES if args.split_sync else DERIVED_TYPES
+        if args.type and args.split_sync:
+            raise ValidationError("--split-sync", True, "pass --type or --split-sync, not both")
         if args.type:
             parsed = [_parse_type(t) for t in args.type]
             types = dict(parsed)

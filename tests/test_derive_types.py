@@ -8,7 +8,7 @@ from pathlib import Path
 
 import experiments.derive_types
 from experiments.datasets import read_measurements
-from experiments.derive_types import DERIVED_TYPES, derive, main
+from experiments.derive_types import DERIVED_TYPES, SPLIT_SYNC_TYPES, derive, main
 from goodput.errors import DataFormatError, ValidationError
 
 
@@ -75,7 +75,23 @@ def test_command_line_types(tmp_path, capsys):
     for bad in ("v100", "v100=0.5", "=0.5,0.7", "v100=a,b"):
         assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", bad]) == 2
         assert "NAME=COMPUTE,SYNC" in capsys.readouterr().err
+    assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "v100=0.5,0.7,0.9,1"]) == 2
     assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "v100=0,0.7"]) == 2  # derive() refuses factors <= 0
     assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--type", "t4=1,1", "--type", "t4=2,2"]) == 2
     assert "more than once" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_third_factor_sets_the_sync_over_several_nodes_apart(tmp_path, capsys):
+    traces = _traces(tmp_path / "data" / "pollux" / "traces")
+    derive(traces, tmp_path / "out", {"t4": (1.0, 1.0), "nv": (0.5, 0.25, 0.8)})
+    measured = read_measurements(tmp_path / "out")
+    nv = {(o.num_nodes, o.num_replicas): o for o in measured.models["cifar10"] if o.gpu_type == "nv"}
+    assert nv[(1, 1)].step_time == pytest.approx((0.04 - 0.0001) * 0.5 + 0.0001 * 0.25)  # one node: the intra-node factor
+    assert nv[(2, 4)].step_time == pytest.approx((0.12 - 0.04) * 0.5 + 0.04 * 0.8)  # placement "22": two nodes
+    assert nv[(8, 32)].sync_time == pytest.approx(0.2 * 0.8)  # scalability rows: num_nodes
+    with pytest.raises(ValidationError, match="inter-node"):
+        derive(traces, tmp_path / "bad", {"nv": (0.5, 0.25, 0.0)})
+    assert main([str(tmp_path / "split"), "--data", str(tmp_path / "data"), "--split-sync"]) == 0
+    assert f"2 models × {len(SPLIT_SYNC_TYPES)} types" in capsys.readouterr().out
+    assert main([str(tmp_path / "both"), "--data", str(tmp_path / "data"), "--split-sync", "--type", "t4=1,1"]) == 2
