@@ -259,7 +259,7 @@ class HyperPrior:
             cluster's measured figure, not an assumption (:func:`fit_shared_hyperparameters` finds 0.17 on
             Gavel's K80/P100/V100 and 0.68 on Zeus's four types).
         noise_dof: degrees of freedom of the measurement noise's Student-t tails (> 2; ``inf``: Gaussian),
-            :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 3.3; Gavel,
+            :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 6.2; Gavel,
             Zeus: inf). They widen a prediction's intervals, not its fit.
     """
 

@@ -2,8 +2,9 @@
 
 Step times measured on a shared cluster have outliers (a straggler, a
 co-located job, a checkpoint): the residuals of Pollux's traces around each
-(job, GPU type)'s fit follow a Student-t with ν ≈ 3.3 degrees of freedom,
-while Gavel's and Zeus's averaged throughputs are Gaussian (ν → ∞). The model
+(job, GPU type)'s fit follow a Student-t with ν ≈ 6 degrees of freedom (5.4–7.4
+leaving one job out), while Gavel's and Zeus's averaged throughputs are
+Gaussian (ν → ∞). The model
 keeps a Gaussian likelihood for its fits and online updates (conjugate, fast);
 the noise's tails enter the intervals of a new measurement: its log is
 
@@ -38,8 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize_scalar
-from scipy.optimize import brentq
+from scipy.optimize import brentq, minimize_scalar
 from scipy.special import gammaln, ndtr, ndtri, roots_hermitenorm, roots_legendre, stdtr, stdtrit
 
 from .validation import check_float, check_quantile
@@ -137,11 +137,11 @@ def gaussian_t_cdf(x: Any, gaussian_std: Any, t_scale: Any, dof: float) -> Any:
     if np.any(g < 0) or np.any(s < 0):
         raise ValueError(f"gaussian_std, t_scale: expected non-negative, got {g.min()}, {s.min()}")
     total = g + s
-    if math.isinf(dof):
-        out = ndtr(x / np.sqrt(g * g + s * s))
-    else:
-        dof = check_float("dof", dof, positive=True)
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if math.isinf(dof):
+            out = ndtr(x / np.sqrt(g * g + s * s))
+        else:
+            dof = check_float("dof", dof, positive=True)
             out = _standard_cdf(np.where(total > 0, x / total, 0.0), np.divide(g, total, out=np.ones_like(total), where=total > 0), dof)
     out = np.where(total > 0, out, np.where(x >= 0, 1.0, 0.0))
     return float(out) if out.ndim == 0 else out
@@ -161,14 +161,13 @@ def gaussian_t_quantile(gaussian_std: Any, t_scale: Any, dof: float, q: float) -
     if np.any(g < 0) or np.any(s < 0):
         raise ValueError(f"gaussian_std, t_scale: expected non-negative, got {g.min()}, {s.min()}")
     if math.isinf(dof):
-        return ndtri(q) * np.sqrt(g * g + s * s)
-    dof = check_float("dof", dof, positive=True)
-    if q == 0.5:
-        return np.zeros(g.shape) if g.ndim else 0.0
-    table = _ratio_quantiles(float(dof), max(q, 1 - q))
-    total = g + s
-    rho = np.divide(g, total, out=np.ones_like(total), where=total > 0)
-    out = (1.0 if q > 0.5 else -1.0) * total * _CHEBYSHEV.interpolate(table, rho)
+        out = ndtri(q) * np.sqrt(g * g + s * s)
+    else:
+        dof = check_float("dof", dof, positive=True)
+        total = g + s
+        rho = np.divide(g, total, out=np.ones_like(total), where=total > 0)
+        table = _ratio_quantiles(float(dof), max(q, 1 - q)) if q != 0.5 else np.zeros(_RATIO_POINTS)
+        out = (1.0 if q > 0.5 else -1.0) * total * _CHEBYSHEV.interpolate(table, rho)
     return float(out) if out.ndim == 0 else out
 
 
