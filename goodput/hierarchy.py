@@ -119,8 +119,8 @@ EM_ITERATIONS = 60
 EFFECT_DOF = 4.0
 # Pseudo-cells of the pooled E in each type's E: half a cell, a weak default like PRIOR_WEIGHT's. How far a
 # job strays on one type from its others is the type's (its topology, its interconnect): on Gavel the spread
-# of α_n is 0.29 on P100 and 1.0 on K80 (in log), which 2 pseudo-cells of the pooled value hid (P2 17.0 ->
-# 16.2, P3 12.0 -> 10.9; the derived set's P2 10.4 -> 10.2; experiments/results/accuracy.md).
+# of α_n is 0.33 on P100 and 0.94 on K80 (in log), which 2 pseudo-cells of the pooled value pulled to 0.35
+# and 0.58 (P2 17.0 -> 16.2, P3 12.0 -> 10.9; the derived set's P2 10.4 -> 10.2; experiments/results/accuracy.md).
 TYPE_SHRINKAGE = 0.5
 CELL_NOISE_PRIOR = 0.05  # a cell fit's residual std (log) before its data say otherwise
 NOISE_RANGE = (0.01, 0.5)
