@@ -80,7 +80,8 @@ class Prediction:
 
     Attributes:
         step_time: predicted seconds of one optimizer step (median).
-        std: standard deviation of the step time, seconds.
+        std: standard deviation of the step time, seconds: the log-normal's of ``log_std`` (under Student-t
+            noise the step time's own has no finite value, a t having no exponential moments).
         throughput: samples/s at ``step_time``.
         log_std: standard deviation of log step time (0 for a point estimate), the measurement noise
             counted by its scale.
