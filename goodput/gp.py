@@ -295,7 +295,7 @@ class HyperPrior:
     @classmethod
     def from_dict(cls, data: Any) -> HyperPrior:
         if not isinstance(data, dict):
-            raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std, correlation}")
+            raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std, correlation, noise_dof}")
         return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5),
                    data.get("correlation", DEFAULT_TASK_CORRELATION), data.get("noise_dof"))  # None: Gaussian
 
