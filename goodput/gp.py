@@ -58,6 +58,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -277,7 +278,7 @@ class HyperPrior:
         if not self.correlation < 1.0:
             raise ValidationError("correlation", self.correlation, "expected a correlation in (0, 1)")
         dof = math.inf if self.noise_dof is None else self.noise_dof
-        if isinstance(dof, bool) or not isinstance(dof, (int, float)) or math.isnan(dof) or not dof > 2:
+        if isinstance(dof, bool) or not isinstance(dof, numbers.Real) or math.isnan(dof) or not dof > 2:
             raise ValidationError("noise_dof", self.noise_dof, "expected degrees of freedom > 2 (inf: Gaussian noise)")
         object.__setattr__(self, "noise_dof", float(dof))
 

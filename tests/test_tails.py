@@ -77,6 +77,8 @@ def test_the_hyper_prior_carries_the_degrees_of_freedom():
     gaussian = HyperPrior((2.0,) * 6, 0.004, 0.002)
     assert gaussian.to_dict()["noise_dof"] is None  # JSON has no infinity
     assert HyperPrior.from_dict(gaussian.to_dict()) == gaussian
+    assert HyperPrior((2.0,) * 6, 0.004, 0.002, noise_dof=np.float64(4.0)).noise_dof == 4.0  # numpy numbers, ints
+    assert HyperPrior((2.0,) * 6, 0.004, 0.002, noise_dof=np.int64(5)).noise_dof == 5.0
     older = {k: v for k, v in heavy.to_dict().items() if k != "noise_dof"}
     assert math.isinf(HyperPrior.from_dict(older).noise_dof)
     for bad in (2.0, 0.5, -1.0, math.nan, "3", True):
