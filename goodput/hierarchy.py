@@ -476,8 +476,9 @@ class ClusterPrior:
                 cell_residuals.append(values[-1])
                 types.append(np.full(y.size, k))
             residuals.append((np.concatenate(features), np.concatenate(values), np.concatenate(types)))  # one process per job
-        # the noise's tails, from every cell's residuals around its own fit (goodput.tails)
-        hyper = replace(fit_shared_hyperparameters(residuals), noise_dof=fit_noise_dof(cell_residuals)) if gp_prior else None
+        hyper = fit_shared_hyperparameters(residuals) if gp_prior else None  # None: too few points, or the fit failed
+        if hyper is not None:  # the noise's tails, from every cell's residuals around its own fit (goodput.tails)
+            hyper = replace(hyper, noise_dof=fit_noise_dof(cell_residuals))
         return cls(cells, shapes=shapes, gp_prior=hyper,
                    observations=kept,
                    sizes={k: v for k, v in sizes.items() if v is not None})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -148,3 +149,14 @@ def test_an_outlier_the_noises_tails_expect_is_less_of_a_surprise(heavy_cluster)
     alone = JobModel("job0", init_batch_size=32)
     alone.observe(heavy_cluster["job0"][:40])
     np.testing.assert_allclose(alone._current().normal_z(residual, var), gaussian)
+
+
+def test_a_cluster_too_small_for_a_gp_prior_has_none_and_no_tails():
+    rng = np.random.default_rng(4)
+    tiny = {"job0": hj.observe("job0", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE[:1], rng, bszs=(8, 32))}
+    assert len(tiny["job0"]) < 8  # fewer than the shared fit needs
+    prior = ClusterPrior.from_observations(tiny)
+    assert prior.gp_prior is None and len(prior) == 1
+    model = JobModel("new", init_batch_size=32, cluster_prior=prior)
+    model.observe([replace(o, job="new") for o in tiny["job0"]])
+    assert math.isinf(model.predict("t4", 1, 2, 32).noise_dof)
