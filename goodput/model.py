@@ -61,7 +61,7 @@ from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .posterior import DEFAULT_HYPER_PRIOR, JobPosterior, build_posterior
 from .sync_shape import SyncShape
 from .table import GoodputTable
-from .tails import gaussian_t_quantile
+from .tails import gaussian_t_quantile, split_std
 from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
 from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
@@ -103,9 +103,7 @@ class Prediction:
         level = check_float("level", level, positive=True)
         if level >= 1:
             raise ValidationError("level", level, "must be in (0, 1)")
-        log_std = np.asarray(self.log_std, dtype=float)
-        noise = np.minimum(np.asarray(self.noise_log_std, dtype=float), log_std)
-        gaussian = np.sqrt(np.maximum(log_std**2 - noise**2, 0.0))
+        gaussian, noise = split_std(self.log_std, self.noise_log_std)
         spread = np.exp(gaussian_t_quantile(gaussian, noise, self.noise_dof, 0.5 + level / 2))
         low, high = np.asarray(self.step_time) / spread, np.asarray(self.step_time) * spread
         if np.ndim(low) == 0:

@@ -52,7 +52,7 @@ from .hierarchy import step_rows
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u
 from .sync_shape import SyncShape
-from .tails import gaussian_t_cdf
+from .tails import gaussian_t_cdf, split_std
 
 __all__ = ["JobPosterior", "build_posterior", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
 
@@ -184,8 +184,7 @@ class JobPosterior:
         noise, dof = self.noise_tails()
         if math.isinf(dof) or noise <= 0:
             return np.abs(residual) / sd
-        noise_part = np.minimum(noise, sd)
-        tail = gaussian_t_cdf(-np.abs(residual), np.sqrt(np.maximum(sd**2 - noise_part**2, 0.0)), noise_part, dof)
+        tail = gaussian_t_cdf(-np.abs(residual), *split_std(sd, noise), dof)
         return -ndtri(np.clip(tail, 1e-300, 0.5))
 
     # ------------------------------------------------------------------ online
