@@ -101,9 +101,32 @@ CORRELATION_RANGE = (0.02, 0.98)
 
 
 def _kern(d2: np.ndarray) -> np.ndarray:
-    """Matérn-5/2 correlation of squared scaled distances ``d2`` (Rasmussen & Williams 2006, eq. 4.17)."""
-    r = np.sqrt(5.0 * d2)
-    return (1.0 + r + r * r / 3.0) * np.exp(-r)
+    """Matérn-5/2 correlation of squared scaled distances ``d2`` (Rasmussen & Williams 2006, eq. 4.17).
+
+    ``(1 + r + r²/3) e^{−r}`` with ``r = √(5·d2)``, on three arrays and no other temporaries: the hot
+    path of a goodput table (a few hundred candidates against every observation).
+    """
+    r = np.multiply(d2, 5.0)
+    np.sqrt(r, out=r)
+    decay = np.negative(r)
+    np.exp(decay, out=decay)
+    out = np.multiply(r, r)
+    out *= 1.0 / 3.0
+    out += r
+    out += 1.0
+    out *= decay
+    return out
+
+
+def _sq_dist(scaled_a: np.ndarray, sq_a: np.ndarray, scaled_b: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances (n, m) between rows of ``scaled_a`` (n, D), whose squared norms are ``sq_a``,
+    and of ``scaled_b`` (m, D), floored at 0 (rounding), in place on one (n, m) array."""
+    d2 = scaled_a @ scaled_b.T
+    d2 *= -2.0
+    d2 += sq_a[:, None]
+    d2 += np.einsum("ij,ij->i", scaled_b, scaled_b)[None, :]
+    np.maximum(d2, 0.0, out=d2)
+    return d2
 
 
 def _matern_terms(sq_diff: np.ndarray, lengthscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -318,7 +341,7 @@ def covariance(
     ls = np.asarray(hyper.lengthscale, dtype=float)
     a = x1 / ls
     b = x2 / ls
-    d2 = np.maximum((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T), 0.0)
+    d2 = _sq_dist(a, np.einsum("ij,ij->i", a, a), b)
     task = hyper.task_covariance()
     k = _kern(d2) * task[np.ix_(t1, t2)]
     if s1.shape[1]:
@@ -431,8 +454,8 @@ class OnlinePosterior:
         """k(X_train, x): (n, m)."""
         ls = np.asarray(self.hyper.lengthscale, dtype=float)
         b = x / ls
-        d2 = np.maximum(self._scaled_sq[:, None] + (b * b).sum(1)[None, :] - 2.0 * (self._scaled_x @ b.T), 0.0)
-        k = _kern(d2) * self._task[np.ix_(self.t, t)]
+        k = _kern(_sq_dist(self._scaled_x, self._scaled_sq, b))
+        k *= self._task[np.ix_(self.t, t)]
         if self.s.shape[1]:
             k += self.s @ s.T
         return k
@@ -444,9 +467,13 @@ class OnlinePosterior:
         """
         ls = np.asarray(self.hyper.lengthscale, dtype=float)
         b = x / ls
-        d2 = np.maximum(self._scaled_sq[:, None] + (b * b).sum(1)[None, :] - 2.0 * (self._scaled_x @ b.T), 0.0)
-        k = _kern(d2) * self._task[np.ix_(self.t, t)]
-        mean = k.T @ self.alpha
+        k = _kern(_sq_dist(self._scaled_x, self._scaled_sq, b))
+        # Σ_i k(x_i, x) B[t_i, t] α_i: the task covariance weighs α per query type, not the (n, m) kernel
+        mean = np.empty(len(t))
+        for task in np.unique(t):
+            cols = t == task
+            weighted = self.alpha * self._task[self.t, task]
+            mean[cols] = weighted @ k if cols.all() else weighted @ k[:, cols]
         if s is not None and self.s.shape[1]:
             mean = mean + s @ self.weights
         return mean

@@ -55,6 +55,9 @@ def test_online_update_equals_batch_conditioning():
     np.testing.assert_allclose(m_online, m_batch, atol=1e-10)
     np.testing.assert_allclose(v_online, v_batch, atol=1e-10)
     np.testing.assert_allclose(online.predict_mean(xq, tq, sq), m_batch, atol=1e-10)
+    one_type = np.full(tq.size, 2)  # a goodput table's query: every point on one type (predict_mean's fast path)
+    without_linear = batch.predict(xq, one_type, np.zeros_like(sq), noise=False)[0]
+    np.testing.assert_allclose(online.predict_mean(xq, one_type), without_linear, atol=1e-10)
     # and gpytorch's own batch ExactGP prediction (Hadamard multitask) with the same hyperparameters
     m_ref, v_ref = gpytorch_posterior(hyper, x, t, s, y, xq, tq, sq)
     np.testing.assert_allclose(m_online, m_ref, atol=1e-8)
