@@ -54,7 +54,7 @@ from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, 
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
-__all__ = ["JobPosterior", "build_posterior", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
+__all__ = ["JobPosterior", "build_posterior", "prior_cholesky", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
 
 FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
 COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
@@ -232,6 +232,27 @@ def _window(observations: Mapping[str, Sequence[Observation]], max_points: int) 
     return [o for t in observations for o in per[t]]
 
 
+def prior_cholesky(cov: np.ndarray) -> np.ndarray:
+    """Lower Cholesky factor of a prior covariance over the job's coordinates (7T, 7T).
+
+    A covariance that rounding, or a nearly singular estimate of the cluster's (a correlation of job
+    effects at its bound), left indefinite is made positive definite by flooring its eigenvalues at
+    1e-9 of its largest variance, so a prediction never fails on the prior. Raises
+    :class:`goodput.gp.GPNumericalError` on non-finite entries.
+    """
+    cov = np.asarray(cov, dtype=float)
+    if not np.all(np.isfinite(cov)):
+        raise GPNumericalError("the prior covariance has non-finite entries")
+    cov = 0.5 * (cov + cov.T)
+    eye = np.eye(cov.shape[0])
+    try:
+        return np.linalg.cholesky(cov + 1e-10 * eye)
+    except np.linalg.LinAlgError:
+        values, vectors = np.linalg.eigh(cov)
+        floor = 1e-9 * max(float(np.max(np.diag(cov))), 1e-12)
+        return np.linalg.cholesky((vectors * np.maximum(values, floor)) @ vectors.T + 1e-10 * eye)
+
+
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None) -> tuple[MapFit, float, np.ndarray]:
@@ -287,7 +308,7 @@ def build_posterior(
     types = list(observations)
     ref_bsz = reference_bsz([o for t in types for o in observations[t]])
     residual_std = math.sqrt(hyper_prior.signal_var + hyper_prior.noise)
-    chol = np.linalg.cholesky(prior_cov + 1e-10 * np.eye(prior_cov.shape[0]))
+    chol = prior_cholesky(prior_cov)
     same = previous is not None and previous.types == types and previous.ref_bsz == ref_bsz
     fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes,
                                 previous.noise_std if same else residual_std, previous.u_hat if same else None,

@@ -323,3 +323,31 @@ def test_a_type_seen_only_on_several_gpus_takes_its_compute_from_the_jobs_other_
     one_gpu = model.predict("new", 1, 1, 8).step_time
     assert one_gpu == pytest.approx(model.predict("ref", 1, 1, 8).step_time, rel=0.5)
     assert model.predict("new", 2, 4, 8).step_time == pytest.approx(0.3041, rel=0.05)
+
+
+def test_an_indefinite_prior_covariance_is_repaired_not_fatal():
+    """A cluster's estimate at a bound (a job-effect correlation of 1) can leave the prior covariance
+    indefinite by rounding; the refit floors its eigenvalues instead of failing every prediction."""
+    from goodput.gp import GPNumericalError
+    from goodput.hierarchy import default_means, default_prior
+    from goodput.posterior import build_posterior, prior_cholesky
+
+    obs = [o for o in observations() if o.gpu_type == "t4"]
+    mean, cov = default_prior([default_means(obs)])
+    factor = prior_cholesky(cov)  # positive definite: the plain factor
+    np.testing.assert_allclose(factor @ factor.T, cov, atol=1e-8)
+    values, vectors = np.linalg.eigh(cov)
+    values[0] = -1e-3 * values[-1]
+    indefinite = (vectors * values) @ vectors.T
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(indefinite + 1e-10 * np.eye(len(cov)))
+    factor = prior_cholesky(indefinite)
+    repaired = factor @ factor.T
+    assert np.linalg.eigvalsh(repaired).min() > 0
+    np.testing.assert_allclose(repaired, indefinite, atol=2e-3 * values[-1])  # only the negative direction moved
+    state = build_posterior({"t4": obs}, mean, indefinite, {"t4": None})
+    replicas = np.array([1.0, 2.0, 4.0, 8.0])
+    predicted = state.log_mean("t4", np.ones(4), replicas, np.full(4, 64.0), np.zeros(4))
+    assert np.all(np.isfinite(predicted))
+    with pytest.raises(GPNumericalError):
+        prior_cholesky(np.full_like(cov, np.nan))
