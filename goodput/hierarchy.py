@@ -10,9 +10,10 @@ a two-way random-effects model (Gelman & Hill, *Data Analysis Using Regression
 and Multilevel/Hierarchical Models*, 2007, ch. 13): ``m[t]`` is the typical
 job on type *t*; ``a[j]`` is the job's own effect, shared by all its types (a
 larger model computes more and synchronises more bytes everywhere; ``A`` is
-block-diagonal over the compute pair, the sync constants, the inter-node
-growth and the overlap, :data:`BLOCKS`, and zero on the intra-node growth,
-which the node's topology sets: :data:`NO_JOB_EFFECT`); and ``e[j, t]`` is
+block-diagonal over the compute pair and the sync (its constants, the
+inter-node growth and the overlap, which move together across jobs),
+:data:`BLOCKS`, and zero on the intra-node growth, which the node's
+topology sets: :data:`NO_JOB_EFFECT`); and ``e[j, t]`` is
 what is particular to the job on that type. Every source of
 evidence enters through this one prior and the job's own likelihood
 (:mod:`goodput.posterior`): its observations on a type inform ``m + a + e``
@@ -80,11 +81,16 @@ DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 0.01, 1.0, 0.7])
 DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5])
 SYNC_CORRELATION = 0.95
 CORRELATION_WEIGHT = 10.0
-# Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, the sync
-# constants, the inter-node growth ratio, the overlap. A job's compute says little about its sync beyond
-# what its size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is
-# host-bound), and coupling them lets one odd coordinate pull the others.
-BLOCKS = ((0, 1), (2, 3), (5,), (6,))
+# Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, and the sync
+# (the constants, the inter-node growth ratio, the overlap). A job's compute says little about its sync
+# beyond what its size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is
+# host-bound; coupled, Pollux's P1 went 13.0 -> 22.6). Within the sync, a job's coordinates move together:
+# a latency-bound job (few bytes) has small constants that grow fast per replica, a bandwidth-bound one
+# overlaps more of its larger sync with compute; single-node steps pin combinations of them, not each one.
+# Their correlations are learned, shrunk toward independence (CORRELATION_WEIGHT pseudo-jobs), the
+# constants' toward SYNC_CORRELATION (experiments/results/accuracy.md: the derived set's P2 10.2 -> 9.8,
+# P3 9.8 -> 8.8).
+BLOCKS = ((0, 1), (2, 3, 5, 6))
 # Coordinates without a job effect (A's variance held at DEFAULT_SHARED_STD², i.e. none): how a job's
 # intra-node sync grows per extra GPU is set by the node's topology (PCIe switches, NVLink rings) as much as
 # by the job, so it is a property of the job on a type, learned per type (m[t], E[t]); the network between
@@ -97,6 +103,9 @@ NO_JOB_EFFECT = tuple(c for c in range(7) if not any(c in block for block in BLO
 _BLOCK_MASK = np.zeros((7, 7), dtype=bool)
 for _block in BLOCKS:
     _BLOCK_MASK[np.ix_(_block, _block)] = True
+_SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's block, and its correlations' target
+_SYNC_TARGET = np.eye(_SYNC.size)
+_SYNC_TARGET[np.ix_(_SYNC == 2, _SYNC == 3)] = _SYNC_TARGET[np.ix_(_SYNC == 3, _SYNC == 2)] = SYNC_CORRELATION
 # Model size: a job's sync constants grow with its gradient bytes (slope 1 in log), its compute with its
 # FLOPs (about half that, across architectures); the slopes are learned from the cluster around these.
 SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
@@ -412,13 +421,16 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
         held = np.array(NO_JOB_EFFECT, dtype=int)
         shared[held, held] = a0[held, held]  # the diagonal held at the default's (near zero): no job effect there
-        # the correlation of the sync constants' job effects: a few jobs hardly estimate it, and
-        # physics says it is strong (the same gradient bytes cross both interconnects), so it is
-        # shrunk toward SYNC_CORRELATION by CORRELATION_WEIGHT pseudo-jobs (separation strategy:
-        # Barnard, McCulloch & Meng, Statistica Sinica 10, 2000)
+        # the correlations of the sync's job effects: a few jobs hardly estimate them, so the block's
+        # correlation matrix is shrunk by CORRELATION_WEIGHT pseudo-jobs toward independence, except the
+        # constants' toward SYNC_CORRELATION, which physics says is strong (the same gradient bytes cross
+        # both interconnects): separation strategy (Barnard, McCulloch & Meng, Statistica Sinica 10, 2000);
+        # a mean of two correlation matrices is one, so A stays positive definite
         sd = np.sqrt(np.diag(shared))
-        rho = (CORRELATION_WEIGHT * SYNC_CORRELATION + len(jobs) * shared[2, 3] / (sd[2] * sd[3])) / (CORRELATION_WEIGHT + len(jobs))
-        shared[2, 3] = shared[3, 2] = rho * sd[2] * sd[3]
+        scale = np.outer(sd[_SYNC], sd[_SYNC])
+        learned = shared[np.ix_(_SYNC, _SYNC)] / scale
+        correlation = (CORRELATION_WEIGHT * _SYNC_TARGET + len(jobs) * learned) / (CORRELATION_WEIGHT + len(jobs))
+        shared[np.ix_(_SYNC, _SYNC)] = correlation * scale
         # what is particular to a job on a type, per type (one type's data may say less about a job in
         # general than another's), shrunk toward the pooled value by TYPE_SHRINKAGE pseudo-cells
         pooled = (PRIOR_WEIGHT * e0 + sum_ee.sum(0)) / (PRIOR_WEIGHT + len(cells))

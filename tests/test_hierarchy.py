@@ -9,7 +9,8 @@ from goodput import JobModel, ValidationError
 from goodput.errors import DataFormatError
 from goodput.hierarchy import ClusterPrior, default_means, default_prior, summarize_cell
 from goodput.parametric import K, reference_bsz
-from tests.hierarchy_jobs import JOB_STD, REF_BSZ, TYPE_MEANS, TYPES, cluster, draw_job, observe
+from tests.hierarchy_jobs import (JOB_STD, JOB_TYPE_STD, MULTI_NODE, REF_BSZ, SINGLE, SINGLE_NODE, TYPE_MEANS, TYPES, cluster,
+                                  draw_job, job_effect_cov, observe)
 
 WELL_IDENTIFIED = [0, 2, 3]  # compute, α_r, α_n: every cluster job ran every regime at three batch sizes
 
@@ -46,6 +47,34 @@ def test_em_recovers_type_means_and_job_spread(prior):
     assert np.all(np.sqrt(fit.particular[:, WELL_IDENTIFIED]) < 0.6)  # types differ by their means, jobs by a shared effect
     correlation = fit.shared[2, 3] / np.sqrt(fit.shared[2, 2] * fit.shared[3, 3])
     assert correlation > 0.5
+
+
+def test_the_sync_coordinates_job_effects_are_learned_jointly():
+    """A is one block over the sync (constants, inter-node growth, overlap): a cluster whose latency-bound jobs
+    (small α_n) grow faster per replica (larger growth_n) teaches that correlation, shrunk toward none by
+    CORRELATION_WEIGHT pseudo-jobs; compute and sync stay uncoupled, and A positive definite."""
+    from goodput.hierarchy import BLOCKS, CORRELATION_WEIGHT
+
+    assert BLOCKS == ((0, 1), (2, 3, 5, 6))
+    rng = np.random.default_rng(11)
+    cov = job_effect_cov()
+    for constant in (2, 3):  # both constants, so the effects' covariance stays positive definite
+        cov[constant, 5] = cov[5, constant] = -0.6 * JOB_STD[constant] * JOB_STD[5]
+    num_jobs = 20
+    jobs = {}
+    for j in range(num_jobs):
+        shared = rng.multivariate_normal(np.zeros(K), cov)
+        for t in TYPES:
+            u = TYPE_MEANS[t] + shared + rng.normal(0.0, JOB_TYPE_STD)
+            jobs.setdefault(f"job{j}", []).extend(observe(f"job{j}", t, u, SINGLE + SINGLE_NODE + MULTI_NODE, rng))
+    shared = ClusterPrior.from_observations(jobs).fitted().shared
+    sd = np.sqrt(np.diag(shared))
+    learned = shared[3, 5] / (sd[3] * sd[5])
+    assert learned < -0.6 * num_jobs / (num_jobs + CORRELATION_WEIGHT) + 0.2  # about -0.4 if the EM saw -0.6
+    assert np.all(shared[:2, 2:] == 0.0) and np.all(np.linalg.eigvalsh(shared) > 0)
+    # the same cluster without the correlation learns about none
+    independent = ClusterPrior.from_observations(cluster(num_jobs, seed=11)).fitted().shared
+    assert abs(independent[3, 5] / np.sqrt(independent[3, 3] * independent[5, 5])) < 0.3
 
 
 def test_a_new_jobs_prior_couples_its_types_through_the_shared_effect(prior):
