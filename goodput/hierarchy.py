@@ -98,7 +98,9 @@ BLOCKS = ((0, 1), (2, 3, 5, 6))
 # (single-node steps trade it against the sync constant and the overlap), so the cluster's likelihood barely
 # tells a job effect (the EM settled at 0.4-0.55 in log) from a per-type one (0.1-0.2): with the job effect,
 # a job's single-node steps moved its growth along that ridge and its other types' with it (derived set P2
-# 12.0, P3 11.1; without, 10.4 and 9.9; Pollux's P3 7.8 -> 7.6; experiments/results/accuracy.md).
+# 12.0, P3 11.1; without, 10.4 and 9.9; Pollux's P3 7.8 -> 7.6; experiments/results/accuracy.md). A job effect
+# inside the sync's joint block (its default 1.0, the type's 0.5) does no better: derived P2 9.8 -> 10.8, P3
+# 8.8 -> 9.9, Pollux's P3 7.6 -> 8.0, Gavel's P2 16.7 -> 17.2.
 NO_JOB_EFFECT = tuple(c for c in range(7) if not any(c in block for block in BLOCKS))
 _BLOCK_MASK = np.zeros((7, 7), dtype=bool)
 for _block in BLOCKS:
