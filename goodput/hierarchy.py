@@ -105,9 +105,7 @@ NO_JOB_EFFECT = tuple(c for c in range(7) if not any(c in block for block in BLO
 _BLOCK_MASK = np.zeros((7, 7), dtype=bool)
 for _block in BLOCKS:
     _BLOCK_MASK[np.ix_(_block, _block)] = True
-_SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's block, and its correlations' target
-_SYNC_TARGET = np.eye(_SYNC.size)
-_SYNC_TARGET[np.ix_(_SYNC == 2, _SYNC == 3)] = _SYNC_TARGET[np.ix_(_SYNC == 3, _SYNC == 2)] = SYNC_CORRELATION
+_SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's block of A
 # Model size: a job's sync constants grow with its gradient bytes (slope 1 in log), its compute with its
 # FLOPs (about half that, across architectures); the slopes are learned from the cluster around these.
 SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
@@ -378,6 +376,8 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     center = float(np.mean(list(log_sizes.values()))) if len(log_sizes) >= 2 else None
     size_var = float(np.var(list(log_sizes.values()))) if center is not None else 0.0
     a0, e0 = default_shared_cov(), DEFAULT_TYPE_STD**2
+    sd0 = np.sqrt(np.diag(a0)[_SYNC])
+    target = a0[np.ix_(_SYNC, _SYNC)] / np.outer(sd0, sd0)  # the sync's correlations in A's weak default
     shared, particular = a0.copy(), np.tile(e0, (len(types), 1))
     dim_m = K * len(types)
     dim = dim_m + (K if center is not None else 0)
@@ -424,14 +424,14 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         held = np.array(NO_JOB_EFFECT, dtype=int)
         shared[held, held] = a0[held, held]  # the diagonal held at the default's (near zero): no job effect there
         # the correlations of the sync's job effects: a few jobs hardly estimate them, so the block's
-        # correlation matrix is shrunk by CORRELATION_WEIGHT pseudo-jobs toward independence, except the
-        # constants' toward SYNC_CORRELATION, which physics says is strong (the same gradient bytes cross
-        # both interconnects): separation strategy (Barnard, McCulloch & Meng, Statistica Sinica 10, 2000);
-        # a mean of two correlation matrices is one, so A stays positive definite
+        # correlation matrix is shrunk by CORRELATION_WEIGHT pseudo-jobs toward the weak default's:
+        # independence, except the constants' SYNC_CORRELATION, which physics says is strong (the same
+        # gradient bytes cross both interconnects): separation strategy (Barnard, McCulloch & Meng,
+        # Statistica Sinica 10, 2000); a mean of two correlation matrices is one, so A stays positive definite
         sd = np.sqrt(np.diag(shared))
         scale = np.outer(sd[_SYNC], sd[_SYNC])
         learned = shared[np.ix_(_SYNC, _SYNC)] / scale
-        correlation = (CORRELATION_WEIGHT * _SYNC_TARGET + len(jobs) * learned) / (CORRELATION_WEIGHT + len(jobs))
+        correlation = (CORRELATION_WEIGHT * target + len(jobs) * learned) / (CORRELATION_WEIGHT + len(jobs))
         shared[np.ix_(_SYNC, _SYNC)] = correlation * scale
         # what is particular to a job on a type, per type (one type's data may say less about a job in
         # general than another's), shrunk toward the pooled value by TYPE_SHRINKAGE pseudo-cells
