@@ -140,6 +140,28 @@ def test_an_outlying_job_does_not_stretch_the_others_prior(data):
     assert robust.shared[3, 3] < 4.0 * plain.shared[3, 3]  # a Gaussian fit would take ~16/11 ≈ 1.5 more variance than ~0.8
 
 
+def test_a_job_odd_in_its_compute_still_informs_the_sync(data):
+    """The Student-t scale is per block of A (SCALE_BLOCKS): a job whose compute is far from the others' (its
+    per-sample share 4 logits off: almost all of a step is per-step overhead, a host-bound job) gets a small
+    weight on compute only; its sync, typical, keeps about the weight the other jobs' sync has. (One weight
+    over all of a job's coordinates could not be both.)"""
+    from goodput.hierarchy import SCALE_BLOCK_NAMES, SCALE_BLOCKS
+
+    assert sorted(c for block in SCALE_BLOCKS for c in block) == list(range(K))
+    rng = np.random.default_rng(5)
+    odd = draw_job(rng)
+    for gpu in TYPES:
+        odd[gpu][1] -= 4.0
+    with_odd = {**data, "odd": [o for t in TYPES for o in observe("odd", t, odd[t], [(1, 1), (1, 2), (2, 8)], rng)]}
+    prior = ClusterPrior.from_observations(with_odd)
+    weights = prior.describe()["job_scale_weights"]
+    assert set(weights) == set(with_odd) and all(set(w) == set(SCALE_BLOCK_NAMES) for w in weights.values())
+    typical_compute = np.median([w["compute"] for job, w in weights.items() if job != "odd"])
+    typical_sync = np.median([w["sync"] for job, w in weights.items() if job != "odd"])
+    assert weights["odd"]["compute"] < 0.5 * typical_compute
+    assert weights["odd"]["sync"] > 0.8 * typical_sync
+
+
 def test_save_load_and_exclude(prior, tmp_path):
     path = prior.save(tmp_path / "prior.json")
     loaded = ClusterPrior.load(path)
