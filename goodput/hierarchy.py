@@ -68,7 +68,7 @@ from .threads import single_threaded
 from .validation import check_float, check_sizes, normalize_gpu_type
 
 __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
-           "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS"]
+           "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS", "SCALE_BLOCK_NAMES"]
 
 # Weak defaults, std of each coordinate of COORDS: the part a job shares across its types, and the part
 # particular to one type. Compute's level is always observed (1-GPU steps); its split between per-sample
