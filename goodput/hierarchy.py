@@ -126,13 +126,13 @@ EM_ITERATIONS = 60
 # far from the others (Pollux's host-bound ncf) is down-weighted in the cluster's estimates and widens only
 # its own prior, so the typical job's is not stretched to cover it.
 EFFECT_DOF = 4.0
-# The groups of coordinates that share one Student-t scale: A's blocks (the intra-node growth, which has no
-# job effect, joins the sync). Under A a job's compute and sync are independent, so a job odd in one (Pollux's
+# The groups of coordinates that share one Student-t scale, read off BLOCKS: A's blocks (the intra-node growth,
+# which has no job effect, joins the sync). Under A a job's compute and sync are independent, so a job odd in one (Pollux's
 # host-bound ncf, in compute) is down-weighted in that one only and its sync still informs the cluster's; one
 # scale over all 7(n+1) coordinates of a job's effects could not tell them apart. Derived set P2 9.8 -> 9.7,
 # derived2 P2 11.6 -> 11.3, Gavel P1 14.5 -> 14.1 and P5 11.4 -> 10.9, Gavel P2 16.7 -> 16.9
 # (experiments/results/accuracy.md).
-SCALE_BLOCKS = ((0, 1), (2, 3, 4, 5, 6))
+SCALE_BLOCKS = tuple(tuple(sorted(block + (NO_JOB_EFFECT if 2 in block else ()))) for block in BLOCKS)  # ((0, 1), (2, 3, 4, 5, 6))
 SCALE_BLOCK_NAMES = ("compute", "sync")
 # Pseudo-cells of the pooled E in each type's E: half a cell, a weak default like PRIOR_WEIGHT's. How far a
 # job strays on one type from its others is the type's (its topology, its interconnect): on Gavel the spread
