@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if reporter.active:
         print(f"{args.job}: {reporter.sent} observations sent, {left} kept in {reporter.buffer_path} for later")
     if distributed:
+        # together: a rank that tears gloo down while rank 0 still sends its last report can abort
+        # ("terminate called without an active exception", SIGABRT)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 
