@@ -177,11 +177,14 @@ class MapFit:
         u: (T, 7) coordinates per type, in the order of the prior's types.
         rms: RMS of the log residuals of step time at ``u`` (0 without observations).
         n: observations used.
+        objective: the minimised ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` at ``u`` (twice the negative
+            log posterior, up to a constant).
     """
 
     u: np.ndarray
     rms: float
     n: int
+    objective: float = math.nan
 
 
 def fit_map(
@@ -190,6 +193,7 @@ def fit_map(
     prior_chol: np.ndarray,
     noise_std: float,
     initial: np.ndarray | None = None,
+    starts: Sequence[np.ndarray] = (),
 ) -> MapFit:
     """Maximum a posteriori ``u`` of a job on T types under the Gaussian prior N(prior_mean, L Lᵀ).
 
@@ -199,6 +203,9 @@ def fit_map(
         prior_chol: (7T, 7T) lower Cholesky factor L of the prior covariance (type-major order).
         noise_std: std of a log step time around the model (the likelihood's scale).
         initial: (T, 7) starting point (default: the prior mean).
+        starts: further (T, 7) starting points; the optimum with the lowest objective wins. Pollux's soft
+            maximum makes the posterior multimodal: one step that includes synchronisation is explained by
+            a larger compute or a larger sync, and a local search settles in the basin nearest its start.
 
     Minimises ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
     :func:`scipy.optimize.leastsq`), the prior as pseudo-observations.
@@ -227,18 +234,24 @@ def fit_map(
             row += len(y)
         return jac
 
-    start = (mean if initial is None else np.asarray(initial, dtype=float)).ravel()
-    best = start
-    if n_rows:
+    def objective(flat: np.ndarray) -> float:
+        value = float(np.sum(residuals(flat) ** 2))
+        return value if math.isfinite(value) else math.inf
+
+    first = (mean if initial is None else np.asarray(initial, dtype=float)).ravel()
+    best, best_value = first, objective(first)
+    found_any = False
+    for start in [first, *(np.asarray(s, dtype=float).ravel() for s in starts)] if n_rows else []:
         # MINPACK's lmder with least_squares(method="lm")'s settings, through leastsq: the same iterates without
         # least_squares' wrappers (a third of a small fit's time)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # "reached maxfev" and the like: the point is checked below
             found, _ = scipy.optimize.leastsq(residuals, start, Dfun=jacobian, ftol=1e-8, xtol=1e-8, gtol=1e-8,
                                               maxfev=200 * (dim + 1), factor=100.0)
-        if np.all(np.isfinite(found)) and np.isfinite(residuals(found)).all():
-            best = found
+        value = objective(found) if np.all(np.isfinite(found)) else math.inf
+        if math.isfinite(value) and (not found_any or value < best_value):
+            best, best_value, found_any = found, value, True
     u = best.reshape(num_types, K)
     res = [log_step_time(u[k], rows, jacobian=False)[0] - y for k, rows, y in steps]
     r = np.concatenate(res) if res else np.zeros(0)
-    return MapFit(u, float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size))
+    return MapFit(u, float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value)

@@ -50,7 +50,7 @@ from scipy.special import ndtri
 from .gp import GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
 from .hierarchy import step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u, u_from_theta
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -253,17 +253,71 @@ def prior_cholesky(cov: np.ndarray) -> np.ndarray:
         return np.linalg.cholesky((vectors * np.maximum(values, floor)) @ vectors.T + 1e-10 * eye)
 
 
+def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: float) -> dict[int, np.ndarray]:
+    """The previous MAP's coordinates of the types it had, by index in ``types``, rewritten for the new
+    reference batch (the same θ)."""
+    if previous is None:
+        return {}
+    return {k: u_from_theta(theta_from_u(previous.u_hat[previous.types.index(gpu)], previous.ref_bsz), ref_bsz)
+            for k, gpu in enumerate(types) if gpu in previous.types}
+
+
+def _pinned_rows(steps: Sequence[tuple[int, Rows, np.ndarray]], pinned: Sequence[int], mean: np.ndarray, cov: np.ndarray,
+                 noise: float) -> dict[int, np.ndarray]:
+    """The MAP of the types whose compute 1-replica steps pin (``pinned``), under their marginal prior, by index."""
+    index = np.concatenate([np.arange(K * k, K * (k + 1)) for k in pinned])
+    position = {k: i for i, k in enumerate(pinned)}
+    sub = [(position[k], rows, y) for k, rows, y in steps if k in position]
+    fit = fit_map(sub, mean[list(pinned)], prior_cholesky(cov[np.ix_(index, index)]), noise)
+    return {k: fit.u[i] for i, k in enumerate(pinned)}
+
+
+def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: np.ndarray) -> np.ndarray | None:
+    """``known`` rows as given, the other types at their prior mean given them (the Gaussian conditional).
+
+    A type whose steps all include synchronisation is explained by its compute or by its sync (Pollux's soft
+    maximum makes two basins). Started at the weak default mean, where the sync is half the compute, the fit
+    grew the compute although the job's other types put its sync 100x higher: a 1-GPU step predicted 300x too
+    slow (found by ``tests/test_model.py``'s online property test). Started here, it begins where the job's
+    other types point.
+    """
+    start = np.array(mean, dtype=float)
+    for k, row in known.items():
+        start[k] = row
+    fresh = [k for k in range(start.shape[0]) if k not in known]
+    if known and fresh:
+        seen = np.concatenate([np.arange(K * k, K * (k + 1)) for k in known])
+        unseen = np.concatenate([np.arange(K * k, K * (k + 1)) for k in fresh])
+        gain = np.linalg.lstsq(cov[np.ix_(seen, seen)], cov[np.ix_(seen, unseen)], rcond=1e-12)[0].T
+        flat = start.ravel()
+        flat[unseen] = mean.ravel()[unseen] + gain @ (flat[seen] - mean.ravel()[seen])
+    return start if np.all(np.isfinite(start)) else None
+
+
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
-             residual_std: float, dof: float | None) -> tuple[MapFit, float, np.ndarray]:
+             residual_std: float, dof: float | None, cov: np.ndarray | None = None,
+             carried: Mapping[int, np.ndarray] | None = None) -> tuple[MapFit, float, np.ndarray]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
     scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise
-    and the prior's Cholesky factor used."""
+    and the prior's Cholesky factor used.
+
+    Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
+    previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
+    optimum with the lowest objective wins."""
     steps = []
     for k, gpu in enumerate(types):
         rows, y = step_rows(observations[gpu], ref_bsz, shapes.get(gpu))
         steps.append((k, rows, y))
-    fit = fit_map(steps, mean, chol, noise, initial)
+    starts = []
+    if initial is None and cov is not None:
+        known = dict(carried or {})
+        pinned = [k for k, gpu in enumerate(types) if any(o.num_replicas == 1 for o in observations[gpu])]
+        if not known and 0 < len(pinned) < len(types):
+            known = _pinned_rows(steps, pinned, mean, cov, noise)
+        start = _conditional_start(known, mean, cov) if known else None
+        starts = [start] if start is not None else []
+    fit = fit_map(steps, mean, chol, noise, initial, starts)
     noise = _shrunk(fit.rms, fit.n, residual_std)
     base = chol
     prior_prec = np.linalg.inv(base @ base.T)
@@ -312,7 +366,7 @@ def build_posterior(
     same = previous is not None and previous.types == types and previous.ref_bsz == ref_bsz
     fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes,
                                 previous.noise_std if same else residual_std, previous.u_hat if same else None,
-                                residual_std, prior_dof)
+                                residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
     start = (start or hyper_prior.initial(len(types))).for_types(types)
     state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof)

@@ -325,6 +325,38 @@ def test_a_type_seen_only_on_several_gpus_takes_its_compute_from_the_jobs_other_
     assert model.predict("new", 2, 4, 8).step_time == pytest.approx(0.3041, rel=0.05)
 
 
+@pytest.mark.parametrize("fitted_before", [False, True], ids=["cold", "online"])
+def test_a_new_types_sync_dominated_step_is_read_as_sync_where_the_jobs_other_type_puts_it(fitted_before):
+    """Pollux's soft maximum makes the posterior bimodal when a type's only step includes synchronisation:
+    a larger compute or a larger sync explains it. Here the job's sync is 30x its compute on its other type
+    and the new type's one 2-GPU step is 3x that type's: the posterior's mode reads it as sync (the new
+    type's compute stays the job's). Started at the weak default mean (sync half the compute), the search
+    used to settle in the compute basin, a 1-GPU step 100x too slow (the online property test above found it;
+    its minimised case). The fit with the lower objective is the one kept, cold or online."""
+    from goodput.hierarchy import step_rows
+    from goodput.parametric import fit_map
+
+    ref = ThroughputParams(1e-4, 1e-8, 0.00316, 0.001, 0.00316, 0.001, 1.0)
+    truth = ThroughputParams(3.16e-5, 3.16e-9, 0.01, 0.00316, 0.01, 0.00316, 1.0)
+    warm = synthetic(ref, _CONFIGS, bszs=(8, 32, 128), accums=(0,), seed=0, job="fz", gpu="ref")
+    step = synthetic(truth, [(1, 2)], bszs=(8,), accums=(0,), seed=1, job="fz", gpu="new")
+    model = JobModel("fz", init_batch_size=8).observe(warm)
+    if fitted_before:
+        model.predict("ref", 1, 1, 8)
+    model.observe(step)
+    one_gpu = model.predict("new", 1, 1, 8).step_time
+    assert one_gpu == pytest.approx(model.predict("ref", 1, 1, 8).step_time, rel=0.5)  # truth: 0.32x; before: 96x
+    assert model.predict("new", 1, 2, 8).step_time == pytest.approx(step[0].step_time, rel=0.05)
+    # the basin kept has the lower objective than the one the default start reaches
+    state = model._current()
+    steps = [(k, *step_rows([o for o in model.observations if o.gpu_type == t], state.ref_bsz, None))
+             for k, t in enumerate(state.types)]
+    kept = fit_map(steps, state.prior_mean, state.prior_chol, state.noise_std, state.u_hat)
+    default = fit_map(steps, state.prior_mean, state.prior_chol, state.noise_std)
+    assert kept.objective < default.objective - 1.0
+    assert default.u[1, 0] - kept.u[1, 0] > math.log(10)  # the default start's basin: the compute 10x+ larger
+
+
 def test_an_indefinite_prior_covariance_is_repaired_not_fatal():
     """A cluster's estimate at a bound (a job-effect correlation of 1) can leave the prior covariance
     indefinite by rounding; the refit floors its eigenvalues instead of failing every prediction."""
