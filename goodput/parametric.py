@@ -234,12 +234,14 @@ def fit_map(
             row += len(y)
         return jac
 
-    def objective(flat: np.ndarray) -> float:
-        value = float(np.sum(residuals(flat) ** 2))
-        return value if math.isfinite(value) else math.inf
+    def evaluated(flat: np.ndarray) -> tuple[float, np.ndarray]:
+        """The objective at ``flat`` (inf where not finite) and its stacked residuals."""
+        stacked = residuals(flat)
+        value = float(np.sum(stacked**2))
+        return (value if math.isfinite(value) else math.inf), stacked
 
     first = (mean if initial is None else np.asarray(initial, dtype=float)).ravel()
-    best, best_value = first, objective(first)
+    best, (best_value, best_residuals) = first, evaluated(first)
     found_any = False
     for start in [first, *(np.asarray(s, dtype=float).ravel() for s in starts)] if n_rows else []:
         # MINPACK's lmder with least_squares(method="lm")'s settings, through leastsq: the same iterates without
@@ -248,10 +250,8 @@ def fit_map(
             warnings.simplefilter("ignore", RuntimeWarning)  # "reached maxfev" and the like: the point is checked below
             found, _ = scipy.optimize.leastsq(residuals, start, Dfun=jacobian, ftol=1e-8, xtol=1e-8, gtol=1e-8,
                                               maxfev=200 * (dim + 1), factor=100.0)
-        value = objective(found) if np.all(np.isfinite(found)) else math.inf
+        value, stacked = evaluated(found) if np.all(np.isfinite(found)) else (math.inf, None)
         if math.isfinite(value) and (not found_any or value < best_value):
-            best, best_value, found_any = found, value, True
-    u = best.reshape(num_types, K)
-    res = [log_step_time(u[k], rows, jacobian=False)[0] - y for k, rows, y in steps]
-    r = np.concatenate(res) if res else np.zeros(0)
-    return MapFit(u, float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value)
+            best, best_value, best_residuals, found_any = found, value, stacked, True
+    r = best_residuals[dim:] * sigma  # the log residuals of step time at the optimum
+    return MapFit(best.reshape(num_types, K), float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value)
