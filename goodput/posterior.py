@@ -8,7 +8,10 @@ with ``T`` Pollux's form in the coordinates of :mod:`goodput.parametric` and
 ``f`` a Gaussian process with a Hadamard multitask kernel over GPU types
 (:mod:`goodput.gp`) for what the form misses.
 
-A refit finds the maximum a posteriori ``û`` (:func:`goodput.parametric.fit_map`)
+A refit finds the maximum a posteriori ``û`` (:func:`goodput.parametric.fit_map`;
+Pollux's soft maximum can give two optima, compute or sync explaining a step that
+includes both, so a refit whose types changed also starts from the previous MAP
+and the new types' prior mean given it, and keeps the lower objective)
 and linearises ``T`` there (a Laplace approximation: MacKay, "Bayesian
 interpolation", *Neural Computation* 4, 1992): with ``J`` the Jacobian of
 ``log T`` at ``û`` and the prior N(m, C = L Lᵀ), the model becomes Gaussian,
