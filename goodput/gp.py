@@ -404,10 +404,23 @@ class OnlinePosterior:
         k = covariance(self.hyper, self.x, self.t, self.s, self.x, self.t, self.s)
         k[np.diag_indices_from(k)] += self.hyper.noise + d
         self.L, self.jitter = cholesky_with_jitter(k)
+        self._root_s: np.ndarray | None = None
+        self._weights_cov: np.ndarray | None = None
         self._refresh()
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def weights_cov(self) -> np.ndarray:
+        """Posterior covariance of the linear part's weights δ (P, P): ``I − Vᵀ V`` with ``V = L⁻¹ S``.
+
+        ``V`` is computed on first use and extended by :meth:`condition` (its new rows only).
+        """
+        if self._root_s is None:
+            self._root_s = scipy.linalg.solve_triangular(self.L, self.s, lower=True, check_finite=False)
+        if self._weights_cov is None:
+            self._weights_cov = np.eye(self.s.shape[1]) - self._root_s.T @ self._root_s
+        return self._weights_cov
 
     def _refresh(self) -> None:
         self.alpha = scipy.linalg.cho_solve((self.L, True), self.y, check_finite=False)
@@ -436,6 +449,10 @@ class OnlinePosterior:
         schur = 0.5 * (schur + schur.T)
         l22, extra_jitter = cholesky_with_jitter(schur)
         n = len(self.y)
+        if self._root_s is not None:  # V's new rows: L22⁻¹ (S_new − L21 V)
+            new_rows = scipy.linalg.solve_triangular(l22, s - l12.T @ self._root_s, lower=True, check_finite=False)
+            self._root_s = np.vstack([self._root_s, new_rows])
+        self._weights_cov = None
         big = np.zeros((n + m, n + m))
         big[:n, :n] = self.L
         big[n:, :n] = l12.T

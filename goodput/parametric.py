@@ -53,7 +53,8 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "fit_map", "MapFit"]
+__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "unscented_log_step_time",
+           "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess")
 K = len(COORDS)
@@ -133,13 +134,29 @@ def _theta_scalars(u: np.ndarray, ref_bsz: float) -> tuple[float, float, float, 
     return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * math.exp(u5), a_r, a_r * math.exp(u4), gamma, f
 
 
+def _theta_columns(u: np.ndarray, ref_bsz: float) -> tuple[np.ndarray, ...]:
+    """:func:`_theta_scalars` of each row of ``u`` (M, 7), as (M, 1) columns that broadcast against configurations."""
+    u = np.minimum(u, 700.0)
+    c, f = np.exp(u[:, 0:1]), 1.0 / (1.0 + np.exp(-np.maximum(u[:, 1:2], -700.0)))
+    a_r, a_n = np.exp(u[:, 2:3]), np.exp(u[:, 3:4])
+    gamma = np.minimum(1.0 + np.exp(u[:, 6:7]), _GAMMA_MAX)
+    return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * np.exp(u[:, 5:6]), a_r, a_r * np.exp(u[:, 4:5]), gamma, f
+
+
 def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """log T_iter of each configuration under ``u`` (7,) and ``∂ log T / ∂u`` (N, 7).
 
     T_iter = a·C + (C^γ + S^γ)^{1/γ} with C = α_c + β_c·b, S the sync time of
     Pollux's form (× the sync shape on several nodes), a the accumulation steps.
+    Without the Jacobian, ``u`` may be (M, 7): log T_iter of each row of ``u`` at each configuration (M, N).
     """
-    a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_scalars(np.asarray(u, dtype=float), rows.ref_bsz)
+    u = np.asarray(u, dtype=float)
+    if u.ndim == 2:
+        if jacobian:
+            raise ValueError("the Jacobian is for one u (7,)")
+        a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_columns(u, rows.ref_bsz)
+    else:
+        a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_scalars(u, rows.ref_bsz)
     extra, inter = rows.extra, rows.inter
     factor = 1.0 if rows.factor is None else rows.factor
     compute = a_c + b_c * rows.bsz
@@ -167,6 +184,29 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
         jac[:, 6] = (d_g * (g - 1.0) / step) * (rows.multi if g < _GAMMA_MAX else 0.0)
     jac[~np.isfinite(jac)] = 0.0
     return log_step, jac
+
+
+UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(7 + κ) std, the centre weighted κ / (7 + κ)
+
+
+def unscented_log_step_time(mean: np.ndarray, cov: np.ndarray, rows: Rows, kappa: float = UNSCENTED_KAPPA) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of log T_iter over ``u ~ N(mean, cov)`` by the unscented transform (N,) each.
+
+    2·7 + 1 sigma points, ``mean ± √(7 + κ)`` times the columns of a square root of ``cov``
+    (Julier & Uhlmann, "Unscented filtering and nonlinear estimation", *Proc. IEEE* 92(3), 2004).
+    Where Pollux's form bends within the posterior's spread (a per-sample share near 0 or 1, a
+    soft maximum switching between compute and sync), the linearisation's ``J cov Jᵀ`` misses
+    the spread: a saturated share has no slope, so its uncertainty gave the small batches none.
+    """
+    values, vectors = np.linalg.eigh(0.5 * (cov + cov.T))
+    root = vectors * np.sqrt(np.maximum(values, 0.0)) * math.sqrt(K + kappa)
+    points = np.concatenate([mean[None, :], mean + root.T, mean - root.T])
+    weights = np.full(2 * K + 1, 0.5 / (K + kappa))
+    weights[0] = kappa / (K + kappa)
+    with np.errstate(all="ignore"):
+        logs = log_step_time(points, rows, jacobian=False)[0]
+        centre = weights @ logs
+        return centre, weights @ (logs - centre) ** 2
 
 
 @dataclass(frozen=True)

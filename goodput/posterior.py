@@ -25,7 +25,12 @@ conditions this one GP, so each type's parameters and residual learn from all
 of them; :meth:`JobPosterior.condition` adds observations online (a block
 Cholesky update, no refit), and a refit moves the linearisation point to the
 new MAP. Predictions of log step time are normal: mean
-``log T(û, x) + J(x)(m − û) + E[J L z + f]`` and the GP's variance plus ``σ²``;
+``log T(û, x) + J(x)(m − û) + E[J L z + f]`` and the GP's variance plus ``σ²``,
+with the parametric part's share of it taken by the unscented transform of ``log T``
+over the coordinates' posterior instead of the linearisation's ``J Cov Jᵀ``
+(:func:`goodput.parametric.unscented_log_step_time`: Pollux's form bends within the
+spread; the 90% intervals' P4 coverage moved toward 90 on Pollux's traces, Gavel and the
+derived sets, experiments/results/accuracy.md);
 the noise's Student-t tails, learned from the cluster (:mod:`goodput.tails`),
 widen the intervals of :class:`goodput.model.Prediction` beyond the normal's.
 
@@ -53,7 +58,7 @@ from scipy.special import ndtri
 from .gp import GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
 from .hierarchy import step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u, u_from_theta
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u, u_from_theta, unscented_log_step_time
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -166,10 +171,30 @@ class JobPosterior:
         try:
             with np.errstate(all="ignore"):
                 mu, var = self.posterior.predict(d.x, d.t, d.s, noise=True)
+                var = np.maximum(var + self._unscented_correction(gpu, d, nodes, replicas, bsz, accum),
+                                 self.posterior.hyper.noise)
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return d.log_map, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
         return np.where(ok, d.log_mean + mu, d.log_map), np.where(ok, np.sqrt(np.maximum(var, 0.0)), fallback)
+
+    def _unscented_correction(self, gpu: str, d: Design, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray,
+                              accum: np.ndarray) -> np.ndarray:
+        """The parametric part's variance by the unscented transform minus the linearised one the GP holds (N,).
+
+        Over the posterior of the type's coordinates, ``u ~ N(m + L E[δ], L Cov[δ] Lᵀ)``
+        (:func:`goodput.parametric.unscented_log_step_time`); the GP's cross terms with the
+        residual stay as they are (:meth:`predict` floors the total at the noise's variance).
+        """
+        assert self.posterior is not None
+        k = self.index[gpu]
+        rows = self._rows(gpu, nodes, replicas, bsz, accum)
+        weights_cov = self.posterior.weights_cov()
+        cov_u = self._chol_rows[k] @ weights_cov @ self._chol_rows[k].T
+        mean_u = self.prior_mean[k] + self._chol_rows[k] @ self.posterior.weights
+        _, var_ut = unscented_log_step_time(mean_u, cov_u, rows)
+        var_lin = np.einsum("ij,jk,ik->i", d.s, weights_cov, d.s)
+        return np.where(np.isfinite(var_ut), var_ut - var_lin, 0.0)
 
     def noise_tails(self) -> tuple[float, float]:
         """Scale (std of log step time) and degrees of freedom of the measurement noise's Student-t, the part

@@ -64,6 +64,23 @@ def test_online_update_equals_batch_conditioning():
     np.testing.assert_allclose(v_online, v_ref, atol=1e-8)
 
 
+def test_the_linear_weights_posterior_covariance_is_extended_online_and_equals_the_batch_one():
+    """``OnlinePosterior.weights_cov()``: ``I − Sᵀ K⁻¹ S`` (K with the noise), its square root's rows appended by
+    :meth:`condition` rather than recomputed; the unscented transform of the parametric part reads it."""
+    x, t, s, y = _data(40)
+    hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 4.0, 2.5, 2.0, 3.0), task_factor=(0.1, 0.12, 0.08),
+                              task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
+    online = OnlinePosterior(hyper, x[:15], t[:15], s[:15], y[:15])
+    before = online.weights_cov().copy()
+    for start in range(15, 40, 9):
+        online.condition(x[start:start + 9], t[start:start + 9], s[start:start + 9], y[start:start + 9])
+    k = covariance(hyper, x, t, s, x, t, s) + hyper.noise * np.eye(40)
+    brute = np.eye(s.shape[1]) - s.T @ np.linalg.solve(k, s)
+    np.testing.assert_allclose(online.weights_cov(), brute, atol=1e-9)
+    np.testing.assert_allclose(OnlinePosterior(hyper, x, t, s, y).weights_cov(), brute, atol=1e-9)
+    assert np.trace(online.weights_cov()) < np.trace(before)  # more data: the weights are better known
+
+
 def test_hyperparameter_fit_improves_the_marginal_likelihood():
     from goodput.gp import log_marginal_likelihood
 

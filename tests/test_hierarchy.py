@@ -211,6 +211,33 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
 
 
+def test_the_unscented_transform_agrees_with_the_linearisation_where_the_form_is_straight_and_not_where_it_bends():
+    """:func:`goodput.parametric.unscented_log_step_time`: with a small spread it is the linearisation
+    (``J cov Jᵀ``); with the per-sample share saturated (logit 6: no per-step overhead) and a spread of 1 in that
+    logit, the linearisation sees almost no slope and gives the small batches little variance; the unscented
+    transform sees the share's range."""
+    from goodput.parametric import Rows, log_step_time, unscented_log_step_time
+
+    rows = Rows(np.array([1.0, 1.0, 2.0, 1.0]), np.array([1.0, 4.0, 8.0, 1.0]), np.array([2.0, 32.0, 64.0, 256.0]),
+                np.zeros(4), 64.0)
+    u = np.array([-1.0, 0.3, -2.5, -1.5, -2.0, -2.0, 0.5])
+    rng = np.random.default_rng(0)
+    root = rng.normal(size=(K, K))
+    small = 1e-6 * (root @ root.T + np.eye(K))
+    _, jac = log_step_time(u, rows)
+    mean, var = unscented_log_step_time(u, small, rows)
+    np.testing.assert_allclose(var, np.einsum("ij,jk,ik->i", jac, small, jac), rtol=1e-3)
+    np.testing.assert_allclose(mean, log_step_time(u, rows, jacobian=False)[0], atol=1e-5)
+    saturated = u.copy()
+    saturated[1] = 6.0
+    spread = np.diag([1e-4, 1.0, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4])
+    _, jac = log_step_time(saturated, rows)
+    linear = np.einsum("ij,jk,ik->i", jac, spread, jac)
+    _, var = unscented_log_step_time(saturated, spread, rows)
+    assert var[0] > 5 * linear[0] and var[0] > 0.02  # 2 samples where the reference batch is 64: a std of 0.18, not 0.07
+    np.testing.assert_allclose(var[2], linear[2], rtol=0.05)  # 64 samples, the reference: the share does not matter
+
+
 def test_the_ems_arrow_solve_equals_the_dense_inverse():
     """The E-step's block elimination (only 7×7 inverses) against numpy's inverse of the whole precision matrix."""
     from goodput.hierarchy import _ArrowSolve
