@@ -53,7 +53,8 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "unscented_log_step_time",
+__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points", "unscented_moments",
+           "unscented_log_step_time",
            "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess")
@@ -189,24 +190,34 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
 UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(7 + κ) std, the centre weighted κ / (7 + κ)
 
 
-def unscented_log_step_time(mean: np.ndarray, cov: np.ndarray, rows: Rows, kappa: float = UNSCENTED_KAPPA) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of log T_iter over ``u ~ N(mean, cov)`` by the unscented transform (N,) each.
-
-    2·7 + 1 sigma points, ``mean ± √(7 + κ)`` times the columns of a square root of ``cov``
-    (Julier & Uhlmann, "Unscented filtering and nonlinear estimation", *Proc. IEEE* 92(3), 2004).
-    Where Pollux's form bends within the posterior's spread (a per-sample share near 0 or 1, a
-    soft maximum switching between compute and sync), the linearisation's ``J cov Jᵀ`` misses
-    the spread: a saturated share has no slope, so its uncertainty gave the small batches none.
-    """
+def sigma_points(mean: np.ndarray, cov: np.ndarray, kappa: float = UNSCENTED_KAPPA) -> tuple[np.ndarray, np.ndarray]:
+    """The unscented transform's 2·7 + 1 sigma points of ``N(mean, cov)`` (15, 7) and their weights (15,):
+    ``mean`` and ``mean ± √(7 + κ)`` times the columns of a square root of ``cov`` (Julier & Uhlmann,
+    "Unscented filtering and nonlinear estimation", *Proc. IEEE* 92(3), 2004)."""
     values, vectors = np.linalg.eigh(0.5 * (cov + cov.T))
     root = vectors * np.sqrt(np.maximum(values, 0.0)) * math.sqrt(K + kappa)
     points = np.concatenate([mean[None, :], mean + root.T, mean - root.T])
     weights = np.full(2 * K + 1, 0.5 / (K + kappa))
     weights[0] = kappa / (K + kappa)
+    return points, weights
+
+
+def unscented_moments(points: np.ndarray, weights: np.ndarray, rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of log T_iter at each configuration (N,) over :func:`sigma_points`."""
     with np.errstate(all="ignore"):
         logs = log_step_time(points, rows, jacobian=False)[0]
         centre = weights @ logs
         return centre, weights @ (logs - centre) ** 2
+
+
+def unscented_log_step_time(mean: np.ndarray, cov: np.ndarray, rows: Rows, kappa: float = UNSCENTED_KAPPA) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of log T_iter over ``u ~ N(mean, cov)`` by the unscented transform (N,) each.
+
+    Where Pollux's form bends within the posterior's spread (a per-sample share near 0 or 1, a
+    soft maximum switching between compute and sync), the linearisation's ``J cov Jᵀ`` misses
+    the spread: a saturated share has no slope, so its uncertainty gave the small batches none.
+    """
+    return unscented_moments(*sigma_points(mean, cov, kappa), rows)
 
 
 @dataclass(frozen=True)

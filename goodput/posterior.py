@@ -58,7 +58,7 @@ from scipy.special import ndtri
 from .gp import GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
 from .hierarchy import step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, theta_from_u, u_from_theta, unscented_log_step_time
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -114,6 +114,8 @@ class JobPosterior:
         self.index = {t: i for i, t in enumerate(self.types)}
         self._offset = self.prior_mean - self.u_hat  # the prior mean's offset from the linearisation point
         self._chol_rows = [self.prior_chol[K * i:K * (i + 1)] for i in range(len(self.types))]
+        self._sigma_of: np.ndarray | None = None  # the weights' covariance the cached sigma points are of
+        self._sigma: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per type: sigma points of u, their weights
 
     def theta(self, gpu: str) -> np.ndarray:
         """Pollux's θ (PARAM_NAMES order) at the MAP on ``gpu``."""
@@ -188,12 +190,14 @@ class JobPosterior:
         """
         assert self.posterior is not None
         k = self.index[gpu]
-        rows = self._rows(gpu, nodes, replicas, bsz, accum)
         weights_cov = self.posterior.weights_cov()
-        cov_u = self._chol_rows[k] @ weights_cov @ self._chol_rows[k].T
-        mean_u = self.prior_mean[k] + self._chol_rows[k] @ self.posterior.weights
-        _, var_ut = unscented_log_step_time(mean_u, cov_u, rows)
-        var_lin = np.einsum("ij,jk,ik->i", d.s, weights_cov, d.s)
+        if self._sigma_of is not weights_cov:  # the posterior moved (a refit's first question, an observation)
+            self._sigma_of, self._sigma = weights_cov, {}
+        if k not in self._sigma:
+            cov_u = self._chol_rows[k] @ weights_cov @ self._chol_rows[k].T
+            self._sigma[k] = sigma_points(self.prior_mean[k] + self._chol_rows[k] @ self.posterior.weights, cov_u)
+        _, var_ut = unscented_moments(*self._sigma[k], self._rows(gpu, nodes, replicas, bsz, accum))
+        var_lin = np.einsum("ij,ij->i", d.s @ weights_cov, d.s)
         return np.where(np.isfinite(var_ut), var_ut - var_lin, 0.0)
 
     def noise_tails(self) -> tuple[float, float]:
