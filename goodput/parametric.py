@@ -53,9 +53,8 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points", "unscented_moments",
-           "unscented_log_step_time",
-           "fit_map", "MapFit"]
+__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
+           "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess")
 K = len(COORDS)

@@ -309,9 +309,9 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
 
     A type whose steps all include synchronisation is explained by its compute or by its sync (Pollux's soft
     maximum makes two basins). Started at the weak default mean, where the sync is half the compute, the fit
-    grew the compute although the job's other types put its sync 100x higher: a 1-GPU step predicted 300x too
-    slow (found by ``tests/test_model.py``'s online property test). Started here, it begins where the job's
-    other types point.
+    grew the compute although the job's other type put its sync at 30x its compute: a 1-GPU step predicted
+    100-300x too slow (found by ``tests/test_model.py``'s online property test). Started here, it begins where
+    the job's other types point.
     """
     start = np.array(mean, dtype=float)
     for k, row in known.items():
