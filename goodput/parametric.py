@@ -134,15 +134,6 @@ def _theta_scalars(u: np.ndarray, ref_bsz: float) -> tuple[float, float, float, 
     return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * math.exp(u5), a_r, a_r * math.exp(u4), gamma, f
 
 
-def _theta_columns(u: np.ndarray, ref_bsz: float) -> tuple[np.ndarray, ...]:
-    """:func:`_theta_scalars` of each row of ``u`` (M, 7), as (M, 1) columns that broadcast against configurations."""
-    u = np.minimum(u, 700.0)
-    c, f = np.exp(u[:, 0:1]), 1.0 / (1.0 + np.exp(-np.maximum(u[:, 1:2], -700.0)))
-    a_r, a_n = np.exp(u[:, 2:3]), np.exp(u[:, 3:4])
-    gamma = np.minimum(1.0 + np.exp(u[:, 6:7]), _GAMMA_MAX)
-    return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * np.exp(u[:, 5:6]), a_r, a_r * np.exp(u[:, 4:5]), gamma, f
-
-
 def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """log T_iter of each configuration under ``u`` (7,) and ``∂ log T / ∂u`` (N, 7).
 
@@ -154,7 +145,8 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
     if u.ndim == 2:
         if jacobian:
             raise ValueError("the Jacobian is for one u (7,)")
-        a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_columns(u, rows.ref_bsz)
+        # θ of each row as (M, 1) columns that broadcast against the configurations (no split f: no Jacobian)
+        a_c, b_c, a_n, b_n, a_r, b_r, g = theta_from_u(np.minimum(u, 700.0), rows.ref_bsz).T[:, :, None]
     else:
         a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_scalars(u, rows.ref_bsz)
     extra, inter = rows.extra, rows.inter

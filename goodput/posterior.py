@@ -128,10 +128,13 @@ class JobPosterior:
 
     def design(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Design:
         """GP inputs of configurations (flat float arrays) on ``gpu``."""
+        return self._design(gpu, self._rows(gpu, nodes, replicas, bsz, accum))
+
+    def _design(self, gpu: str, rows: Rows) -> Design:
         k = self.index[gpu]
-        log_t, jac = log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum))
-        return Design(config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k), jac @ self._chol_rows[k],
-                      log_t + jac @ self._offset[k], log_t)
+        log_t, jac = log_step_time(self.u_hat[k], rows)
+        return Design(config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum), np.full(rows.nodes.size, k),
+                      jac @ self._chol_rows[k], log_t + jac @ self._offset[k], log_t)
 
     def rows_of(self, observations: Sequence[Observation]) -> tuple[Design, np.ndarray]:
         """Design and targets (residuals of log step time around the GP's prior mean) of observations, in their order."""
@@ -166,22 +169,21 @@ class JobPosterior:
     def predict(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray,
                 accum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and std of log step time of a new measurement (noise included)."""
-        d = self.design(gpu, nodes, replicas, bsz, accum)
+        rows = self._rows(gpu, nodes, replicas, bsz, accum)
+        d = self._design(gpu, rows)
         fallback = np.full(d.log_mean.shape, self.fallback_log_std)  # around the MAP's prediction
         if self.posterior is None:
             return d.log_map, fallback
         try:
             with np.errstate(all="ignore"):
                 mu, var = self.posterior.predict(d.x, d.t, d.s, noise=True)
-                var = np.maximum(var + self._unscented_correction(gpu, d, nodes, replicas, bsz, accum),
-                                 self.posterior.hyper.noise)
+                var = np.maximum(var + self._unscented_correction(gpu, d, rows), self.posterior.hyper.noise)
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
             return d.log_map, fallback
         ok = np.isfinite(mu) & np.isfinite(var)
         return np.where(ok, d.log_mean + mu, d.log_map), np.where(ok, np.sqrt(np.maximum(var, 0.0)), fallback)
 
-    def _unscented_correction(self, gpu: str, d: Design, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray,
-                              accum: np.ndarray) -> np.ndarray:
+    def _unscented_correction(self, gpu: str, d: Design, rows: Rows) -> np.ndarray:
         """The parametric part's variance by the unscented transform minus the linearised one the GP holds (N,).
 
         Over the posterior of the type's coordinates, ``u ~ N(m + L E[δ], L Cov[δ] Lᵀ)``
@@ -196,7 +198,7 @@ class JobPosterior:
         if k not in self._sigma:
             cov_u = self._chol_rows[k] @ weights_cov @ self._chol_rows[k].T
             self._sigma[k] = sigma_points(self.prior_mean[k] + self._chol_rows[k] @ self.posterior.weights, cov_u)
-        _, var_ut = unscented_moments(*self._sigma[k], self._rows(gpu, nodes, replicas, bsz, accum))
+        _, var_ut = unscented_moments(*self._sigma[k], rows)
         var_lin = np.einsum("ij,ij->i", d.s @ weights_cov, d.s)
         return np.where(np.isfinite(var_ut), var_ut - var_lin, 0.0)
 
@@ -228,6 +230,9 @@ class JobPosterior:
         if self.posterior is None:
             raise GPNumericalError("no posterior to update")
         design, y = self.rows_of(observations)
+        # the surprise reads the GP's own (linearised) variance, on every observation's path: read with the
+        # unscented one (a probe on four folders), P4's median APE moved by at most 0.2 and its coverage by 1.0,
+        # either way
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
         z = self.normal_z(y - mu, var)
         self.posterior.condition(design.x, design.t, design.s, y)
