@@ -60,7 +60,8 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -98,6 +99,9 @@ LENGTHSCALE_BOUNDS = (0.05, 50.0)  # the Matérn length scales' interval (gpytor
 DEFAULT_TASK_CORRELATION = 0.9
 CORRELATION_LOGIT_STD = 1.0
 CORRELATION_RANGE = (0.02, 0.98)
+# Query sets whose kernel against the training points predict_mean keeps (cache_key): a goodput table asks for the
+# same candidates on each type after every observation, so only the new training points' rows are computed
+QUERY_CACHE_ENTRIES = 8
 
 
 def _kern(d2: np.ndarray) -> np.ndarray:
@@ -406,6 +410,7 @@ class OnlinePosterior:
         self.L, self.jitter = cholesky_with_jitter(k)
         self._root_s: np.ndarray | None = None
         self._weights_cov: np.ndarray | None = None
+        self._query_kernels: OrderedDict[Hashable, np.ndarray] = OrderedDict()  # cache_key -> k_M(X, x) (n', m), n' <= n
         self._refresh()
 
     def __len__(self) -> int:
@@ -477,14 +482,32 @@ class OnlinePosterior:
             k += self.s @ s.T
         return k
 
-    def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray | None = None) -> np.ndarray:
+    def _query_kernel(self, x: np.ndarray, cache_key: Hashable | None) -> np.ndarray:
+        """The Matérn part of k(X_train, x), (n, m). With ``cache_key``, kept for the next call with that key
+        (the same ``x``: the caller's promise) and extended by the rows of the points conditioned on since:
+        the hyperparameters are fixed, and :meth:`condition` only appends training points."""
+        if cache_key is None:
+            return _kern(_sq_dist(self._scaled_x, self._scaled_sq, x / np.asarray(self.hyper.lengthscale, dtype=float)))
+        kernel = self._query_kernels.pop(cache_key, None)
+        done = 0 if kernel is None else kernel.shape[0]
+        if done < len(self.y):
+            rows = _kern(_sq_dist(self._scaled_x[done:], self._scaled_sq[done:], x / np.asarray(self.hyper.lengthscale, dtype=float)))
+            kernel = rows if kernel is None else np.vstack([kernel, rows])
+        self._query_kernels[cache_key] = kernel  # the most recently used last
+        while len(self._query_kernels) > QUERY_CACHE_ENTRIES:
+            self._query_kernels.popitem(last=False)
+        return kernel
+
+    def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray | None = None, *,
+                     cache_key: Hashable | None = None) -> np.ndarray:
         """Posterior mean of the residual at query points (the hot path: no variance).
 
         ``s=None`` leaves out the linear part (a caller that adds ``s @ weights`` itself, cheaper).
+        ``cache_key`` (hashable) names the query set ``x`` for the next calls: its kernel against the
+        training points is kept (the :data:`QUERY_CACHE_ENTRIES` most recent sets), and each later call
+        computes only the rows of the points conditioned on since (O(m) per new point, not O(n m)).
         """
-        ls = np.asarray(self.hyper.lengthscale, dtype=float)
-        b = x / ls
-        k = _kern(_sq_dist(self._scaled_x, self._scaled_sq, b))
+        k = self._query_kernel(x, cache_key)
         # Σ_i k(x_i, x) B[t_i, t] α_i: the task covariance weighs α per query type, not the (n, m) kernel
         mean = np.empty(len(t))
         for task in np.unique(t):

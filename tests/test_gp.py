@@ -64,6 +64,30 @@ def test_online_update_equals_batch_conditioning():
     np.testing.assert_allclose(v_online, v_ref, atol=1e-8)
 
 
+def test_a_kept_query_kernel_is_extended_by_the_new_points_only_and_gives_the_batch_mean():
+    """``predict_mean(..., cache_key=)``: a goodput table's candidates are asked for after every observation; the
+    kept kernel grows by the conditioned points' rows and the mean equals the batch posterior's, and the
+    cache holds at most ``QUERY_CACHE_ENTRIES`` query sets."""
+    from goodput.gp import QUERY_CACHE_ENTRIES
+
+    x, t, s, y = _data(40)
+    hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 4.0, 2.5, 2.0, 3.0), task_factor=(0.1, 0.12, 0.08),
+                              task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
+    xq, _, _, _ = _data(25, seed=2)
+    tq = np.full(25, 1)
+    online = OnlinePosterior(hyper, x[:10], t[:10], s[:10], y[:10])
+    for end in (10, 11, 17, 40):
+        if end > len(online):
+            online.condition(x[len(online):end], t[len(online):end], s[len(online):end], y[len(online):end])
+        kept = online.predict_mean(xq, tq, cache_key="candidates")
+        assert online._query_kernels["candidates"].shape == (end, 25)
+        batch = OnlinePosterior(hyper, x[:end], t[:end], s[:end], y[:end])
+        np.testing.assert_allclose(kept, batch.predict_mean(xq, tq), atol=1e-10)
+    for i in range(QUERY_CACHE_ENTRIES + 3):  # the least recently used sets leave first
+        online.predict_mean(xq[i:], tq[i:], cache_key=i)
+    assert len(online._query_kernels) == QUERY_CACHE_ENTRIES and "candidates" not in online._query_kernels
+
+
 def test_the_linear_weights_posterior_covariance_is_extended_online_and_equals_the_batch_one():
     """``OnlinePosterior.weights_cov()``: ``I − Sᵀ K⁻¹ S`` (K with the noise), its square root's rows appended by
     :meth:`condition` rather than recomputed; the unscented transform of the parametric part reads it."""

@@ -174,6 +174,25 @@ def test_a_new_regime_is_conditioned_online_and_a_surprise_refits_the_parameters
     model.refit()  # an explicit refit always includes them
 
 
+def test_the_tables_kept_candidates_give_the_same_mean_as_a_fresh_prediction_after_each_observation():
+    """``JobPosterior.log_mean`` keeps what the MAP fixes of a query set and the GP's kernel against it
+    (a goodput table asks for the same candidates after every observation): after each online update its
+    mean equals :meth:`JobPosterior.predict`'s, which computes everything afresh."""
+    model = JobModel("j", init_batch_size=64, refit_every=100).observe(observations())
+    model.refit()
+    state = model._current()
+    nodes, replicas = np.array([1.0, 1.0, 2.0, 1.0]), np.array([1.0, 4.0, 8.0, 2.0])
+    bsz, accum = np.array([32.0, 64.0, 48.0, 16.0]), np.zeros(4)
+    stream = synthetic(T4, [(1, 2), (2, 4), (1, 4)], bszs=(24, 96), accums=(0,), job="j", gpu="t4", seed=9)
+    for obs in [None] + stream[:4]:
+        if obs is not None:
+            model.observe(obs)
+        assert model._current() is state  # conditioned online, not refitted
+        kept = state.log_mean("t4", nodes, replicas, bsz, accum)
+        np.testing.assert_allclose(kept, state.predict("t4", nodes, replicas, bsz, accum)[0], atol=1e-10)
+    assert len(state._queries) == 1
+
+
 def test_gp_hyperparameters_of_another_job_warm_start_the_first_fit():
     donor = JobModel("donor", init_batch_size=64).observe(observations(job="donor"))
     donor.predict("t4", 1, 1, 32)
