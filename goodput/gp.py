@@ -100,8 +100,11 @@ DEFAULT_TASK_CORRELATION = 0.9
 CORRELATION_LOGIT_STD = 1.0
 CORRELATION_RANGE = (0.02, 0.98)
 # Query sets whose kernel against the training points predict_mean keeps (cache_key): a goodput table asks for the
-# same candidates on each type after every observation, so only the new training points' rows are computed
+# same candidates on each type after every observation, so only the new training points' rows are computed. At
+# most QUERY_CACHE_ENTRIES sets and QUERY_CACHE_BYTES in all per posterior (a service holds one per job: 350
+# candidates against 200 points take 0.56 MB), the least recently used leaving first.
 QUERY_CACHE_ENTRIES = 8
+QUERY_CACHE_BYTES = 8 << 20
 
 
 def _kern(d2: np.ndarray) -> np.ndarray:
@@ -493,9 +496,12 @@ class OnlinePosterior:
         if done < len(self.y):
             rows = _kern(_sq_dist(self._scaled_x[done:], self._scaled_sq[done:], x / np.asarray(self.hyper.lengthscale, dtype=float)))
             kernel = rows if kernel is None else np.vstack([kernel, rows])
+        if kernel.nbytes > QUERY_CACHE_BYTES:  # alone above the budget: not kept, and takes no other's place
+            return kernel
         self._query_kernels[cache_key] = kernel  # the most recently used last
-        while len(self._query_kernels) > QUERY_CACHE_ENTRIES:
-            self._query_kernels.popitem(last=False)
+        kept = sum(k.nbytes for k in self._query_kernels.values())
+        while self._query_kernels and (len(self._query_kernels) > QUERY_CACHE_ENTRIES or kept > QUERY_CACHE_BYTES):
+            kept -= self._query_kernels.popitem(last=False)[1].nbytes
         return kernel
 
     def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray | None = None, *,
@@ -504,7 +510,7 @@ class OnlinePosterior:
 
         ``s=None`` leaves out the linear part (a caller that adds ``s @ weights`` itself, cheaper).
         ``cache_key`` (hashable) names the query set ``x`` for the next calls: its kernel against the
-        training points is kept (the :data:`QUERY_CACHE_ENTRIES` most recent sets), and each later call
+        training points is kept (the most recent sets: :data:`QUERY_CACHE_ENTRIES`, :data:`QUERY_CACHE_BYTES`), and each later call
         computes only the rows of the points conditioned on since (O(m) per new point, not O(n m)).
         """
         k = self._query_kernel(x, cache_key)

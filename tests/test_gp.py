@@ -68,7 +68,7 @@ def test_a_kept_query_kernel_is_extended_by_the_new_points_only_and_gives_the_ba
     """``predict_mean(..., cache_key=)``: a goodput table's candidates are asked for after every observation; the
     kept kernel grows by the conditioned points' rows and the mean equals the batch posterior's, and the
     cache holds at most ``QUERY_CACHE_ENTRIES`` query sets."""
-    from goodput.gp import QUERY_CACHE_ENTRIES
+    from goodput.gp import QUERY_CACHE_BYTES, QUERY_CACHE_ENTRIES
 
     x, t, s, y = _data(40)
     hyper = GPHyperparameters(lengthscale=(1.7, 3.0, 4.0, 2.5, 2.0, 3.0), task_factor=(0.1, 0.12, 0.08),
@@ -86,6 +86,11 @@ def test_a_kept_query_kernel_is_extended_by_the_new_points_only_and_gives_the_ba
     for i in range(QUERY_CACHE_ENTRIES + 3):  # the least recently used sets leave first
         online.predict_mean(xq[i:], tq[i:], cache_key=i)
     assert len(online._query_kernels) == QUERY_CACHE_ENTRIES and "candidates" not in online._query_kernels
+    # and at most QUERY_CACHE_BYTES in all: a set larger than that is not kept, and takes no other's place
+    big, _, _, _ = _data(QUERY_CACHE_BYTES // (8 * 40) + 1, seed=3)
+    expected = OnlinePosterior(hyper, x, t, s, y).predict_mean(big, np.ones(len(big), int))
+    np.testing.assert_allclose(online.predict_mean(big, np.ones(len(big), int), cache_key="big"), expected, atol=1e-10)
+    assert "big" not in online._query_kernels and len(online._query_kernels) == QUERY_CACHE_ENTRIES
 
 
 def test_the_linear_weights_posterior_covariance_is_extended_online_and_equals_the_batch_one():
