@@ -449,7 +449,7 @@ class OnlinePosterior:
         t = np.asarray(t, dtype=int).ravel()
         s = np.asarray(s, dtype=float).reshape(m, -1)
         d = np.zeros(m) if extra_noise is None else np.asarray(extra_noise, dtype=float).ravel()
-        k_old_new = covariance(self.hyper, self.x, self.t, self.s, x, t, s)
+        k_old_new = self._cross(x, t, s)
         k_new = covariance(self.hyper, x, t, s, x, t, s)
         k_new[np.diag_indices_from(k_new)] += self.hyper.noise + d + self.jitter
         l12 = scipy.linalg.solve_triangular(self.L, k_old_new, lower=True, check_finite=False)
@@ -477,9 +477,7 @@ class OnlinePosterior:
 
     def _cross(self, x: np.ndarray, t: np.ndarray, s: np.ndarray) -> np.ndarray:
         """k(X_train, x): (n, m)."""
-        ls = np.asarray(self.hyper.lengthscale, dtype=float)
-        b = x / ls
-        k = _kern(_sq_dist(self._scaled_x, self._scaled_sq, b))
+        k = self._query_kernel(x, None)  # a fresh array: scaled in place
         k *= self._task[np.ix_(self.t, t)]
         if self.s.shape[1]:
             k += self.s @ s.T

@@ -224,15 +224,21 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
     The likelihood's scale is the fit's own residual std (shrunk toward :data:`CELL_NOISE_PRIOR` by
     2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less.
     """
+    return _summarize(job, gpu_type, observations, ref_bsz, shape, size)[0]
+
+
+def _summarize(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
+               shape: SyncShape | None, size: float | None) -> tuple[CellSummary, Rows, np.ndarray]:
+    """:func:`summarize_cell`, with the cell's configurations and its log residuals of step time around ``u``."""
     mean, cov = default_prior([default_means(observations)])
     chol = np.linalg.cholesky(cov * 4.0)  # twice the default std: weak
     rows, y = step_rows(observations, ref_bsz, shape)
     fit = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR)
     sigma = _shrunk_noise(fit.rms, fit.n)
     fit = fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u)
-    jac = log_step_time(fit.u[0], rows)[1]
+    log_t, jac = log_step_time(fit.u[0], rows)
     info = jac.T @ jac / _shrunk_noise(fit.rms, fit.n) ** 2
-    return CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size)
+    return CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size), rows, y - log_t
 
 
 def _shrunk_noise(rms: float, n: int) -> float:
@@ -498,13 +504,12 @@ class ClusterPrior:
             ref = reference_bsz(obs)
             features, values, types = [], [], []
             for k, (gpu, items) in enumerate(sorted(by_gpu_type(obs).items())):
-                cell = summarize_cell(job, gpu, items, ref, shapes.get(gpu), sizes.get(job))
+                cell, rows, residual = _summarize(job, gpu, items, ref, shapes.get(gpu), sizes.get(job))
                 cells.append(cell)
-                rows, y = step_rows(items, ref, shapes.get(gpu))
                 features.append(config_features(rows.nodes, rows.replicas, rows.bsz, rows.accum))
-                values.append(y - log_step_time(cell.u, rows, jacobian=False)[0])
-                cell_residuals.append(values[-1])
-                types.append(np.full(y.size, k))
+                values.append(residual)
+                cell_residuals.append(residual)
+                types.append(np.full(residual.size, k))
             residuals.append((np.concatenate(features), np.concatenate(values), np.concatenate(types)))  # one process per job
         hyper = fit_shared_hyperparameters(residuals) if gp_prior else None  # None: too few points, or the fit failed
         if hyper is not None:  # the noise's tails, from every cell's residuals around its own fit (goodput.tails)
