@@ -27,7 +27,12 @@ alike (on which every prediction should scale too: accuracy.md, round 13).
 A third factor sets the sync over several nodes apart from the sync within
 one: ``--type a100=0.3,0.25,0.8`` (NVLink within a node, the cluster's
 network between them), so the types' placement effects differ, as on real
-hardware (:data:`SPLIT_SYNC_TYPES`).
+hardware (:data:`SPLIT_SYNC_TYPES`). ``--interactions C,S,S_N`` gives each
+model its own factors on each type but the first, the type's times a
+log-normal of those standard deviations (seed ``--seed``): jobs that differ
+from type to type in more than the type's scale, as real jobs do (a model
+whose kernels suit one architecture; ``accuracy.md``), where the plain sets
+have none.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from experiments.datasets import default_data_dir, parse_placement, read_csv_rows
 from goodput.errors import DataFormatError, ValidationError
@@ -91,7 +98,8 @@ def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, 
     return "\n".join(lines) + "\n"
 
 
-def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, ...]] = DERIVED_TYPES) -> list[Path]:
+def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, ...]] = DERIVED_TYPES,
+           interactions: tuple[float, float, float] | None = None, seed: int = 0) -> list[Path]:
     """Write the derived folder; returns the files written.
 
     Args:
@@ -99,6 +107,10 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
         out_dir: where to write; refused inside this repository.
         types: per GPU type name, ``(compute factor, sync factor)`` or ``(compute, sync within a node,
             sync over several nodes)``, all > 0.
+        interactions: standard deviations (in log, each >= 0) of each model's own factor on its compute,
+            sync within a node and sync over several nodes, drawn per (model, type) for every type but the
+            first (the reference, left as measured) and multiplied into the type's factors; ``None``: none.
+        seed: the draws' seed (numpy's default generator; models in name order, types in ``types``'s order).
     """
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if not trace_dir.is_dir():
@@ -110,12 +122,18 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     for name, factors in types.items():
         if len(factors) not in (2, 3) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
             raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor[, inter-node sync factor]), all > 0")
+    if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and v >= 0 for v in interactions)):
+        raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, each >= 0")
     models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
     if not models:
         raise ValidationError("trace_dir", str(trace_dir), "no <model>/placements.csv below it")
+    rng = np.random.default_rng(seed)
     written = []
     for model in models:
-        for gpu, factors in types.items():
+        for k, (gpu, factors) in enumerate(types.items()):
+            if interactions is not None and k > 0:
+                full = (factors[0], factors[1], factors[-1])  # (compute, intra, inter)
+                factors = tuple(float(f * np.exp(rng.normal(0.0, sd))) for f, sd in zip(full, interactions))
             for name, schema in (("placements", _PLACEMENTS), ("scalability", _SCALABILITY)):
                 source = model / f"{name}.csv"
                 if source.is_file():
@@ -147,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split-sync", action="store_true",
                         help="the types of SPLIT_SYNC_TYPES, whose sync within a node and over several differ: "
                              f"{' '.join(f'{n}=' + ','.join(map(str, f)) for n, f in SPLIT_SYNC_TYPES.items())}")
+    parser.add_argument("--interactions", default=None, metavar="C,S,S_N",
+                        help="each model's own log-normal factors per type (all types but the first): standard deviations "
+                             "of its compute, sync within a node and sync over several nodes, e.g. 0.1,0.25,0.2")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --interactions' draws (default 0)")
     args = parser.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
     if data is None:
@@ -161,7 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             types = dict(parsed)
             if len(types) < len(parsed):
                 raise ValidationError("--type", args.type, "a type is named more than once")
-        written = derive(data / "pollux" / "traces", args.out, types)
+        interactions = None
+        if args.interactions is not None:
+            try:
+                interactions = tuple(float(v) for v in args.interactions.split(","))
+            except ValueError:
+                raise ValidationError("--interactions", args.interactions, "expected C,S,S_N, e.g. 0.1,0.25,0.2") from None
+        written = derive(data / "pollux" / "traces", args.out, types, interactions, args.seed)
     except ValidationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -95,3 +95,27 @@ def test_a_third_factor_sets_the_sync_over_several_nodes_apart(tmp_path, capsys)
     assert main([str(tmp_path / "split"), "--data", str(tmp_path / "data"), "--split-sync"]) == 0
     assert f"2 models × {len(SPLIT_SYNC_TYPES)} types" in capsys.readouterr().out
     assert main([str(tmp_path / "both"), "--data", str(tmp_path / "data"), "--split-sync", "--type", "t4=1,1"]) == 2
+
+
+def test_interactions_give_each_model_its_own_factors_on_each_type_but_the_first(tmp_path, capsys):
+    traces = _traces(tmp_path / "data" / "pollux" / "traces")
+    types = {"t4": (1.0, 1.0), "nv": (0.5, 0.25, 0.8)}
+    derive(traces, tmp_path / "plain", types)
+    derive(traces, tmp_path / "mixed", types, interactions=(0.1, 0.25, 0.2), seed=3)
+    derive(traces, tmp_path / "again", types, interactions=(0.1, 0.25, 0.2), seed=3)
+    plain, mixed, again = (read_measurements(tmp_path / name).models for name in ("plain", "mixed", "again"))
+
+    def steps(models, model, gpu):
+        return [o.step_time for o in sorted(models[model], key=lambda o: (o.num_nodes, o.num_replicas, o.local_bsz)) if o.gpu_type == gpu]
+
+    assert steps(mixed, "cifar10", "t4") == steps(plain, "cifar10", "t4")  # the reference type: as measured
+    assert steps(mixed, "cifar10", "nv") != pytest.approx(steps(plain, "cifar10", "nv"), rel=1e-3)
+    # each model draws its own factors: the two models' ratios to the plain set differ
+    ratio = {m: steps(mixed, m, "nv")[0] / steps(plain, m, "nv")[0] for m in ("cifar10", "ncf")}
+    assert ratio["cifar10"] != pytest.approx(ratio["ncf"], rel=1e-3)
+    assert steps(again, "ncf", "nv") == steps(mixed, "ncf", "nv")  # the seed reproduces the draws
+    with pytest.raises(ValidationError, match="interactions"):
+        derive(traces, tmp_path / "bad", types, interactions=(0.1, -0.2, 0.1))
+    assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--split-sync", "--interactions", "0.1,0.25,0.2"]) == 0
+    assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--interactions", "a,b,c"]) == 2
+    assert "--interactions" in capsys.readouterr().err
