@@ -508,8 +508,9 @@ class OnlinePosterior:
 
         ``s=None`` leaves out the linear part (a caller that adds ``s @ weights`` itself, cheaper).
         ``cache_key`` (hashable) names the query set ``x`` for the next calls: its kernel against the
-        training points is kept (the most recent sets: :data:`QUERY_CACHE_ENTRIES`, :data:`QUERY_CACHE_BYTES`), and each later call
-        computes only the rows of the points conditioned on since (O(m) per new point, not O(n m)).
+        training points is kept (the most recent sets, :data:`QUERY_CACHE_ENTRIES` and
+        :data:`QUERY_CACHE_BYTES` at most), and each later call computes only the rows of the points
+        conditioned on since (O(m) per new point, not O(n m)).
         """
         k = self._query_kernel(x, cache_key)
         # Σ_i k(x_i, x) B[t_i, t] α_i: the task covariance weighs α per query type, not the (n, m) kernel
