@@ -49,6 +49,9 @@ model are written to ``OUT/rows-<model>.csv`` as soon as the model is done
 (``--resume`` skips the models that ``OUT/settings.json`` records as finished
 under the same settings, and refuses a folder written with other ones), then ``OUT/summary.csv`` and
 ``OUT/accuracy.md``, and an MLflow run (experiment ``goodput-accuracy``).
+With P1 and P2 among the protocols, ``OUT/evidence.csv`` and a table in the
+markdown compare them on the same test rows per model (P2 ≤ P1: one type's
+multi-GPU observations do not make the others worse; issue 34).
 Next to them, ``OUT/reference.csv`` and a table in the markdown give what the
 data allow (:mod:`experiments.accuracy_reference`): Pollux's model fitted to
 all of a type's data (its capacity, in-sample) and the spread of repeated
@@ -82,7 +85,7 @@ import goodput
 from experiments.accuracy_baselines import Predictions, nan_predictions, predict_linear, predict_pollux, predict_sia
 from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
-from experiments.accuracy_report import P4_STEPS, markdown, per_model, summarize
+from experiments.accuracy_report import P4_STEPS, evidence_check, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
 from experiments.accuracy_args import METHODS, P4_SEEDS, PROTOCOLS
 from goodput.hierarchy import ClusterPrior
@@ -461,8 +464,11 @@ def run(
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
     ]
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
-    text = markdown(summary, title, notes, by_model, reference, ref_by_model)
+    evidence = evidence_check(rows)
+    text = markdown(summary, title, notes, by_model, reference, ref_by_model, evidence)
     atomic_write_text(out / "summary.csv", summary.to_csv(index=False))
+    if not evidence.empty:
+        atomic_write_text(out / "evidence.csv", evidence.to_csv(index=False))
     atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)
     meta = {"data_dir": str(data_dir), "kind": data.kind, "default_gpu_type": default_gpu_type, "models": names,
@@ -501,6 +507,8 @@ def _log_mlflow(summary: pd.DataFrame, rows: pd.DataFrame, out: Path, meta: dict
         mlflow.log_artifact(str(out / "accuracy.md"))
         mlflow.log_artifact(str(out / "summary.csv"))
         mlflow.log_artifact(str(out / "reference.csv"))
+        if (out / "evidence.csv").is_file():
+            mlflow.log_artifact(str(out / "evidence.csv"))
         tracking.log_frame_artifact(rows, "rows.csv")
 
 

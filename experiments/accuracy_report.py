@@ -29,7 +29,7 @@ import pandas as pd
 from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap
 from experiments.accuracy_args import METHODS
 
-__all__ = ["P4_STEPS", "SUMMARY_COLUMNS", "summarize", "per_model", "markdown"]
+__all__ = ["P4_STEPS", "SUMMARY_COLUMNS", "summarize", "per_model", "evidence_check", "markdown"]
 
 P4_STEPS = (5, 10, 20, 40)  # observations revealed before P4's checkpoints
 
@@ -96,6 +96,30 @@ def per_model(rows: pd.DataFrame) -> pd.DataFrame:
     return frame.pivot_table(index=["model", "method"], columns="group", values="ape", aggfunc="median").round(1)
 
 
+EVIDENCE_KEY = ["model", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz", "accum_steps", "actual"]
+
+
+def evidence_check(rows: pd.DataFrame) -> pd.DataFrame:
+    """P2 against P1 on the same test rows, per model and method (issue 34: one type's multi-GPU
+    observations should not make the other types' predictions worse).
+
+    Each P2 row (a type other than its split's warm one) is matched to the P1 row of the same model,
+    method, type, configuration and measurement; ``P1`` and ``P2`` are the median APE (percent) over
+    the matched rows, ``rows`` their count and ``holds`` whether ``P2 <= P1``. Empty without P2 rows.
+    """
+    frame = rows.dropna(subset=["predicted"])
+    p1, p2 = frame[frame["protocol"] == "P1"], frame[frame["protocol"] == "P2"]
+    if p1.empty or p2.empty:
+        return pd.DataFrame(columns=["model", "method", "rows", "P1", "P2", "holds"])
+    p1 = p1.assign(ape_p1=np.abs(p1["predicted"] / p1["actual"] - 1.0) * 100.0)[EVIDENCE_KEY + ["ape_p1"]]
+    p1 = p1.drop_duplicates(subset=EVIDENCE_KEY)
+    matched = p2.assign(ape_p2=np.abs(p2["predicted"] / p2["actual"] - 1.0) * 100.0).merge(p1, on=EVIDENCE_KEY)
+    out = matched.groupby(["model", "method"]).agg(rows=("ape_p2", "size"), P1=("ape_p1", "median"), P2=("ape_p2", "median"))
+    out = out.reset_index()
+    out["holds"] = out["P2"] <= out["P1"]
+    return out
+
+
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -107,11 +131,13 @@ def _fmt_interval(low: float, high: float) -> str:
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
-             reference: pd.DataFrame | None = None, reference_by_model: pd.DataFrame | None = None) -> str:
+             reference: pd.DataFrame | None = None, reference_by_model: pd.DataFrame | None = None,
+             evidence: pd.DataFrame | None = None) -> str:
     """The harness's markdown report: ``summary`` (from :func:`summarize`) as a table with its intervals.
 
-    Then, where given, the per-model medians (``by_model``, from :func:`per_model`), the data's
-    reference errors and their per-model medians (:mod:`experiments.accuracy_reference`), and ``notes``.
+    Then, where given, the per-model medians (``by_model``, from :func:`per_model`), P2 against P1 on
+    the same rows (``evidence``, from :func:`evidence_check`), the data's reference errors and their
+    per-model medians (:mod:`experiments.accuracy_reference`), and ``notes``.
     """
     lines = [f"# {title}", "", "Step-time prediction error (APE, %) and coverage of 90% intervals (%, n/a: no interval). "
              "The 95% intervals resample the independent units (model × GPU type; `experiments/accuracy_intervals.py`): "
@@ -128,6 +154,15 @@ def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_mo
                   "|---|---|" + "---:|" * len(cols)]
         for (model, method), values in by_model.iterrows():
             lines.append(f"| {model} | {method} | " + " | ".join(_fmt(v) for v in values) + " |")
+    if evidence is not None and not evidence.empty:
+        holds = evidence[evidence["method"] == "bayes"] if (evidence["method"] == "bayes").any() else evidence
+        lines += ["", "P2 against P1 on the same test rows (median APE, %): one type's multi-GPU observations should not "
+                  f"make the other types' predictions worse. Holds for {int(holds['holds'].sum())} of {len(holds)} "
+                  f"model(s) of {holds['method'].iloc[0]}.", "",
+                  "| model | method | rows | P1 | P2 | P2 ≤ P1 |", "|---|---|---:|---:|---:|---|"]
+        for row in evidence.itertuples(index=False):
+            lines.append(f"| {row.model} | {row.method} | {row.rows} | {_fmt(row.P1)} | {_fmt(row.P2)} | "
+                         f"{'yes' if row.holds else 'no'} |")
     if reference is not None and not reference.empty:
         lines += ["", "What the data allow (not predictions; `experiments/accuracy_reference.py`): *capacity* is Pollux's "
                   "model fitted to all of a type's observations, in-sample; *repeat* is each repeated measurement against "

@@ -120,3 +120,29 @@ def test_summary_and_markdown_carry_the_intervals():
     text = markdown(summarize(rows), "t")
     assert f"{summary['median_ape_low']:.1f}–{summary['median_ape_high']:.1f}" in text and "| units |" in text
     assert np.isnan(summarize(rows, resamples=0).iloc[0]["median_ape_low"])
+
+
+def test_the_evidence_check_compares_p2_with_p1_on_the_same_rows():
+    """``evidence_check``: each P2 row is matched to P1's row of the same model, type, configuration and measurement
+    (P1's rows that P2 does not test, e.g. the warm type's, do not count); the markdown says for how many models it holds."""
+    from experiments.accuracy_report import evidence_check
+
+    def row(model, protocol, split, gpu, bsz, actual, predicted):
+        return {"model": model, "protocol": protocol, "split": split, "stage": split, "method": "bayes", "gpu_type": gpu,
+                "num_nodes": 2, "num_replicas": 8, "local_bsz": bsz, "accum_steps": 0, "actual": actual,
+                "predicted": predicted, "low": predicted * 0.8, "high": predicted * 1.2}
+
+    rows = pd.DataFrame([
+        row("a", "P1", "all", "t4", 32, 1.0, 1.2), row("a", "P1", "all", "t4", 64, 2.0, 2.2),   # 20%, 10%
+        row("a", "P1", "all", "v100", 32, 0.5, 0.9),                                            # 80%: only P1 tests it
+        row("a", "P2", "warm=v100", "t4", 32, 1.0, 1.05), row("a", "P2", "warm=v100", "t4", 64, 2.0, 2.1),  # 5%, 5%
+        row("b", "P1", "all", "t4", 32, 1.0, 1.1),                                              # 10%
+        row("b", "P2", "warm=v100", "t4", 32, 1.0, 1.3),                                        # 30%
+    ])
+    check = evidence_check(rows).set_index("model")
+    assert check.loc["a", "rows"] == 2 and check.loc["a", "P1"] == pytest.approx(15.0) and check.loc["a", "P2"] == pytest.approx(5.0)
+    assert bool(check.loc["a", "holds"]) and not bool(check.loc["b", "holds"])
+    assert check.loc["b", "P2"] == pytest.approx(30.0)
+    text = markdown(summarize(rows, resamples=0), "t", evidence=evidence_check(rows))
+    assert "Holds for 1 of 2 model(s) of bayes" in text and "| b | bayes | 1 | 10.0 | 30.0 | no |" in text
+    assert evidence_check(rows[rows["protocol"] == "P1"]).empty
