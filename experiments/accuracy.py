@@ -469,6 +469,8 @@ def run(
     atomic_write_text(out / "summary.csv", summary.to_csv(index=False))
     if not evidence.empty:
         atomic_write_text(out / "evidence.csv", evidence.to_csv(index=False))
+    else:  # not an earlier run's, left in the folder
+        (out / "evidence.csv").unlink(missing_ok=True)
     atomic_write_text(out / "reference.csv", reference.to_csv(index=False))
     atomic_write_text(out / "accuracy.md", text)
     meta = {"data_dir": str(data_dir), "kind": data.kind, "default_gpu_type": default_gpu_type, "models": names,

@@ -38,6 +38,7 @@ have none.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -122,8 +123,9 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     for name, factors in types.items():
         if len(factors) not in (2, 3) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
             raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor[, inter-node sync factor]), all > 0")
-    if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and v >= 0 for v in interactions)):
-        raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, each >= 0")
+    if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                                                                       for v in interactions)):
+        raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, finite and >= 0")
     models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
     if not models:
         raise ValidationError("trace_dir", str(trace_dir), "no <model>/placements.csv below it")

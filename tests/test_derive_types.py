@@ -114,8 +114,9 @@ def test_interactions_give_each_model_its_own_factors_on_each_type_but_the_first
     ratio = {m: steps(mixed, m, "nv")[0] / steps(plain, m, "nv")[0] for m in ("cifar10", "ncf")}
     assert ratio["cifar10"] != pytest.approx(ratio["ncf"], rel=1e-3)
     assert steps(again, "ncf", "nv") == steps(mixed, "ncf", "nv")  # the seed reproduces the draws
-    with pytest.raises(ValidationError, match="interactions"):
-        derive(traces, tmp_path / "bad", types, interactions=(0.1, -0.2, 0.1))
+    for bad in ((0.1, -0.2, 0.1), (0.1, float("inf"), 0.1), (0.1, 0.2)):
+        with pytest.raises(ValidationError, match="interactions"):
+            derive(traces, tmp_path / "bad", types, interactions=bad)
     assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--split-sync", "--interactions", "0.1,0.25,0.2"]) == 0
     assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--interactions", "a,b,c"]) == 2
     assert "--interactions" in capsys.readouterr().err
