@@ -107,6 +107,24 @@ QUERY_CACHE_ENTRIES = 8
 QUERY_CACHE_BYTES = 8 << 20
 
 
+def keep_recent(cache: OrderedDict, key: Hashable, value: Any, entries: int, max_bytes: int | None = None) -> None:
+    """Put ``value`` in ``cache`` as its most recently used entry, then drop the least recently used until at
+    most ``entries`` remain (and, with ``max_bytes``, their arrays' ``nbytes`` add up to at most that; a
+    value above it alone is not kept and evicts nothing)."""
+    cache.pop(key, None)
+    if max_bytes is None:
+        cache[key] = value
+        while len(cache) > entries:
+            cache.popitem(last=False)
+        return
+    if value.nbytes > max_bytes:
+        return
+    cache[key] = value
+    kept = sum(v.nbytes for v in cache.values())
+    while len(cache) > entries or kept > max_bytes:
+        kept -= cache.popitem(last=False)[1].nbytes
+
+
 def _kern(d2: np.ndarray) -> np.ndarray:
     """Matérn-5/2 correlation of squared scaled distances ``d2`` (Rasmussen & Williams 2006, eq. 4.17).
 
@@ -489,17 +507,12 @@ class OnlinePosterior:
         the hyperparameters are fixed, and :meth:`condition` only appends training points."""
         if cache_key is None:
             return _kern(_sq_dist(self._scaled_x, self._scaled_sq, x / np.asarray(self.hyper.lengthscale, dtype=float)))
-        kernel = self._query_kernels.pop(cache_key, None)
+        kernel = self._query_kernels.get(cache_key)
         done = 0 if kernel is None else kernel.shape[0]
         if done < len(self.y):
             rows = _kern(_sq_dist(self._scaled_x[done:], self._scaled_sq[done:], x / np.asarray(self.hyper.lengthscale, dtype=float)))
             kernel = rows if kernel is None else np.vstack([kernel, rows])
-        if kernel.nbytes > QUERY_CACHE_BYTES:  # alone above the budget: not kept, and takes no other's place
-            return kernel
-        self._query_kernels[cache_key] = kernel  # the most recently used last
-        kept = sum(k.nbytes for k in self._query_kernels.values())
-        while self._query_kernels and (len(self._query_kernels) > QUERY_CACHE_ENTRIES or kept > QUERY_CACHE_BYTES):
-            kept -= self._query_kernels.popitem(last=False)[1].nbytes
+        keep_recent(self._query_kernels, cache_key, kernel, QUERY_CACHE_ENTRIES, QUERY_CACHE_BYTES)
         return kernel
 
     def predict_mean(self, x: np.ndarray, t: np.ndarray, s: np.ndarray | None = None, *,

@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtri
 
-from .gp import QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, fit_hyperparameters
+from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features,
+                 fit_hyperparameters, keep_recent)
 from .hierarchy import step_rows
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
@@ -165,13 +166,11 @@ class JobPosterior:
         if self.posterior is None:  # the fallback: the MAP's prediction
             return log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum), jacobian=False)[0]
         key = (gpu,) + tuple((a.dtype.str, a.shape, a.tobytes()) for a in (nodes, replicas, bsz, accum))
-        query = self._queries.pop(key, None)
+        query = self._queries.get(key)
         if query is None:  # what the MAP fixes: its prediction, Jacobian and the GP's features
             log_t, jac = log_step_time(self.u_hat[k], self._rows(gpu, nodes, replicas, bsz, accum))
             query = (log_t, jac, config_features(nodes, replicas, bsz, accum), np.full(nodes.size, k))
-        self._queries[key] = query  # the most recently used last
-        while len(self._queries) > QUERY_CACHE_ENTRIES:
-            self._queries.popitem(last=False)
+        keep_recent(self._queries, key, query, QUERY_CACHE_ENTRIES)
         log_t, jac, features, tasks = query
         shift = self._offset[k] + self._chol_rows[k] @ self.posterior.weights
         with np.errstate(all="ignore"):
@@ -311,10 +310,15 @@ def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: 
             for k, gpu in enumerate(types) if gpu in previous.types}
 
 
+def _coordinates(types: Sequence[int]) -> np.ndarray:
+    """Positions of the listed types' coordinates in the job's type-major (7T,) vector."""
+    return np.concatenate([np.arange(K * k, K * (k + 1)) for k in types])
+
+
 def _pinned_rows(steps: Sequence[tuple[int, Rows, np.ndarray]], pinned: Sequence[int], mean: np.ndarray, cov: np.ndarray,
                  noise: float) -> dict[int, np.ndarray]:
     """The MAP of the types whose compute 1-replica steps pin (``pinned``), under their marginal prior, by index."""
-    index = np.concatenate([np.arange(K * k, K * (k + 1)) for k in pinned])
+    index = _coordinates(pinned)
     position = {k: i for i, k in enumerate(pinned)}
     sub = [(position[k], rows, y) for k, rows, y in steps if k in position]
     fit = fit_map(sub, mean[list(pinned)], prior_cholesky(cov[np.ix_(index, index)]), noise)
@@ -335,8 +339,7 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
         start[k] = row
     fresh = [k for k in range(start.shape[0]) if k not in known]
     if known and fresh:
-        seen = np.concatenate([np.arange(K * k, K * (k + 1)) for k in known])
-        unseen = np.concatenate([np.arange(K * k, K * (k + 1)) for k in fresh])
+        seen, unseen = _coordinates(list(known)), _coordinates(fresh)
         gain = np.linalg.lstsq(cov[np.ix_(seen, seen)], cov[np.ix_(seen, unseen)], rcond=1e-12)[0].T
         flat = start.ravel()
         flat[unseen] = mean.ravel()[unseen] + gain @ (flat[seen] - mean.ravel()[seen])

@@ -373,3 +373,22 @@ def test_the_correlation_prior_holds_a_few_points_near_the_clusters_figure():
               for rho in (0.2, 0.9)}
     low, high = (abs(fitted[rho].task_correlation()[0, 1]) for rho in (0.2, 0.9))
     assert low < 0.5 < high
+
+
+def test_keep_recent_drops_the_least_recently_used_by_count_and_by_bytes():
+    from collections import OrderedDict
+
+    from goodput.gp import keep_recent
+
+    cache: OrderedDict = OrderedDict()
+    for key in "abcd":
+        keep_recent(cache, key, key, entries=3)
+    assert list(cache) == ["b", "c", "d"]
+    keep_recent(cache, "b", "b2", entries=3)  # a kept key becomes the most recent
+    assert list(cache) == ["c", "d", "b"] and cache["b"] == "b2"
+    sized: OrderedDict = OrderedDict()
+    for key in range(3):
+        keep_recent(sized, key, np.zeros(10), entries=8, max_bytes=200)  # 80 bytes each
+    assert list(sized) == [1, 2]
+    keep_recent(sized, 1, np.zeros(100), entries=8, max_bytes=200)  # alone above the budget: dropped, nothing else
+    assert list(sized) == [2]
