@@ -51,7 +51,8 @@ under the same settings, and refuses a folder written with other ones), then ``O
 ``OUT/accuracy.md``, and an MLflow run (experiment ``goodput-accuracy``).
 With P1 and P2 among the protocols, ``OUT/evidence.csv`` and a table in the
 markdown compare them on the same test rows per model (P2 ≤ P1: one type's
-multi-GPU observations do not make the others worse; issue 34).
+multi-GPU observations do not make the others worse; issue 34), with a 95%
+interval of P2 − P1 that resamples the model's test types.
 Next to them, ``OUT/reference.csv`` and a table in the markdown give what the
 data allow (:mod:`experiments.accuracy_reference`): Pollux's model fitted to
 all of a type's data (its capacity, in-sample) and the spread of repeated

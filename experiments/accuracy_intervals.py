@@ -28,6 +28,10 @@ Example::
     (3, True, True)
     >>> math.isnan(cluster_bootstrap(ape[:4], covered[:4], units[:4]).median_ape_low)  # 2 units: no interval
     True
+
+:func:`paired_median_difference` does the same for two predictors' errors on
+the same rows (P2 against P1): each resample draws the units once and takes
+both medians on it, so what the two share cancels out of the difference.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BootstrapInterval", "cluster_bootstrap", "RESAMPLES", "CONFIDENCE", "MIN_UNITS"]
+__all__ = ["BootstrapInterval", "cluster_bootstrap", "paired_median_difference", "RESAMPLES", "CONFIDENCE", "MIN_UNITS"]
 
 RESAMPLES = 1000
 CONFIDENCE = 0.95
@@ -75,6 +79,70 @@ def _weighted_medians(sorted_values: np.ndarray, row_weights: np.ndarray) -> np.
     return (sorted_values[low] + sorted_values[high]) / 2.0
 
 
+def _unit_counts(units: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each row's unit index, and each resample's multiplicity of each unit, (B, U); None below :data:`MIN_UNITS`."""
+    _, unit_of_row = np.unique(units, return_inverse=True)
+    num_units = int(unit_of_row.max()) + 1
+    if num_units < MIN_UNITS:
+        return unit_of_row, None
+    rng = np.random.default_rng(seed)
+    return unit_of_row, np.stack([np.bincount(rng.integers(0, num_units, num_units), minlength=num_units)
+                                  for _ in range(int(resamples))])
+
+
+def _resampled_medians(values: np.ndarray, unit_of_row: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The median of ``values`` in each resample (the rows of a unit repeated as often as it was drawn): (B,)."""
+    order = np.argsort(values, kind="stable")
+    sorted_values, sorted_unit = values[order], unit_of_row[order]
+    chunk = max(1, _CHUNK_CELLS // values.size)
+    return np.concatenate([_weighted_medians(sorted_values, counts[i:i + chunk][:, sorted_unit])
+                           for i in range(0, counts.shape[0], chunk)])
+
+
+def _check_resampling(resamples: int, confidence: float) -> float:
+    """The lower tail, percent, of a two-sided interval at ``confidence``; ValueError on bad arguments."""
+    if int(resamples) < 1:
+        raise ValueError(f"resamples: {resamples!r} must be >= 1")
+    if not 0.0 < float(confidence) < 1.0:
+        raise ValueError(f"confidence: {confidence!r} must lie in (0, 1)")
+    return (1.0 - float(confidence)) / 2.0 * 100.0
+
+
+def paired_median_difference(first: np.ndarray, second: np.ndarray, units: np.ndarray, *, resamples: int = RESAMPLES,
+                             confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of ``median(second) - median(first)`` over the same rows, resampling whole units.
+
+    Args:
+        first, second: two predictors' absolute percentage errors on the same rows, shape (N,) each.
+        units: a label per row naming its independent unit.
+        resamples, confidence, seed: as in :func:`cluster_bootstrap`.
+
+    Returns:
+        (low, high) in the inputs' unit (percentage points); NaN with fewer than :data:`MIN_UNITS` units.
+        ``low > 0``: ``second`` is worse beyond the interval; ``high < 0``: better beyond it.
+
+    Example::
+
+        >>> units = np.repeat(np.arange(4), 2)
+        >>> low, high = paired_median_difference(np.full(8, 10.0), np.linspace(11.0, 14.0, 8), units, resamples=200)
+        >>> bool(0.0 < low <= 2.5 <= high)
+        True
+    """
+    first, second = np.asarray(first, dtype=float).ravel(), np.asarray(second, dtype=float).ravel()
+    units = np.asarray(units).ravel()
+    if first.size == 0:
+        raise ValueError("first: no rows to bootstrap")
+    if second.size != first.size or units.size != first.size:
+        raise ValueError(f"second, units: {second.size} and {units.size} rows for {first.size}")
+    tail = _check_resampling(resamples, confidence)
+    unit_of_row, counts = _unit_counts(units, resamples, seed)
+    if counts is None:
+        return math.nan, math.nan
+    difference = _resampled_medians(second, unit_of_row, counts) - _resampled_medians(first, unit_of_row, counts)
+    low, high = np.percentile(difference, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
 def cluster_bootstrap(ape: np.ndarray, covered: np.ndarray | None, units: np.ndarray, *, resamples: int = RESAMPLES,
                       confidence: float = CONFIDENCE, seed: int = 0) -> BootstrapInterval:
     """Percentile intervals of the median APE and the coverage, resampling whole units.
@@ -101,25 +169,12 @@ def cluster_bootstrap(ape: np.ndarray, covered: np.ndarray | None, units: np.nda
         covered = np.asarray(covered, dtype=bool).ravel()
         if covered.size != ape.size:
             raise ValueError(f"covered: {covered.size} flags for {ape.size} rows")
-    if int(resamples) < 1:
-        raise ValueError(f"resamples: {resamples!r} must be >= 1")
-    if not 0.0 < float(confidence) < 1.0:
-        raise ValueError(f"confidence: {confidence!r} must lie in (0, 1)")
-    _, unit_of_row = np.unique(units, return_inverse=True)
-    num_units = int(unit_of_row.max()) + 1
-    if num_units < MIN_UNITS:
-        return BootstrapInterval(math.nan, math.nan, math.nan, math.nan, num_units)
-    rng = np.random.default_rng(seed)
-    # multiplicity of each unit in each resample: (B, U)
-    counts = np.stack([np.bincount(rng.integers(0, num_units, num_units), minlength=num_units) for _ in range(int(resamples))])
-    tail = (1.0 - float(confidence)) / 2.0 * 100.0
-
-    order = np.argsort(ape, kind="stable")
-    sorted_ape, sorted_unit = ape[order], unit_of_row[order]
-    chunk = max(1, _CHUNK_CELLS // ape.size)
-    medians = np.concatenate([_weighted_medians(sorted_ape, counts[i:i + chunk][:, sorted_unit])
-                              for i in range(0, counts.shape[0], chunk)])
-    med_low, med_high = np.percentile(medians, [tail, 100.0 - tail])
+    tail = _check_resampling(resamples, confidence)
+    unit_of_row, counts = _unit_counts(units, resamples, seed)
+    if counts is None:
+        return BootstrapInterval(math.nan, math.nan, math.nan, math.nan, int(unit_of_row.max()) + 1)
+    num_units = counts.shape[1]
+    med_low, med_high = np.percentile(_resampled_medians(ape, unit_of_row, counts), [tail, 100.0 - tail])
 
     cov_low = cov_high = math.nan
     if covered is not None:

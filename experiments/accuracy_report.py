@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap
+from experiments.accuracy_intervals import RESAMPLES, cluster_bootstrap, paired_median_difference
 from experiments.accuracy_args import METHODS
 
 __all__ = ["P4_STEPS", "SUMMARY_COLUMNS", "summarize", "per_model", "evidence_check", "markdown"]
@@ -99,25 +99,35 @@ def per_model(rows: pd.DataFrame) -> pd.DataFrame:
 EVIDENCE_KEY = ["model", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz", "accum_steps", "actual"]
 
 
-def evidence_check(rows: pd.DataFrame) -> pd.DataFrame:
+def evidence_check(rows: pd.DataFrame, *, resamples: int = RESAMPLES, seed: int = 0) -> pd.DataFrame:
     """P2 against P1 on the same test rows, per model and method (issue 34: one type's multi-GPU
     observations should not make the other types' predictions worse).
 
     Each P2 row (a type other than its split's warm one) is matched to the P1 row of the same model,
     method, type, configuration and measurement; ``P1`` and ``P2`` are the median APE (percent) over
-    the matched rows, ``rows`` their count and ``holds`` whether ``P2 <= P1``. Empty without P2 rows.
+    the matched rows, ``rows`` their count and ``holds`` whether ``P2 <= P1``. ``low`` and ``high``
+    bound ``P2 - P1`` (percentage points) at 95%, resampling the model's test types (its independent
+    units; :func:`experiments.accuracy_intervals.paired_median_difference`; NaN with fewer than 3
+    types or ``resamples=0``); ``worse`` is ``low > 0``: P2 worse beyond the interval. Empty without P2 rows.
     """
+    columns = ["model", "method", "rows", "P1", "P2", "holds", "low", "high", "worse"]
     frame = rows.dropna(subset=["predicted"])
     p1, p2 = frame[frame["protocol"] == "P1"], frame[frame["protocol"] == "P2"]
     if p1.empty or p2.empty:
-        return pd.DataFrame(columns=["model", "method", "rows", "P1", "P2", "holds"])
+        return pd.DataFrame(columns=columns)
     p1 = p1.assign(ape_p1=np.abs(p1["predicted"] / p1["actual"] - 1.0) * 100.0)[EVIDENCE_KEY + ["ape_p1"]]
     p1 = p1.drop_duplicates(subset=EVIDENCE_KEY)
     matched = p2.assign(ape_p2=np.abs(p2["predicted"] / p2["actual"] - 1.0) * 100.0).merge(p1, on=EVIDENCE_KEY)
-    out = matched.groupby(["model", "method"]).agg(rows=("ape_p2", "size"), P1=("ape_p1", "median"), P2=("ape_p2", "median"))
-    out = out.reset_index()
-    out["holds"] = out["P2"] <= out["P1"]
-    return out
+    out = []
+    for (model, method), group in matched.groupby(["model", "method"]):
+        low = high = math.nan
+        if resamples > 0:
+            low, high = paired_median_difference(group["ape_p1"].to_numpy(), group["ape_p2"].to_numpy(),
+                                                 group["gpu_type"].to_numpy(), resamples=resamples, seed=seed)
+        first, second = float(group["ape_p1"].median()), float(group["ape_p2"].median())
+        out.append({"model": model, "method": method, "rows": len(group), "P1": first, "P2": second,
+                    "holds": second <= first, "low": low, "high": high, "worse": bool(low > 0.0)})
+    return pd.DataFrame(out, columns=columns)
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -128,6 +138,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def _fmt_interval(low: float, high: float) -> str:
     return "n/a" if not (math.isfinite(low) and math.isfinite(high)) else f"{low:.1f}–{high:.1f}"
+
+
+def _fmt_difference(low: float, high: float) -> str:
+    return "n/a" if not (math.isfinite(low) and math.isfinite(high)) else f"{low:+.1f} to {high:+.1f}"
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_model: pd.DataFrame | None = None,
@@ -158,11 +172,13 @@ def markdown(summary: pd.DataFrame, title: str, notes: Sequence[str] = (), by_mo
         holds = evidence[evidence["method"] == "bayes"] if (evidence["method"] == "bayes").any() else evidence
         lines += ["", "P2 against P1 on the same test rows (median APE, %): one type's multi-GPU observations should not "
                   f"make the other types' predictions worse. Holds for {int(holds['holds'].sum())} of {len(holds)} "
-                  f"model(s) of {holds['method'].iloc[0]}.", "",
-                  "| model | method | rows | P1 | P2 | P2 ≤ P1 |", "|---|---|---:|---:|---:|---|"]
+                  f"model(s) of {holds['method'].iloc[0]}; P2 is worse beyond the 95% interval of P2 − P1 (resampling "
+                  f"the model's test types) for {int(holds['worse'].sum())}.", "",
+                  "| model | method | rows | P1 | P2 | P2 − P1, 95% CI | P2 ≤ P1 |", "|---|---|---:|---:|---:|---:|---|"]
         for row in evidence.itertuples(index=False):
+            verdict = "yes" if row.holds else ("no, beyond the interval" if row.worse else "no")
             lines.append(f"| {row.model} | {row.method} | {row.rows} | {_fmt(row.P1)} | {_fmt(row.P2)} | "
-                         f"{'yes' if row.holds else 'no'} |")
+                         f"{_fmt_difference(row.low, row.high)} | {verdict} |")
     if reference is not None and not reference.empty:
         lines += ["", "What the data allow (not predictions; `experiments/accuracy_reference.py`): *capacity* is Pollux's "
                   "model fitted to all of a type's observations, in-sample; *repeat* is each repeated measurement against "

@@ -144,5 +144,36 @@ def test_the_evidence_check_compares_p2_with_p1_on_the_same_rows():
     assert bool(check.loc["a", "holds"]) and not bool(check.loc["b", "holds"])
     assert check.loc["b", "P2"] == pytest.approx(30.0)
     text = markdown(summarize(rows, resamples=0), "t", evidence=evidence_check(rows))
-    assert "Holds for 1 of 2 model(s) of bayes" in text and "| b | bayes | 1 | 10.0 | 30.0 | no |" in text
+    assert "Holds for 1 of 2 model(s) of bayes" in text and "| b | bayes | 1 | 10.0 | 30.0 | n/a | no |" in text
     assert evidence_check(rows[rows["protocol"] == "P1"]).empty
+    assert np.isnan(check.loc["a", "low"]) and not bool(check.loc["a", "worse"])  # one test type: no interval
+
+
+def test_the_evidence_check_bounds_p2_minus_p1_by_resampling_the_test_types():
+    """With 3+ test types, ``low``/``high`` bound P2 − P1 by resampling the types (paired: both medians on each
+    resample); a model whose P2 is worse on every type is worse beyond the interval, one worse on one type of four is not."""
+    from experiments.accuracy_intervals import paired_median_difference
+    from experiments.accuracy_report import evidence_check
+
+    def rows_of(model, p1_errors, p2_errors):
+        out = []
+        for gpu, (e1, e2) in zip(["k80", "p100", "t4", "a100"], zip(p1_errors, p2_errors)):
+            for bsz in (32, 64):
+                base = {"model": model, "method": "bayes", "gpu_type": gpu, "num_nodes": 1, "num_replicas": 4,
+                        "local_bsz": bsz, "accum_steps": 0, "actual": 1.0, "low": 0.5, "high": 2.0}
+                out.append({**base, "protocol": "P1", "split": "all", "stage": "all", "predicted": 1.0 + e1})
+                out.append({**base, "protocol": "P2", "split": "warm=v100", "stage": "warm=v100", "predicted": 1.0 + e2})
+        return out
+
+    rows = pd.DataFrame(rows_of("worse", [0.10, 0.12, 0.08, 0.11], [0.20, 0.25, 0.18, 0.22])
+                        + rows_of("mixed", [0.10, 0.12, 0.08, 0.11], [0.09, 0.11, 0.07, 0.40]))
+    check = evidence_check(rows, resamples=400).set_index("model")
+    assert bool(check.loc["worse", "worse"]) and 0.0 < check.loc["worse", "low"] <= check.loc["worse", "high"] <= 15.0
+    assert not bool(check.loc["mixed", "worse"]) and check.loc["mixed", "low"] < 0.0 < check.loc["mixed", "high"]
+    text = markdown(summarize(rows, resamples=0), "t", evidence=check.reset_index())
+    assert "| worse | bayes | 8 | 10.5 | 21.0 |" in text and "| no, beyond the interval |" in text
+    assert "P2 is worse beyond the 95% interval of P2 − P1 (resampling the model's test types) for 1." in text
+    same = np.arange(12.0)
+    assert paired_median_difference(same, same, np.repeat(np.arange(4), 3)) == (0.0, 0.0)  # paired: shared rows cancel
+    with pytest.raises(ValueError, match="second, units"):
+        paired_median_difference(same, same[:5], np.repeat(np.arange(4), 3))
