@@ -380,7 +380,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     """EM for A and E (module docstring) on the cells' Laplace likelihoods, the type means and size slopes integrated out.
 
     The type means get a N(μ, :data:`TYPE_MEAN_STD`²) prior around the mean of the cells' coordinates,
-    the size slopes (when 2+ jobs report their size) N(:data:`SIZE_SLOPE_PRIOR`, :data:`SIZE_SLOPE_STD`²).
+    the size slopes (when a job reports its size; with one, the prior alone places other sizes) N(:data:`SIZE_SLOPE_PRIOR`, :data:`SIZE_SLOPE_STD`²).
     Each job's effects are marginalised to give their information on those (a Schur complement), so they
     are the generalised-least-squares estimates for the current A and E (with one type, jobs' effects and
     the type's mean are told apart only so), and the E-step's moments carry their uncertainty.
@@ -391,7 +391,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     for c in cells:
         jobs.setdefault(c.job, []).append(c)
     log_sizes = {job: math.log(cs[0].size) for job, cs in jobs.items() if cs[0].size}
-    center = float(np.mean(list(log_sizes.values()))) if len(log_sizes) >= 2 else None
+    center = float(np.mean(list(log_sizes.values()))) if log_sizes else None
     size_var = float(np.var(list(log_sizes.values()))) if center is not None else 0.0
     a0, e0 = default_shared_cov(), DEFAULT_TYPE_STD**2
     sd0 = np.sqrt(np.diag(a0)[_SYNC])
