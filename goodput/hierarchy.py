@@ -30,7 +30,8 @@ never ran multi-GPU on a type says nothing about its sync there), and EM
 likelihood, with ``A`` and ``E`` shrunk toward the weak defaults by
 :data:`PRIOR_WEIGHT` pseudo-jobs (conjugate inverse-Wishart / inverse-gamma)
 and each type's mean toward the mean over types (what a type the cluster has
-not run multi-GPU on takes). A job's prior on its types ``t1 … tT`` is then
+not run multi-GPU on takes), itself integrated out under the weak default's
+spread (:data:`TYPE_LEVEL_STD`). A job's prior on its types ``t1 … tT`` is then
 ``N(m[t], A + δ(t, t')·(diag(E) + V[t]))`` with ``V[t]`` the uncertainty of
 ``m[t]``. Without a cluster, weak defaults (:data:`DEFAULT_SHARED_STD`,
 :data:`DEFAULT_TYPE_STD`) around means read off the job's own compute.
@@ -120,6 +121,14 @@ def default_shared_cov() -> np.ndarray:
 
 
 TYPE_MEAN_STD = 1.5  # spread of a coordinate's type means around their mean over types (m[t] shrinkage)
+# The mean over types itself is not known before the cluster is seen: its prior is the weak default's
+# spread of one job's coordinate on a type (√(DEFAULT_SHARED_STD² + DEFAULT_TYPE_STD²)) around the cells'
+# mean, integrated out with the type means (Gelman et al., *Bayesian Data Analysis*, 3rd ed., §5.4: the
+# hierarchical normal model's population mean). Plugged in at the cells' mean, the level used the data twice:
+# with one job in the cluster, its effects sat at zero by construction and A's sync constants fell to 0.50 of
+# their weak default (0.58 now; tests/test_hierarchy.py). A flat level (std 10) kept them at the default but
+# left a coordinate that no cell informs (a cluster that ran 1 GPU only: its sync) at e^±10 (infinite intervals).
+TYPE_LEVEL_STD = np.sqrt(DEFAULT_SHARED_STD**2 + DEFAULT_TYPE_STD**2)
 PRIOR_WEIGHT = 0.1  # pseudo-jobs (and pseudo-cells) the weak defaults of A and E count for in the EM
 EM_ITERATIONS = 60
 # Degrees of freedom of the jobs' effects (multivariate Student-t, as a scale mixture of normals): a job
@@ -379,7 +388,8 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
 def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS) -> _Fitted:
     """EM for A and E (module docstring) on the cells' Laplace likelihoods, the type means and size slopes integrated out.
 
-    The type means get a N(μ, :data:`TYPE_MEAN_STD`²) prior around the mean of the cells' coordinates,
+    The type means get a N(level, :data:`TYPE_MEAN_STD`²) prior around a level of their own, N(μ,
+    :data:`TYPE_LEVEL_STD`²) around the mean of the cells' coordinates (integrated out),
     the size slopes (when a job reports its size; with one, the prior alone places other sizes) N(:data:`SIZE_SLOPE_PRIOR`, :data:`SIZE_SLOPE_STD`²).
     Each job's effects are marginalised to give their information on those (a Schur complement), so they
     are the generalised-least-squares estimates for the current A and E (with one type, jobs' effects and
@@ -400,11 +410,17 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     dim_m = K * len(types)
     dim = dim_m + (K if center is not None else 0)
     mu = np.mean([c.u for c in cells], axis=0)
-    prior_prec = np.eye(dim) / TYPE_MEAN_STD**2
-    prior_lin = np.concatenate([np.tile(mu, len(types)) / TYPE_MEAN_STD**2] +
-                               ([SIZE_SLOPE_PRIOR / SIZE_SLOPE_STD**2] if center is not None else []))
+    # m[t] = level + δ[t] per coordinate: δ ~ N(0, TYPE_MEAN_STD²), the level ~ N(mu, TYPE_LEVEL_STD²)
+    num_types = len(types)
+    type_cov = (np.kron(np.eye(num_types), TYPE_MEAN_STD**2 * np.eye(K))
+                + np.kron(np.ones((num_types, num_types)), np.diag(TYPE_LEVEL_STD**2)))  # β is type-major
+    prior_prec = np.zeros((dim, dim))
+    prior_prec[:dim_m, :dim_m] = np.linalg.inv(type_cov)
+    prior_lin = np.zeros(dim)
+    prior_lin[:dim_m] = prior_prec[:dim_m, :dim_m] @ np.tile(mu, len(types))
     if center is not None:
         prior_prec[dim_m:, dim_m:] = np.eye(K) / SIZE_SLOPE_STD**2
+        prior_lin[dim_m:] = SIZE_SLOPE_PRIOR / SIZE_SLOPE_STD**2
     beta, beta_cov = np.linalg.solve(prior_prec, prior_lin), np.linalg.inv(prior_prec)
     groups, lam_data, eta_data = _job_groups(jobs, index, dim, dim_m, log_sizes, center)
     count = np.bincount([index[c.gpu_type] for c in cells], minlength=len(types)).astype(float)

@@ -130,6 +130,20 @@ def test_size_slopes_place_a_job_by_its_parameter_count():
     assert big - small == pytest.approx(np.log(1e3) * fitted["log_alpha_r"], rel=0.05)
 
 
+def test_one_job_does_not_teach_how_jobs_differ():
+    """The type means' common level is integrated out under the weak default's spread (TYPE_LEVEL_STD), not
+    plugged in at the cells' mean: with one job in the cluster, that job's effects sat at zero by construction
+    and A's sync constants fell to 0.50 of their weak default; now 0.58, and A never exceeds the default."""
+    from goodput.hierarchy import DEFAULT_SHARED_STD, TYPE_LEVEL_STD
+
+    np.testing.assert_allclose(TYPE_LEVEL_STD, np.hypot(DEFAULT_SHARED_STD, [1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5]))
+    rng = np.random.default_rng(0)
+    truth = draw_job(rng)
+    data = {"only": [o for t in TYPES for o in observe("only", t, truth[t], [(1, 1), (1, 2), (1, 4), (2, 8)], rng)]}
+    ratio = np.sqrt(np.diag(ClusterPrior.from_observations(data).fitted().shared)) / DEFAULT_SHARED_STD
+    assert np.all(ratio[2:4] > 0.55) and np.all(ratio <= 1.0 + 1e-9)
+
+
 def test_a_cluster_of_one_sized_job_places_others_by_the_slope_prior():
     """A new cluster knows one job: its size slopes cannot be learned, but their prior (sync ∝ gradient bytes) still
     places a job 100 times smaller; without it, that job's prior sync was the big job's, e^4.6 too slow (the harness on
