@@ -505,12 +505,13 @@ class OnlinePosterior:
         """The Matérn part of k(X_train, x), (n, m). With ``cache_key``, kept for the next call with that key
         (the same ``x``: the caller's promise) and extended by the rows of the points conditioned on since:
         the hyperparameters are fixed, and :meth:`condition` only appends training points."""
+        scaled = x / np.asarray(self.hyper.lengthscale, dtype=float)
         if cache_key is None:
-            return _kern(_sq_dist(self._scaled_x, self._scaled_sq, x / np.asarray(self.hyper.lengthscale, dtype=float)))
+            return _kern(_sq_dist(self._scaled_x, self._scaled_sq, scaled))
         kernel = self._query_kernels.get(cache_key)
         done = 0 if kernel is None else kernel.shape[0]
         if done < len(self.y):
-            rows = _kern(_sq_dist(self._scaled_x[done:], self._scaled_sq[done:], x / np.asarray(self.hyper.lengthscale, dtype=float)))
+            rows = _kern(_sq_dist(self._scaled_x[done:], self._scaled_sq[done:], scaled))
             kernel = rows if kernel is None else np.vstack([kernel, rows])
         keep_recent(self._query_kernels, cache_key, kernel, QUERY_CACHE_ENTRIES, QUERY_CACHE_BYTES)
         return kernel

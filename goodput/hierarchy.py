@@ -173,12 +173,16 @@ def default_means_by_type(observations: Mapping[str, Sequence[Observation]]) -> 
     return [default_means(obs) if pooled is None or t in single else pooled for t, obs in observations.items()]
 
 
+def _shared_plus_own(num: int, shared: np.ndarray, own_var: np.ndarray) -> np.ndarray:
+    """Covariance (7n, 7n), type-major, of n blocks that share one part (``shared``, 7×7, in every block pair)
+    and each have their own independent part (variances ``own_var``, 7): ``A + δ(t, t')·diag(E)``."""
+    return np.kron(np.ones((num, num)), shared) + np.kron(np.eye(num), np.diag(own_var))
+
+
 def default_prior(means: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Mean (T, 7) and covariance (7T, 7T) of the weak default prior of a job on T types."""
     mean = np.asarray(means, dtype=float).reshape(-1, K)
-    num = mean.shape[0]
-    cov = np.kron(np.ones((num, num)), default_shared_cov()) + np.kron(np.eye(num), np.diag(DEFAULT_TYPE_STD**2))
-    return mean, cov
+    return mean, _shared_plus_own(mean.shape[0], default_shared_cov(), DEFAULT_TYPE_STD**2)
 
 
 def step_rows(observations: Sequence[Observation], ref_bsz: float, shape: SyncShape | None) -> tuple[Rows, np.ndarray]:
@@ -411,11 +415,8 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     dim = dim_m + (K if center is not None else 0)
     mu = np.mean([c.u for c in cells], axis=0)
     # m[t] = level + δ[t] per coordinate: δ ~ N(0, TYPE_MEAN_STD²), the level ~ N(mu, TYPE_LEVEL_STD²)
-    num_types = len(types)
-    type_cov = (np.kron(np.eye(num_types), TYPE_MEAN_STD**2 * np.eye(K))
-                + np.kron(np.ones((num_types, num_types)), np.diag(TYPE_LEVEL_STD**2)))  # β is type-major
     prior_prec = np.zeros((dim, dim))
-    prior_prec[:dim_m, :dim_m] = np.linalg.inv(type_cov)
+    prior_prec[:dim_m, :dim_m] = np.linalg.inv(_shared_plus_own(len(types), np.diag(TYPE_LEVEL_STD**2), np.full(K, TYPE_MEAN_STD**2)))
     prior_lin = np.zeros(dim)
     prior_lin[:dim_m] = prior_prec[:dim_m, :dim_m] @ np.tile(mu, len(types))
     if center is not None:
