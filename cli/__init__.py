@@ -23,6 +23,7 @@ SUBCOMMANDS = [  # in workflow order
     "cli.demo",
     "cli.profile",
     "cli.fit",
+    "cli.prior",
     "cli.accuracy",
     "cli.allocate",
     "cli.simulate",

@@ -25,7 +25,7 @@ def cluster_arg(text: str) -> Cluster:
 
 
 # what each subcommand's --out names: a file it writes, or a folder it writes into
-OUT_KINDS = {"fit": "file", "profile": "file", "allocate": "file", "table": "file",
+OUT_KINDS = {"fit": "file", "prior": "file", "profile": "file", "allocate": "file", "table": "file",
              "demo": "folder", "accuracy": "folder", "simulate": "folder", "compare": "folder"}
 
 

@@ -13,6 +13,8 @@ Example::
 
     goodput serve --cluster t4:6x4,a100:2x8 --token-file tokens.txt
     goodput serve --store postgresql+psycopg://goodput@db/goodput --host 0.0.0.0
+    goodput prior --store sqlite:///goodput.db --out prior.json   # what the jobs so far teach a new one
+    goodput serve --cluster-prior prior.json
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "(for a Slurm job_submit plugin or a wrapper script)")
     parser.add_argument("--model", choices=["bayesian", "plain"], default="bayesian",
                         help="JobModel kind: the Bayesian model (default) or the plain Pollux fit")
+    parser.add_argument("--cluster-prior", metavar="PATH",
+                        help="a cluster prior saved as JSON (goodput prior): every job's model takes it, without "
+                        "the job's own cells; a job's model_size setting places it on its size slopes")
     parser.add_argument("--max-body-mb", type=float, default=10.0, help="larger request bodies get 413 (default 10)")
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL", "EXTRA"], default="FULL",
                         help="SQLite's synchronous setting (default FULL: a commit survives a power cut; NORMAL "
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     store = Store(args.store, sqlite_synchronous=args.sqlite_synchronous)
     app = create_app(store, cluster=args.cluster, token_file=args.token_file, max_body_bytes=max_body,
                      export_dir=args.export_dir, model_options={"bayesian": args.model == "bayesian"},
+                     cluster_prior=args.cluster_prior,
                      k8s_max_score=args.k8s_max_score)
     serve(app, args.host, args.port, log_level=args.log_level)
     return 0

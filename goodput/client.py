@@ -156,10 +156,13 @@ class Client:
     def put_job(self, job: str, init_batch_size: int, max_batch_size: int | None = None,
                 local_bsz_bounds: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
                 gpu_types: Iterable[str] | None = None,
-                num_stages: int | Mapping[str, int] | None = None) -> dict[str, Any]:
+                num_stages: int | Mapping[str, int] | None = None, model_size: float | None = None) -> dict[str, Any]:
         """Register ``job`` or change its settings; the job's record. ``num_stages``: GPUs per replica of a
-        hybrid-parallel job (:mod:`goodput.hybrid`)."""
+        hybrid-parallel job (:mod:`goodput.hybrid`); ``model_size``: its trainable parameters (a cluster
+        prior's size slopes place its sync costs)."""
         body: dict[str, Any] = {"init_batch_size": init_batch_size}
+        if model_size is not None:
+            body["model_size"] = model_size
         if num_stages is not None:
             body["num_stages"] = dict(num_stages) if isinstance(num_stages, Mapping) else num_stages
         if max_batch_size is not None:

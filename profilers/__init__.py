@@ -33,6 +33,7 @@ __all__ = [
     "normalize_device_name",
     "resolve_devices",
     "log_profile",
+    "trainable_parameters",
     "Workload",
     "zoo",
 ]
@@ -47,6 +48,7 @@ _LAZY = {
     "normalize_device_name": "profilers.devices",
     "resolve_devices": "profilers.devices",
     "log_profile": "profilers.tracking",
+    "trainable_parameters": "profilers.profile",
     "Workload": "profilers.zoo",
 }
 

@@ -123,6 +123,9 @@ class GoodputReporter:
             job is registered (``PUT``) with these settings if the service does not know it yet;
             ``init_batch_size`` is also the reference batch M0 of the gradient-noise statistics
             (else it is read from the service's record of the job).
+        model_size: the job's trainable parameters, registered with those settings: with a cluster
+            prior on the service (``goodput serve --cluster-prior``) they place its sync costs before it
+            has run multi-GPU (``profilers.trainable_parameters(model)`` counts them).
         gpu_type: the device type (default: the CUDA device's normalised name, or ``"cpu"``).
         num_nodes, num_replicas: the allocation (default: from ``torch.distributed`` and the launcher).
         device: the device whose work is timed (default: the current CUDA device if CUDA is in use, else CPU).
@@ -136,7 +139,8 @@ class GoodputReporter:
     """
 
     def __init__(self, job: str, url: str, *, token: str | None = None, init_batch_size: int | None = None,
-                 max_batch_size: int | None = None, local_bsz_bounds: Any = None, gpu_type: str | None = None,
+                 max_batch_size: int | None = None, local_bsz_bounds: Any = None, model_size: float | None = None,
+                 gpu_type: str | None = None,
                  num_nodes: int | None = None, num_replicas: int | None = None, device: Any = None,
                  rank: int | None = None, report_rank: int = 0, flush_interval: float = 5.0, warmup_steps: int = 3,
                  buffer_dir: str | os.PathLike[str] | None = None, timeout: float = 10.0,
@@ -146,7 +150,8 @@ class GoodputReporter:
         self.job = check_str("job", job)
         self.init_batch_size = None if init_batch_size is None else check_int("init_batch_size", init_batch_size, minimum=1)
         self._settings = None if init_batch_size is None else {
-            "init_batch_size": self.init_batch_size, "max_batch_size": max_batch_size, "local_bsz_bounds": local_bsz_bounds}
+            "init_batch_size": self.init_batch_size, "max_batch_size": max_batch_size, "local_bsz_bounds": local_bsz_bounds,
+            "model_size": None if model_size is None else check_float("model_size", model_size, positive=True)}
         self.flush_interval = check_float("flush_interval", flush_interval, positive=True)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
         self.device = _default_device() if device is None else device

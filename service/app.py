@@ -43,7 +43,7 @@ from fastapi.security import HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from goodput import Cluster, Observation
+from goodput import Cluster, ClusterPrior, Observation
 from goodput.errors import UnknownGPUTypeError, ValidationError
 from goodput.hybrid import Stages
 
@@ -158,6 +158,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     export_dir: str | Path | None = None,
     model_options: Mapping[str, Any] | None = None,
+    cluster_prior: ClusterPrior | str | Path | None = None,
     k8s_max_score: int = 10,
     coalesce_s: float = 0.05,
     min_interval_s: float = 1.0,
@@ -172,6 +173,8 @@ def create_app(
         max_body_bytes: larger request bodies get 413.
         export_dir: keep ``<job>.csv`` there current with each job's table over ``cluster`` (Slurm).
         model_options: passed to every :class:`~goodput.JobModel` (``{"bayesian": False}`` for the plain fit).
+        cluster_prior: a :class:`~goodput.ClusterPrior` or the path of one saved as JSON (``goodput
+            prior``): every job's model takes it as its prior, without the job's own cells.
         k8s_max_score: the extender's top score: 10 (kube-scheduler) or 100.
         coalesce_s: how long the model worker waits for more observations after an idle spell.
         min_interval_s: a job's model is updated at most once per this many seconds during a stream.
@@ -184,8 +187,10 @@ def create_app(
         raise ValidationError("max_body_bytes", max_body_bytes, "must be at least 1024")
     store = store if isinstance(store, Store) else Store(store)
     metrics = Metrics()
+    if isinstance(cluster_prior, (str, Path)):
+        cluster_prior = ClusterPrior.load(cluster_prior)
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
-                        model_options=model_options, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
+                        model_options=model_options, cluster_prior=cluster_prior, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
 
     def goodput_of(job: str, gpu: str, nodes: int, replicas: int) -> float | None:
         try:

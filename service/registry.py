@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from goodput import Allocation, Cluster, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
+from goodput import Allocation, Cluster, ClusterPrior, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
 from goodput.errors import ValidationError
 from goodput.validation import normalize_gpu_type
 
@@ -78,7 +78,7 @@ def build_model(job: str, settings: Mapping[str, Any], **options: Any) -> JobMod
     elif bounds is not None:
         bounds = tuple(bounds)
     return JobModel(job, settings["init_batch_size"], settings.get("max_batch_size"), bounds,
-                    num_stages=settings.get("num_stages", 1), **options)
+                    num_stages=settings.get("num_stages", 1), model_size=settings.get("model_size"), **options)
 
 
 class Published:
@@ -193,6 +193,10 @@ class Registry:
             ``cluster`` at every publish: a file a Slurm ``job_submit`` plugin or a wrapper can read.
         metrics: the service's :class:`~service.metrics.Metrics`.
         model_options: passed to every :class:`JobModel` (e.g. ``{"bayesian": False}``).
+        cluster_prior: what other jobs on the cluster teach a job's model
+            (:class:`~goodput.hierarchy.ClusterPrior`, e.g. ``goodput prior``'s file): every job's
+            model takes it, without the job's own cells when the prior holds them (its data would
+            count twice), and the job's ``model_size`` setting places it on the prior's size slopes.
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
@@ -202,7 +206,7 @@ class Registry:
 
     def __init__(self, store: Store, *, cluster: Cluster | None = None, export_dir: str | Path | None = None,
                  metrics: Metrics | None = None, model_options: Mapping[str, Any] | None = None,
-                 coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
+                 cluster_prior: ClusterPrior | None = None, coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
                  max_defer_s: float = 2.0) -> None:
         if export_dir is not None and cluster is None:
             raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
@@ -211,6 +215,11 @@ class Registry:
         self.export_dir = Path(export_dir) if export_dir is not None else None
         self.metrics = metrics or Metrics()
         self.model_options = dict(model_options or {})
+        if "cluster_prior" in self.model_options:
+            raise ValidationError("model_options.cluster_prior", "...", "is an argument of its own (cluster_prior=)")
+        if cluster_prior is not None and not isinstance(cluster_prior, ClusterPrior):
+            raise ValidationError("cluster_prior", cluster_prior, "expected a goodput.ClusterPrior")
+        self.cluster_prior = cluster_prior
         build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
         self.coalesce_s = coalesce_s
         self.min_interval_s = min_interval_s
@@ -514,8 +523,12 @@ class Registry:
             refits = int(getattr(model, "refits", 0))  # JobModel's refit counter (0 where a model has none)
             if refits > working.refits_seen:  # the model's own policy refitted it (now, or at the build)
                 working.refit_at = time.time()
-            # the copy shares the frozen observations; everything else (fits, GP state) is its own
-            snapshot = copy.deepcopy(model, {id(o): o for o in model.observations})
+            # the copy shares the frozen observations and the cluster prior (read-only once fitted, at the
+            # build); everything else (fits, GP state) is its own
+            shared = {id(o): o for o in model.observations}
+            if model.cluster_prior is not None:
+                shared[id(model.cluster_prior)] = model.cluster_prior
+            snapshot = copy.deepcopy(model, shared)
             with self._lock:
                 state = self._jobs[job]
                 state.version += 1
@@ -546,6 +559,15 @@ class Registry:
             if working.first_unreadable:
                 state.error = f"{working.unreadable} stored record(s) unreadable, left out; first: {working.first_unreadable}"
 
+    def _prior_of(self, job: str) -> ClusterPrior | None:
+        """The cluster prior without ``job``'s own cells, its hierarchy fitted here (in the worker), not by a query."""
+        if self.cluster_prior is None:
+            return None
+        prior = self.cluster_prior.exclude(job)
+        if len(prior):
+            prior.fitted()
+        return prior
+
     def _build(self, job: str) -> _Working:
         """A working model from the store: the job's settings and every stored observation, in order."""
         record = self.store.get_job(job)
@@ -553,7 +575,7 @@ class Registry:
             raise UnknownJobError(job)
         with self._lock:
             self._jobs[job].record = record
-        model = build_model(job, record.settings, **self.model_options)
+        model = build_model(job, record.settings, cluster_prior=self._prior_of(job), **self.model_options)
         observations, watermark, unreadable, first = [], 0, 0, None
         for row in self.store.iter_observations(job):
             try:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from goodput import Observation
 from goodput.errors import ValidationError
 from goodput.hybrid import check_num_stages
-from goodput.validation import check_bounds, check_int, normalize_gpu_type
+from goodput.validation import check_bounds, check_float, check_int, normalize_gpu_type
 
 __all__ = ["JOB_PATTERN", "RECORD_ID_PATTERN", "ObservationRecord", "ObservationBatch", "ObservationsAccepted",
            "JobSettings", "JobOut", "GoodputOut", "TableOut", "AllocateIn", "StoredRecord", "StoredRecords",
@@ -103,6 +103,9 @@ class JobSettings(BaseModel):
         None, description="GPUs per data-parallel replica, or {gpu_type: GPUs}: the pipeline stages of a "
         "hybrid-parallel job, scaled in whole pipelines (default 1: data parallel); its observations must "
         "carry the same num_stages")
+    model_size: float | None = Field(
+        None, description="the job's trainable parameters: with a cluster prior (goodput serve --cluster-prior), "
+        "its size slopes place the job's sync costs (gradient bytes) before it has run multi-GPU")
 
     def checked(self) -> dict[str, Any]:
         """The settings normalised (lower-case GPU types, bounds as lists), checked as the core checks them."""
@@ -133,6 +136,8 @@ class JobSettings(BaseModel):
             stages = check_num_stages(self.num_stages)
             if stages != 1:
                 out["num_stages"] = stages
+        if self.model_size is not None:
+            out["model_size"] = check_float("model_size", self.model_size, positive=True)
         return out
 
 

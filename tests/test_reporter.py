@@ -36,8 +36,8 @@ def _stored(client, job: str) -> list[dict]:
 
 def test_reports_reach_a_live_server_and_register_the_job(tmp_path):
     with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
-        reporter = GoodputReporter("mlp-live", url, init_batch_size=32, max_batch_size=256, buffer_dir=tmp_path,
-                                   flush_interval=0.1)
+        reporter = GoodputReporter("mlp-live", url, init_batch_size=32, max_batch_size=256, model_size=6.7e5,
+                                   buffer_dir=tmp_path, flush_interval=0.1)
         _train(reporter, 25, 32)
         _train(reporter, 12, 8)
         assert reporter.close() == 0
@@ -46,7 +46,7 @@ def test_reports_reach_a_live_server_and_register_the_job(tmp_path):
         assert {(o["local_bsz"], o["num_replicas"], o["gpu_type"], o["source"]) for o in stored} == \
                {(32, 1, "cpu", "training"), (8, 1, "cpu", "training")}
         assert all(o["step_time"] > 0 and o["timestamp"] > 0 and len(o["id"]) == 32 for o in stored)
-        assert client.job("mlp-live")["settings"] == {"init_batch_size": 32, "max_batch_size": 256}
+        assert client.job("mlp-live")["settings"] == {"init_batch_size": 32, "max_batch_size": 256, "model_size": 6.7e5}
         assert not (tmp_path / "mlp-live.rank0.jsonl").exists()  # everything acknowledged
 
 

@@ -1,0 +1,101 @@
+"""``goodput prior``: learn what a cluster's jobs teach a new job, and save it for ``goodput serve --cluster-prior``.
+
+The prior (:class:`goodput.ClusterPrior`, :mod:`goodput.hierarchy`) summarises
+every (job, GPU type) the source holds and fits the hierarchy over them: the
+typical job on each type, how jobs differ (with their parameter counts, the
+size slopes of their sync costs) and how a job differs across types. A new
+job's model then starts from it: from its 1-GPU steps alone, its multi-GPU
+steps are placed where the cluster's jobs of its size put them.
+
+Sources: the service's store (``--store``: every registered job's stored
+observations, and its ``model_size`` setting), or a measurement directory in
+the formats ``goodput accuracy`` reads (``--model-sizes`` as there).
+
+Example::
+
+    goodput prior --store sqlite:///goodput.db --out prior.json
+    goodput prior ../shared/data/pollux/traces --out pollux-prior.json
+    goodput serve --cluster-prior prior.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prior", help="learn a cluster prior from the jobs so far (for goodput serve --cluster-prior)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("data", nargs="?", help="a measurement directory (the formats goodput accuracy reads)")
+    source.add_argument("--store", help="the service's store (SQLAlchemy URL): every registered job's observations")
+    parser.add_argument("--model-sizes", default="auto",
+                        help="with a directory: parameter counts, as goodput accuracy takes them (default auto)")
+    parser.add_argument("--out", required=True, help="where to save the prior (JSON, written atomically)")
+    parser.add_argument("--json", action="store_true", help="print the fitted hierarchy as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from goodput import ClusterPrior
+    from goodput.errors import ValidationError
+
+    observations, sizes, source = _from_store(args.store) if args.store else _from_directory(args.data, args.model_sizes)
+    observations = {job: obs for job, obs in observations.items() if obs}
+    if not observations:
+        raise ValidationError("store" if args.store else "data", args.store or args.data, "holds no job with observations")
+    prior = ClusterPrior.from_observations(observations, sizes)
+    description = prior.describe()
+    from ._common import writing
+
+    with writing(args.out):
+        ClusterPrior(prior.summaries, shapes=prior.shapes, gp_prior=prior.gp_prior).save(args.out)
+    if args.json:
+        print(json.dumps({"out": str(args.out), "source": source, **description}, indent=1))
+        return 0
+    sized = sorted(job for job in observations if sizes.get(job))
+    print(f"goodput prior: {len(observations)} jobs ({sum(len(o) for o in observations.values())} observations, "
+          f"{len(prior.summaries)} job × type cells) from {source} -> {args.out}")
+    print(f"  GPU types: {', '.join(description['types'])}")
+    print(f"  parameter counts: {len(sized)} of {len(observations)} jobs"
+          + ("" if sized else " (no size slopes: give model_size settings, or --model-sizes)"))
+    return 0
+
+
+def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
+    from goodput import Observation
+    from goodput.errors import ValidationError
+    from service.store import Store
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise ValidationError("store", url, "no such SQLite file")
+    store = Store(url)
+    try:
+        observations: dict[str, list[Any]] = {}
+        sizes: dict[str, float] = {}
+        for record in store.jobs():
+            kept = []
+            for row in store.iter_observations(record.name):
+                try:
+                    kept.append(Observation.from_dict(row.data))
+                except (ValidationError, TypeError):  # a record this version cannot read: the service skips it too
+                    continue
+            observations[record.name] = kept
+            if record.settings.get("model_size"):
+                sizes[record.name] = float(record.settings["model_size"])
+    finally:
+        store.close()
+    return observations, sizes, f"the store {url}"
+
+
+def _from_directory(path: str, model_sizes: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
+    from experiments.datasets import read_measurements, resolve_model_sizes
+
+    data = read_measurements(path)
+    resolved = resolve_model_sizes(model_sizes, path, sorted(data.models))
+    sizes = {**data.sizes, **{k: v for k, v in resolved.sizes.items() if k in data.models}}
+    return {job: list(obs) for job, obs in data.models.items()}, sizes, f"{path} (sizes: {resolved.source})"

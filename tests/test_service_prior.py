@@ -1,0 +1,133 @@
+"""The service's cluster prior: ``goodput prior`` learns it, ``goodput serve --cluster-prior`` gives it to every job.
+
+Real CPU profiles of this project (``experiments/data/profiles``: three models, 1 and 2 gloo
+replicas), a real SQLite store and a live server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cli import main
+from goodput import ClusterPrior, JobModel
+from goodput.client import ServiceValidationError
+from goodput.errors import ValidationError
+from service.registry import Registry
+from service.store import Store
+from tests.service_helpers import live_server, profile, wait_for
+
+NEW = "transformer"  # the new job; the cluster has run the other two
+
+
+def _sizes(*names: str) -> dict[str, float]:
+    return {profile(n).job: float(profile(n).metadata["num_parameters"]) for n in names}
+
+
+def _prior(*names: str) -> ClusterPrior:
+    return ClusterPrior.from_observations({profile(n).job: profile(n).observations for n in names}, _sizes(*names))
+
+
+def _settings(name: str, **extra) -> dict:
+    prof = profile(name)
+    return {"init_batch_size": prof.init_batch_size, "max_batch_size": prof.max_batch_size,
+            "local_bsz_bounds": [1, prof.max_local_bsz["cpu"]], **extra}
+
+
+def _model(name: str, **options) -> JobModel:
+    prof = profile(name)
+    return JobModel(prof.job, prof.init_batch_size, prof.max_batch_size, (1, prof.max_local_bsz["cpu"]), **options)
+
+
+def test_a_new_job_s_first_multi_replica_answer_comes_from_the_cluster_prior(tmp_path):
+    prof = profile(NEW)
+    one = [o for o in prof.observations if o.num_replicas == 1]
+    two = [o for o in prof.observations if o.num_replicas == 2]
+    prior, size = _prior("mlp", "resnet"), float(prof.metadata["num_parameters"])
+    with live_server(Store(f"sqlite:///{tmp_path / 'g.db'}"), cluster_prior=prior) as (_, client):
+        client.put_job(prof.job, **_settings(NEW), model_size=size)
+        assert client.job(prof.job)["settings"]["model_size"] == size
+        client.post_observations(prof.job, one)
+        answer = wait_for(lambda: client.goodput(prof.job, "cpu", 1, 2))
+    # the service answers as the same model in process does, with the prior (a thin layer) ...
+    with_prior = _model(NEW, cluster_prior=prior, model_size=size).observe(one)
+    expected = with_prior.goodput("cpu", 1, num_gpus=2)
+    assert answer["step_time"] == pytest.approx(expected.step_time, rel=1e-9)
+    assert answer["local_bsz"] == expected.local_bsz
+    # ... and the prior is what places the 2-replica steps: the weak default misses them by 24-157%
+    alone = _model(NEW).observe(one)
+
+    def error(model: JobModel) -> float:
+        return max(abs(float(model.predict("cpu", 1, 2, o.local_bsz, o.accum_steps).step_time) / o.step_time - 1) for o in two)
+
+    assert error(with_prior) < 0.1 < 0.2 < error(alone)
+
+
+def test_a_job_the_prior_holds_takes_it_without_its_own_cells(tmp_path):
+    prior = _prior("mlp", "resnet", NEW)
+    job = profile(NEW).job
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), cluster_prior=prior, coalesce_s=0.0, min_interval_s=0.0).start()
+    try:
+        registry.register(job, _settings(NEW))
+        registry.register("fresh", _settings("mlp"))
+        registry.add(job, profile(NEW).observations, [f"r{i}" for i in range(len(profile(NEW).observations))])
+        registry.add("fresh", [dataclasses.replace(o, job="fresh") for o in profile("mlp").observations[:3]], ["a", "b", "c"])
+        assert registry.wait_idle(60)
+        held = registry.published(job)._model.cluster_prior
+        assert sorted(held.jobs) == sorted(profile(n).job for n in ("mlp", "resnet"))  # its data count once
+        assert registry.published("fresh")._model.cluster_prior is prior  # a job the prior does not hold: all of it
+    finally:
+        registry.close()
+
+
+def test_model_size_settings_are_checked(tmp_path):
+    with live_server(Store(f"sqlite:///{tmp_path / 'g.db'}")) as (_, client):
+        for bad in (-1.0, 0, "1e6"):
+            with pytest.raises(ServiceValidationError, match="model_size"):
+                client.request("PUT", "/v1/jobs/j", json={"init_batch_size": 8, "model_size": bad})
+        assert "model_size" not in client.put_job("j", init_batch_size=8)["settings"]
+    from profilers.reporter import GoodputReporter
+
+    with pytest.raises(ValidationError, match="model_size"):
+        GoodputReporter("j", "http://127.0.0.1:9", init_batch_size=8, model_size=0, buffer_dir=tmp_path)
+
+
+def test_goodput_prior_learns_from_the_store_and_serve_takes_the_file(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    store = Store(url)
+    for name in ("mlp", "resnet"):
+        prof = profile(name)
+        store.put_job(prof.job, _settings(name, model_size=float(prof.metadata["num_parameters"])))
+        store.add_observations(prof.job, [(f"{prof.job}-{i}", o.to_dict()) for i, o in enumerate(prof.observations)])
+    store.put_job("registered-only", {"init_batch_size": 8})  # no observations yet: not a cell
+    store.close()
+    out = tmp_path / "prior.json"
+    assert main(["prior", "--store", url, "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["jobs"] == 2 and printed["size_slopes"] is not None
+    loaded = ClusterPrior.load(out)
+    assert sorted(loaded.jobs) == sorted(_sizes("mlp", "resnet"))
+    assert {c.job: c.size for c in loaded.summaries} == _sizes("mlp", "resnet")
+    # the file gives a new job the same prior as the in-process one (summaries, shapes and GP prior saved)
+    direct = _prior("mlp", "resnet").prior(["cpu"], 4.7e5)
+    again = loaded.prior(["cpu"], 4.7e5)
+    assert again[0] == pytest.approx(direct[0]) and again[1] == pytest.approx(direct[1])
+    # and goodput serve takes the path
+    with live_server(Store(url), cluster_prior=str(out)) as (_, client):
+        assert client.health()
+
+
+def test_goodput_prior_refuses_what_it_cannot_learn_from(tmp_path, capsys):
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    Store(empty).close()
+    assert main(["prior", "--store", empty, "--out", str(tmp_path / "p.json")]) == 2
+    assert "holds no job with observations" in capsys.readouterr().err
+    assert main(["prior", "--store", f"sqlite:///{tmp_path / 'missing.db'}", "--out", str(tmp_path / "p.json")]) == 2
+    assert "no such SQLite file" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["serve", "--cluster-prior", str(bad), "--store", f"sqlite:///{tmp_path / 's.db'}"]) == 2
+    assert "not a saved ClusterPrior" in capsys.readouterr().err
