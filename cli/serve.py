@@ -15,6 +15,7 @@ Example::
     goodput serve --store postgresql+psycopg://goodput@db/goodput --host 0.0.0.0
     goodput prior --store sqlite:///goodput.db --out prior.json   # what the jobs so far teach a new one
     goodput serve --cluster-prior prior.json
+    goodput serve --learn-prior                                   # or learn it from the jobs as they report
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster-prior", metavar="PATH",
                         help="a cluster prior saved as JSON (goodput prior): every job's model takes it, without "
                         "the job's own cells; a job's model_size setting places it on its size slopes")
+    parser.add_argument("--learn-prior", action="store_true",
+                        help="learn the cluster prior from the jobs' own observations as they change (at most once "
+                        "per --prior-interval, when the worker is otherwise idle); --cluster-prior serves until then")
+    parser.add_argument("--prior-interval", type=float, default=600.0,
+                        help="seconds between two cluster priors learned (default 600: each refits every job)")
     parser.add_argument("--max-body-mb", type=float, default=10.0, help="larger request bodies get 413 (default 10)")
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL", "EXTRA"], default="FULL",
                         help="SQLite's synchronous setting (default FULL: a commit survives a power cut; NORMAL "
@@ -67,11 +73,17 @@ def run(args: argparse.Namespace) -> int:
 
         raise ValidationError("port", args.port, "must be <= 65535")
     max_body = int(check_float("max_body_mb", args.max_body_mb, positive=True) * 1024 * 1024)
+    interval = check_float("prior_interval", args.prior_interval, nonnegative=True)
+    prior = None
+    if args.cluster_prior is not None:  # read before the store is opened: a bad file stops nothing half-made
+        from goodput import ClusterPrior
+
+        prior = ClusterPrior.load(args.cluster_prior)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = Store(args.store, sqlite_synchronous=args.sqlite_synchronous)
     app = create_app(store, cluster=args.cluster, token_file=args.token_file, max_body_bytes=max_body,
                      export_dir=args.export_dir, model_options={"bayesian": args.model == "bayesian"},
-                     cluster_prior=args.cluster_prior,
+                     cluster_prior=prior, learn_prior=args.learn_prior, prior_interval_s=interval,
                      k8s_max_score=args.k8s_max_score)
     serve(app, args.host, args.port, log_level=args.log_level)
     return 0

@@ -20,6 +20,12 @@ temporary directory:
    twice (target 0), and stored without an acknowledgement (in flight at the
    kill: allowed, the sender resends it and it is stored once).
 
+4. **Cluster prior** (``--parts prior``): the same jobs (each with a parameter
+   count, 1–100 M) stored by a server, then a server with ``--learn-prior`` on
+   that store: seconds its worker takes to learn the prior from every job, and
+   from its start until every job is rebuilt, given the prior without its own
+   cells, refitted and republished.
+
 A last row: what :class:`profilers.reporter.GoodputReporter` costs a training
 step (µs per ``with reporter.step(...)``), against a real step of the zoo's MLP
 on this CPU (target < 1%).
@@ -117,11 +123,13 @@ def job_observations(job: str, count: int, seed: int) -> list[dict[str, Any]]:
     return [{**r, "id": f"{job}:{k}"} for k, r in enumerate(records[:count])]
 
 
-def register(url: str, jobs: list[str]) -> None:
+def register(url: str, jobs: list[str], sizes: dict[str, float] | None = None) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         for job in jobs:
-            http.put(f"/v1/jobs/{job}", json={"init_batch_size": 128, "max_batch_size": 4096,
-                                              "local_bsz_bounds": [8, 512]}).raise_for_status()
+            settings = {"init_batch_size": 128, "max_batch_size": 4096, "local_bsz_bounds": [8, 512]}
+            if sizes:
+                settings["model_size"] = sizes[job]
+            http.put(f"/v1/jobs/{job}", json=settings).raise_for_status()
 
 
 async def ingest(url: str, batches: list[tuple[str, list[dict[str, Any]]]], clients: int,
@@ -341,6 +349,31 @@ def reporter_cost(folder: Path, url: str, steps: int) -> dict[str, Any]:
             "percent_of_step": 100 * cost_s / step_s, "target_percent": 1.0, "sent": reporter.sent}
 
 
+def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any]:
+    """Store the jobs (with parameter counts) through one server, then time a ``--learn-prior`` server on the store."""
+    store = f"sqlite:///{folder / 'prior.db'}"
+    sizes = {job: 10 ** (6 + 2 * i / max(len(names) - 1, 1)) for i, job in enumerate(names)}
+    with ServerProcess(store, "--model", "plain") as server:  # storing only: the plain model builds fast
+        register(server.url, names, sizes)
+        batches = [(job, records[k:k + 50]) for i, job in enumerate(names)
+                   for records in [job_observations(job, per_job, seed=i)] for k in range(0, len(records), 50)]
+        acknowledged, _, failed = asyncio.run(ingest(server.url, batches, 8))
+    started = time.perf_counter()
+    with ServerProcess(store, "--model", "bayesian", "--learn-prior") as server, \
+            httpx.Client(base_url=server.url, timeout=30) as http:
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            health = http.get("/healthz").json()
+            if health["cluster_prior"]["source"] == "learned" and health["worker"]["idle"]:
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - started
+    prior = health["cluster_prior"]
+    return {"what": f"cluster prior learned by the worker ({len(names)} jobs x {per_job}, bayesian)",
+            "observations": acknowledged, "failed": failed, "learn_s": prior.get("seconds"),
+            "cells": prior.get("cells"), "start_to_republished_s": elapsed, "learned": prior["source"] == "learned"}
+
+
 # ---------------------------------------------------------------------- main
 def load_figures(url: str, names: list[str], per_job: int, model: str, count: int, seconds: float) -> list[dict[str, Any]]:
     """Ingest ``per_job`` observations of each job from 8 senders, wait for the models, time the queries."""
@@ -374,12 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, help="jobs (default 50; --quick 5)")
     p.add_argument("--observations", type=int, help="observations per job (default 200; --quick 40)")
     p.add_argument("--model", choices=["bayesian", "plain"], help="the server's models (default bayesian; --quick plain)")
-    p.add_argument("--parts", default="load,reporter,kill",
-                   help="what to run, comma-separated: load (ingest and queries), reporter, kill (default all)")
+    p.add_argument("--parts", default="load,reporter,kill,prior",
+                   help="what to run, comma-separated: load (ingest and queries), reporter, kill, prior (default all)")
     args = p.parse_args(argv)
     parts = {part.strip() for part in args.parts.split(",") if part.strip()}
-    if not parts or parts - {"load", "reporter", "kill"}:
-        p.error(f"--parts: expected some of load, reporter, kill; got {args.parts!r}")
+    if not parts or parts - {"load", "reporter", "kill", "prior"}:
+        p.error(f"--parts: expected some of load, reporter, kill, prior; got {args.parts!r}")
     jobs = args.jobs or (5 if args.quick else 50)
     per_job = args.observations or (40 if args.quick else 200)
     model = ("--model", args.model or ("plain" if args.quick else "bayesian"))
@@ -398,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             killed = kill_during_ingest(folder, jobs=4 if args.quick else 8, records_per_job=100 if args.quick else 400)
             rows.append({"what": "kill -9 during ingest (8 reporters), restart", **killed, "target_lost": 0,
                          "target_duplicates": 0})
+        if "prior" in parts:
+            rows.append(prior_figures(folder, names, per_job))
     for row in rows:
         if row.get("target_p99_ms") is not None:
             row["meets_target"] = row["p99_ms"] <= row["target_p99_ms"]

@@ -52,6 +52,10 @@ class Metrics:
         self.failures = Counter("goodput_model_failures", "model rebuilds or updates that failed", registry=r)
         self.update_seconds = Histogram("goodput_model_update_seconds", "background worker seconds per model update",
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.prior_updates = Counter("goodput_cluster_prior_updates", "cluster priors learned from the jobs' observations",
+                                     registry=r)
+        self.prior_seconds = Histogram("goodput_cluster_prior_seconds", "background worker seconds per cluster prior learned",
+                                       buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.jobs = Gauge("goodput_jobs", "registered jobs", registry=r)
         self.rebuilding = Gauge("goodput_jobs_rebuilding", "jobs without a published model yet", registry=r)
 

@@ -18,6 +18,14 @@ Concurrency (``JobModel`` is not thread-safe, and a refit takes up to seconds):
   rebuild reads the store up to a row id (its watermark) and drops queued rows
   at or below it: nothing is counted twice and nothing is missed.
 
+The **cluster prior** (what other jobs teach a job's model, :mod:`goodput.hierarchy`): a
+given one (``goodput prior``'s file) serves every job without the job's own cells; with
+``learn_prior`` the worker learns it from every job's working model when stored observations
+or settings changed, at most once per ``prior_interval_s`` and only when nothing else waits,
+then gives each job the prior without its own cells (a refit of the hierarchy, not of the
+cells) and republishes every job. The residual GP's hyperprior and the sync shapes keep the
+job's own data: they pool every job's residuals and shapes.
+
 At start-up every job is queued for a rebuild and the service answers at once:
 job records, observation counts and writes work immediately; a goodput, table
 or allocation query for a job whose model is not built yet raises
@@ -48,7 +56,7 @@ from typing import Any
 
 from goodput import Allocation, Cluster, ClusterPrior, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
 from goodput.errors import ValidationError
-from goodput.validation import normalize_gpu_type
+from goodput.validation import check_float, normalize_gpu_type
 
 from .metrics import Metrics
 from .schemas import json_bytes, json_safe
@@ -197,6 +205,10 @@ class Registry:
             (:class:`~goodput.hierarchy.ClusterPrior`, e.g. ``goodput prior``'s file): every job's
             model takes it, without the job's own cells when the prior holds them (its data would
             count twice), and the job's ``model_size`` setting places it on the prior's size slopes.
+        learn_prior: the worker learns the cluster prior from the jobs' own stored observations
+            (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``
+            and when nothing else waits; every job's model then takes it (refitted, republished).
+            A given ``cluster_prior`` serves until the first is learned; one job teaches nothing.
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
@@ -206,7 +218,8 @@ class Registry:
 
     def __init__(self, store: Store, *, cluster: Cluster | None = None, export_dir: str | Path | None = None,
                  metrics: Metrics | None = None, model_options: Mapping[str, Any] | None = None,
-                 cluster_prior: ClusterPrior | None = None, coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
+                 cluster_prior: ClusterPrior | None = None, learn_prior: bool = False,
+                 prior_interval_s: float = 600.0, coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
                  max_defer_s: float = 2.0) -> None:
         if export_dir is not None and cluster is None:
             raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
@@ -219,7 +232,21 @@ class Registry:
             raise ValidationError("model_options.cluster_prior", "...", "is an argument of its own (cluster_prior=)")
         if cluster_prior is not None and not isinstance(cluster_prior, ClusterPrior):
             raise ValidationError("cluster_prior", cluster_prior, "expected a goodput.ClusterPrior")
+        if not isinstance(learn_prior, bool):
+            raise ValidationError("learn_prior", learn_prior, "expected True or False")
+        if (cluster_prior is not None or learn_prior) and self.model_options.get("bayesian") is False:
+            raise ValidationError("cluster_prior", "learn" if learn_prior else "given",
+                                  "needs the Bayesian model (the plain Pollux fit takes no prior)")
         self.cluster_prior = cluster_prior
+        self.learn_prior = learn_prior
+        self.prior_interval_s = check_float("prior_interval_s", prior_interval_s, nonnegative=True)
+        self._learned: ClusterPrior | None = None
+        # observations stored and settings changed (under the lock); 1 at the start: the stored jobs teach one
+        self._prior_changes = 1 if learn_prior else 0
+        self._prior_seen = 0  # _prior_changes when the last prior was learned
+        self._prior_at = -float("inf")  # time.monotonic() of the last learning
+        self._prior_info: dict[str, Any] = ({"source": "given", "jobs": len(cluster_prior)} if cluster_prior is not None
+                                            else {"source": "none", "jobs": 0})
         build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
         self.coalesce_s = coalesce_s
         self.min_interval_s = min_interval_s
@@ -267,7 +294,8 @@ class Registry:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._rebuild and not self._dirty and not self._warm and self._busy is None:
+                if (not self._rebuild and not self._dirty and not self._warm and self._busy is None
+                        and not self._prior_due(time.monotonic())[0]):
                     return True
             time.sleep(0.01)
         return False
@@ -283,6 +311,7 @@ class Registry:
             else:
                 state.record = record
             if record.changed or state is None:
+                self._prior_changes += 1
                 self._rebuild[job] = None
                 self._wake.notify_all()
             self._gauges()
@@ -300,6 +329,7 @@ class Registry:
                 if state is not None:
                     state.pending_types.update(by_id[rid].gpu_type for _, rid in inserted)
                 self._dirty[job] = None
+                self._prior_changes += len(inserted) > 0
                 self._wake.notify_all()
 
         result = self.store.add_observations(job, [(rid, o.to_dict()) for rid, o in zip(ids, observations)],
@@ -354,6 +384,11 @@ class Registry:
             done = sum(s.published is not None for s in self._jobs.values())
             return NotReadyError(job, done, len(self._jobs), state.error,
                                  what=f"the first observations of job {job!r} on {gpu_type} are being fitted")
+
+    def prior_status(self) -> dict[str, Any]:
+        """Where the jobs' cluster prior comes from (``none``, ``given``, ``learned``), its jobs and, once learned, when."""
+        with self._lock:
+            return {**self._prior_info, "learning": self.learn_prior}
 
     def backlog(self) -> dict[str, Any]:
         """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead."""
@@ -477,6 +512,12 @@ class Registry:
                     self._busy = job
                     return "warm", job
                 if job is None:
+                    due, prior_wait = self._prior_due(now)
+                    if due:
+                        self._prior_seen = self._prior_changes
+                        self._busy = "(cluster prior)"
+                        return "prior", ""
+                    wait = min(wait, prior_wait)
                     self._wake.wait(None if wait == float("inf") else wait)
                     waited = True
                     continue
@@ -487,7 +528,9 @@ class Registry:
         while (task := self._next_task()) is not None:
             kind, job = task
             try:
-                if kind == "warm":
+                if kind == "prior":
+                    self._learn_prior()
+                elif kind == "warm":
                     self._warm_up(job)
                 else:
                     self._update(job, full=kind == "rebuild")
@@ -559,11 +602,48 @@ class Registry:
             if working.first_unreadable:
                 state.error = f"{working.unreadable} stored record(s) unreadable, left out; first: {working.first_unreadable}"
 
+    def _prior_due(self, now: float) -> tuple[bool, float]:
+        """(whether the worker should learn the cluster prior now, seconds until it should); under the lock."""
+        if not self.learn_prior or self._prior_changes == self._prior_seen:
+            return False, float("inf")
+        wait = self._prior_at + self.prior_interval_s - now
+        return wait <= 0, max(wait, 0.0)
+
+    def _learn_prior(self) -> None:
+        """Learn the cluster prior from every job's working model, then give each job the prior without its cells."""
+        started = time.perf_counter()
+        models = [w.model for w in self._working.values() if w.model.observations]
+        try:
+            if len(models) < 2:  # one job's own cells are left out of its prior: nothing to teach yet
+                return
+            learned = ClusterPrior.from_models(models)
+            # its summaries only: leaving a job out is then a refit of the hierarchy, not of every cell
+            self._learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)
+            for job, working in self._working.items():
+                working.model.cluster_prior = self._prior_of(job)  # refitted at its next update
+        except Exception:  # noqa: BLE001 - the jobs keep the prior they had; the next change tries again
+            self.metrics.failures.inc()
+            log.exception("goodput serve: learning the cluster prior failed")
+            return
+        finally:
+            self._prior_at = time.monotonic()
+        seconds = time.perf_counter() - started
+        self.metrics.prior_updates.inc()
+        self.metrics.prior_seconds.observe(seconds)
+        with self._lock:
+            self._prior_info = {"source": "learned", "jobs": len(models), "cells": len(self._learned.summaries),
+                                "learned_at": time.time(), "seconds": round(seconds, 3)}
+            for job in self._working:
+                if job in self._jobs:
+                    self._dirty[job] = None
+            self._wake.notify_all()
+
     def _prior_of(self, job: str) -> ClusterPrior | None:
         """The cluster prior without ``job``'s own cells, its hierarchy fitted here (in the worker), not by a query."""
-        if self.cluster_prior is None:
+        source = self._learned if self._learned is not None else self.cluster_prior
+        if source is None:
             return None
-        prior = self.cluster_prior.exclude(job)
+        prior = source.exclude(job)
         if len(prior):
             prior.fitted()
         return prior

@@ -42,13 +42,15 @@ def test_bench_service_quick(tmp_path):
 
     assert "bench_service" in bench.discover()
     # the kill -9 part runs in tests/test_service_restart.py
-    assert bench_service.main(["--quick", "--parts", "load,reporter", "--out-dir", str(tmp_path)]) == 0
+    assert bench_service.main(["--quick", "--parts", "load,reporter,prior", "--out-dir", str(tmp_path)]) == 0
     figures = json.loads((tmp_path / "bench_service.json").read_text())
     rows = {row["what"].split(",")[0]: row for row in figures["rows"]}
     assert rows["ingest"]["observations"] == 5 * 40 and rows["ingest"]["failed"] == 0 and rows["ingest"]["per_s"] > 0
     queries = [row for row in figures["rows"] if row["what"].startswith("GET")]
     assert len(queries) == 6 and all(row["errors"] == 0 and 0 < row["p50_ms"] <= row["p99_ms"] for row in queries)
     assert rows["reporter cost per training step"]["reporter_us"] > 0
+    prior = rows["cluster prior learned by the worker (5 jobs x 40"]
+    assert prior["learned"] and prior["cells"] == 5 * 3 and prior["failed"] == 0 and 0 < prior["learn_s"] < prior["start_to_republished_s"]
     assert figures["load_average_before"] and figures["jobs"] == 5
 
 

@@ -131,3 +131,64 @@ def test_goodput_prior_refuses_what_it_cannot_learn_from(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["serve", "--cluster-prior", str(bad), "--store", f"sqlite:///{tmp_path / 's.db'}"]) == 2
     assert "not a saved ClusterPrior" in capsys.readouterr().err
+
+
+def _registry(tmp_path, **options) -> Registry:
+    return Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), coalesce_s=0.0, min_interval_s=0.0, **options).start()
+
+
+def _add(registry: Registry, name: str, observations=None, **settings) -> str:
+    prof = profile(name)
+    registry.register(prof.job, _settings(name, **settings))
+    observations = prof.observations if observations is None else observations
+    registry.add(prof.job, observations, [f"{prof.job}-{o.local_bsz}-{o.num_replicas}-{i}" for i, o in enumerate(observations)])
+    return prof.job
+
+
+def test_the_service_learns_the_prior_from_its_own_jobs(tmp_path):
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        first = _add(registry, "mlp", model_size=_sizes("mlp")[profile("mlp").job])
+        assert registry.wait_idle(120)
+        assert registry.prior_status()["source"] == "none"  # one job teaches nothing: its own cells are left out
+        assert registry.published(first)._model.cluster_prior is None
+        _add(registry, "resnet", model_size=_sizes("resnet")[profile("resnet").job])
+        prof = profile(NEW)
+        one = [o for o in prof.observations if o.num_replicas == 1]
+        new = _add(registry, NEW, one, model_size=float(prof.metadata["num_parameters"]))
+        assert registry.wait_idle(120)
+        status = registry.prior_status()
+        assert status["source"] == "learned" and status["jobs"] == 3 and status["learning"]
+        model = registry.published(new)._model
+        assert sorted(model.cluster_prior.jobs) == sorted([first, profile("resnet").job])
+        assert model.model_size == float(prof.metadata["num_parameters"])
+        for o in (o for o in prof.observations if o.num_replicas == 2):
+            assert abs(float(model.predict("cpu", 1, 2, o.local_bsz, o.accum_steps).step_time) / o.step_time - 1) < 0.1
+        learned = registry.metrics.prior_updates._value.get()
+        assert registry.wait_idle(5) and registry.metrics.prior_updates._value.get() == learned  # nothing new: not relearned
+    finally:
+        registry.close()
+
+
+def test_a_restarted_service_learns_the_prior_from_the_stored_jobs(tmp_path):
+    registry = _registry(tmp_path)
+    try:
+        jobs = [_add(registry, name) for name in ("mlp", "resnet", NEW)]
+        assert registry.wait_idle(120) and registry.prior_status()["source"] == "none"
+    finally:
+        registry.close()
+    registry = _registry(tmp_path, learn_prior=True)  # the default interval: the first prior comes at once
+    try:
+        assert registry.wait_idle(120)
+        assert registry.prior_status()["source"] == "learned"
+        for job in jobs:
+            assert sorted(registry.published(job)._model.cluster_prior.jobs) == sorted(j for j in jobs if j != job)
+    finally:
+        registry.close()
+
+
+def test_a_prior_needs_the_bayesian_model(tmp_path):
+    with pytest.raises(ValidationError, match="cluster_prior"):
+        Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}, learn_prior=True)
+    with pytest.raises(ValidationError, match="prior_interval_s"):
+        Registry(Store(f"sqlite:///{tmp_path / 'h.db'}"), learn_prior=True, prior_interval_s=-1)
