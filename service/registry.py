@@ -329,7 +329,8 @@ class Registry:
                 if state is not None:
                     state.pending_types.update(by_id[rid].gpu_type for _, rid in inserted)
                 self._dirty[job] = None
-                self._prior_changes += len(inserted) > 0
+                if inserted:
+                    self._prior_changes += 1
                 self._wake.notify_all()
 
         result = self.store.add_observations(job, [(rid, o.to_dict()) for rid, o in zip(ids, observations)],
