@@ -245,7 +245,8 @@ class Registry:
         self._prior_changes = 1 if learn_prior else 0
         self._prior_seen = 0  # _prior_changes when the last prior was learned
         self._prior_at = -float("inf")  # time.monotonic() of the last learning
-        self._prior_info: dict[str, Any] = ({"source": "given", "jobs": len(cluster_prior)} if cluster_prior is not None
+        self._prior_info: dict[str, Any] = ({"source": "given", "jobs": len(cluster_prior.jobs), "cells": len(cluster_prior)}
+                                            if cluster_prior is not None
                                             else {"source": "none", "jobs": 0})
         build_model("options-check", {"init_batch_size": 1}, **self.model_options)  # a bad option fails now
         self.coalesce_s = coalesce_s

@@ -75,6 +75,7 @@ def test_a_job_the_prior_holds_takes_it_without_its_own_cells(tmp_path):
         registry.add(job, profile(NEW).observations, [f"r{i}" for i in range(len(profile(NEW).observations))])
         registry.add("fresh", [dataclasses.replace(o, job="fresh") for o in profile("mlp").observations[:3]], ["a", "b", "c"])
         assert registry.wait_idle(60)
+        assert registry.prior_status() == {"source": "given", "jobs": 3, "cells": 3, "learning": False}
         held = registry.published(job)._model.cluster_prior
         assert sorted(held.jobs) == sorted(profile(n).job for n in ("mlp", "resnet"))  # its data count once
         assert registry.published("fresh")._model.cluster_prior is prior  # a job the prior does not hold: all of it
