@@ -224,6 +224,8 @@ class GoodputReporter:
         The hook does DDP's default averaging all-reduce and, around it, takes the squared
         norm of this replica's gradient and of the averaged one: two batch sizes of one
         step (Pollux, OSDI'21 §3.1; McCandlish et al. 2018, App. A.1). Needs 2+ replicas.
+        Unless ``model_size`` was given, the model's trainable parameters become the job's
+        ``model_size`` when this reporter registers it (a cluster prior's size slopes use it).
         """
         import torch.distributed as dist
 
@@ -248,6 +250,10 @@ class GoodputReporter:
             return future.then(reduced)
 
         ddp_model.register_comm_hook(None, hook)
+        if self._settings is not None and self._settings.get("model_size") is None:
+            from .profile import trainable_parameters
+
+            self._settings["model_size"] = float(trainable_parameters(ddp_model))
         return self
 
     # ------------------------------------------------------------------ internals of the hot path

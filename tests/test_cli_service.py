@@ -15,6 +15,7 @@ import pytest
 
 from cli import main
 from goodput import GoodputTable
+from profilers import zoo
 from tests.service_helpers import live_server, profile, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,9 @@ def test_the_example_trains_two_ddp_replicas_that_report_once_with_gradient_nois
     sent, kept = map(int, printed[0])
     stored = [r["observation"] for r in client.stored("example-mlp")["records"]]
     assert sent >= 1 and kept == 0 and len(stored) == sent, output
-    assert client.job("example-mlp")["settings"]["init_batch_size"] == 64
+    settings = client.job("example-mlp")["settings"]
+    assert settings["init_batch_size"] == 64
+    assert settings["model_size"] == sum(p.numel() for p in zoo.get("mlp").model.parameters() if p.requires_grad)  # by attach()
     assert all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 64 for o in stored)
     with_noise = [o for o in stored if "grad_sqr" in o]
     assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise), (stored, output)
