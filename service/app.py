@@ -12,6 +12,7 @@ Endpoints (JSON bodies):
 - ``GET  /v1/jobs/{job}/table?cluster=`` — the job's goodput table (Sia's configuration set);
 - ``POST /v1/allocate`` — one scheduling round -> ``Allocation.to_dict()``;
 - ``POST /v1/k8s/filter``, ``POST /v1/k8s/prioritize`` — the Kubernetes scheduler extender;
+- ``GET  /v1/cluster-prior`` — where the jobs' cluster prior comes from and what it learned;
 - ``GET  /healthz``, ``GET /metrics`` (Prometheus).
 
 Errors: 401 (a write without a valid token, when tokens are set), 404 (unknown
@@ -373,6 +374,12 @@ def create_app(
         return _bytes_response(json_bytes(extender.prioritize(args)))
 
     # ------------------------------------------------------------------ operations
+    @app.get("/v1/cluster-prior", tags=["operations"])
+    def get_cluster_prior() -> Any:
+        """Where the jobs' cluster prior comes from (none, given, learned) and what it learned: the spread of job
+        and job × type effects per coordinate, their correlations, each job's Student-t weight, the size slopes."""
+        return json_safe({"status": registry.prior_status(), "hierarchy": registry.prior_description()})
+
     @app.get("/healthz", tags=["operations"])
     def healthz() -> Any:
         """Liveness and readiness: the store answers; how many jobs have a model."""

@@ -237,6 +237,8 @@ class Registry:
         if (cluster_prior is not None or learn_prior) and self.model_options.get("bayesian") is False:
             raise ValidationError("cluster_prior", "learn" if learn_prior else "given",
                                   "needs the Bayesian model (the plain Pollux fit takes no prior)")
+        if cluster_prior is not None and len(cluster_prior):
+            cluster_prior.fitted()  # here, not in a request thread
         self.cluster_prior = cluster_prior
         self.learn_prior = learn_prior
         self.prior_interval_s = check_float("prior_interval_s", prior_interval_s, nonnegative=True)
@@ -391,6 +393,12 @@ class Registry:
         """Where the jobs' cluster prior comes from (``none``, ``given``, ``learned``), its jobs and, once learned, when."""
         with self._lock:
             return {**self._prior_info, "learning": self.learn_prior}
+
+    def prior_description(self) -> dict[str, Any] | None:
+        """What the current cluster prior learned (:meth:`goodput.ClusterPrior.describe`: the spread of job and
+        job × type effects, their correlations, the size slopes); ``None`` without one."""
+        prior = self._learned if self._learned is not None else self.cluster_prior
+        return None if prior is None or not len(prior) else prior.describe()  # fitted in the worker: no EM here
 
     def backlog(self) -> dict[str, Any]:
         """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead."""
@@ -620,7 +628,9 @@ class Registry:
                 return
             learned = ClusterPrior.from_models(models)
             # its summaries only: leaving a job out is then a refit of the hierarchy, not of every cell
-            self._learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)
+            learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)
+            learned.fitted()
+            self._learned = learned
             for job, working in self._working.items():
                 working.model.cluster_prior = self._prior_of(job)  # refitted at its next update
         except Exception:  # noqa: BLE001 - the jobs keep the prior they had; the next change tries again

@@ -49,6 +49,9 @@ def test_a_new_job_s_first_multi_replica_answer_comes_from_the_cluster_prior(tmp
     with live_server(Store(f"sqlite:///{tmp_path / 'g.db'}"), cluster_prior=prior) as (_, client):
         client.put_job(prof.job, **_settings(NEW), model_size=size)
         assert client.job(prof.job)["settings"]["model_size"] == size
+        shown = client.request("GET", "/v1/cluster-prior")
+        assert shown["status"] == {"source": "given", "jobs": 2, "cells": 2, "learning": False}
+        assert shown["hierarchy"]["jobs"] == 2 and shown["hierarchy"]["size_slopes"] is not None
         client.post_observations(prof.job, one)
         answer = wait_for(lambda: client.goodput(prof.job, "cpu", 1, 2))
     # the service answers as the same model in process does, with the prior (a thin layer) ...
@@ -152,6 +155,7 @@ def test_the_service_learns_the_prior_from_its_own_jobs(tmp_path):
         first = _add(registry, "mlp", model_size=_sizes("mlp")[profile("mlp").job])
         assert registry.wait_idle(120)
         assert registry.prior_status()["source"] == "none"  # one job teaches nothing: its own cells are left out
+        assert registry.prior_description() is None
         assert registry.published(first)._model.cluster_prior is None
         _add(registry, "resnet", model_size=_sizes("resnet")[profile("resnet").job])
         prof = profile(NEW)
@@ -160,6 +164,7 @@ def test_the_service_learns_the_prior_from_its_own_jobs(tmp_path):
         assert registry.wait_idle(120)
         status = registry.prior_status()
         assert status["source"] == "learned" and status["jobs"] == 3 and status["learning"]
+        assert registry.prior_description()["jobs"] == 3
         model = registry.published(new)._model
         assert sorted(model.cluster_prior.jobs) == sorted([first, profile("resnet").job])
         assert model.model_size == float(prof.metadata["num_parameters"])
