@@ -147,3 +147,16 @@ def test_the_shipped_kube_scheduler_configuration_points_at_the_extender():
     prefix = extender["urlPrefix"].split(":8470", 1)[1]
     routes = {route.path for route in create_app("sqlite:///unused.db").routes}
     assert f"{prefix}/{extender['filterVerb']}" in routes and f"{prefix}/{extender['prioritizeVerb']}" in routes
+
+
+def test_the_shipped_deployment_s_arguments_are_goodput_serve_s():
+    import yaml
+
+    from cli import build_parser
+
+    documents = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "deploy" / "goodput-serve.yaml").read_text())
+    (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "serve" and args.learn_prior and args.host == "0.0.0.0"
+    assert str(args.cluster) == "a100:4x8,t4:8x4"
