@@ -124,7 +124,7 @@ class GoodputReporter:
             ``init_batch_size`` is also the reference batch M0 of the gradient-noise statistics
             (else it is read from the service's record of the job).
         model_size: the job's trainable parameters, registered with those settings: with a cluster
-            prior on the service (``goodput serve --cluster-prior``) they place its sync costs before it
+            prior on the service (``goodput serve --learn-prior`` or ``--cluster-prior``) they place its sync costs before it
             has run multi-GPU (``profilers.trainable_parameters(model)`` counts them).
         gpu_type: the device type (default: the CUDA device's normalised name, or ``"cpu"``).
         num_nodes, num_replicas: the allocation (default: from ``torch.distributed`` and the launcher).

@@ -190,10 +190,10 @@ def create_app(
         tokens = (tokens or ()) + read_tokens(token_file)
     if max_body_bytes < 1024:
         raise ValidationError("max_body_bytes", max_body_bytes, "must be at least 1024")
+    if isinstance(cluster_prior, (str, Path)):  # before the store is opened: a bad file leaves nothing behind
+        cluster_prior = ClusterPrior.load(cluster_prior)
     store = store if isinstance(store, Store) else Store(store)
     metrics = Metrics()
-    if isinstance(cluster_prior, (str, Path)):
-        cluster_prior = ClusterPrior.load(cluster_prior)
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
                         model_options=model_options, cluster_prior=cluster_prior, learn_prior=learn_prior,
                         prior_interval_s=prior_interval_s, coalesce_s=coalesce_s, min_interval_s=min_interval_s)

@@ -104,8 +104,8 @@ class JobSettings(BaseModel):
         "hybrid-parallel job, scaled in whole pipelines (default 1: data parallel); its observations must "
         "carry the same num_stages")
     model_size: float | None = Field(
-        None, description="the job's trainable parameters: with a cluster prior (goodput serve --cluster-prior), "
-        "its size slopes place the job's sync costs (gradient bytes) before it has run multi-GPU")
+        None, description="the job's trainable parameters: with a cluster prior (goodput serve --learn-prior or "
+        "--cluster-prior), its size slopes place the job's sync costs (gradient bytes) before it has run multi-GPU")
 
     def checked(self) -> dict[str, Any]:
         """The settings normalised (lower-case GPU types, bounds as lists), checked as the core checks them."""
