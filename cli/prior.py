@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ._common import writing
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -44,14 +46,19 @@ def run(args: argparse.Namespace) -> int:
     from goodput import ClusterPrior
     from goodput.errors import ValidationError
 
-    observations, sizes, source = _from_store(args.store) if args.store else _from_directory(args.data, args.model_sizes)
-    observations = {job: obs for job, obs in observations.items() if obs}
-    if not observations:
-        raise ValidationError("store" if args.store else "data", args.store or args.data, "holds no job with observations")
-    prior = ClusterPrior.from_observations(observations, sizes)
-    description = prior.describe()
-    from ._common import writing
+    from rich.console import Console
 
+    status = Console(stderr=True).status("reading the jobs' observations")  # on a terminal only
+    with status:
+        observations, sizes, source = (_from_store(args.store) if args.store
+                                       else _from_directory(args.data, args.model_sizes))
+        observations = {job: obs for job, obs in observations.items() if obs}
+        if not observations:
+            raise ValidationError("store" if args.store else "data", args.store or args.data,
+                                  "holds no job with observations")
+        status.update(f"learning from {len(observations)} jobs: a fit per job and GPU type, then the hierarchy")
+        prior = ClusterPrior.from_observations(observations, sizes)
+        description = prior.describe()
     with writing(args.out):
         ClusterPrior(prior.summaries, shapes=prior.shapes, gp_prior=prior.gp_prior).save(args.out)
     if args.json:
@@ -98,4 +105,5 @@ def _from_directory(path: str, model_sizes: str) -> tuple[dict[str, list[Any]], 
     data = read_measurements(path)
     resolved = resolve_model_sizes(model_sizes, path, sorted(data.models))
     sizes = {**data.sizes, **{k: v for k, v in resolved.sizes.items() if k in data.models}}
-    return {job: list(obs) for job, obs in data.models.items()}, sizes, f"{path} (sizes: {resolved.source})"
+    where = resolved.source if resolved.sizes or not data.sizes else "the profiles' own parameter counts"
+    return {job: list(obs) for job, obs in data.models.items()}, sizes, f"{path} (sizes: {where})"
