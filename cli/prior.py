@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
           f"{len(prior.summaries)} job × type cells) from {source} -> {args.out}")
     print(f"  GPU types: {', '.join(description['types'])}")
     print(f"  parameter counts: {len(sized)} of {len(observations)} jobs"
-          + ("" if sized else " (no size slopes: give model_size settings, or --model-sizes)"))
+          + ("" if len(sized) >= 2 else " (no size slopes: without them a prior placed new jobs' multi-GPU steps "
+                                          "worse than none; give jobs a model_size setting, or --model-sizes)"))
     return 0
 
 

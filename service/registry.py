@@ -69,6 +69,13 @@ log = logging.getLogger("goodput.service")
 CACHE_LIMIT = 20_000  # cached answers per published model
 
 
+# A learned prior needs this many jobs with a parameter count (``model_size``): without them its size slopes
+# do not exist and the hierarchy holds absolute sync costs, which placed a new job's multi-GPU steps worse
+# than the weak default does (P1 median APE, Pollux's traces 64.6 against 34.5, Gavel 41.5 against 26.4:
+# experiments/results/accuracy.md); a job without a size under a prior with them fares as under none.
+MIN_SIZED_JOBS = 2
+
+
 class NotReadyError(Exception):
     """The job's model is not built yet (start-up or a settings change); retry shortly."""
 
@@ -208,7 +215,8 @@ class Registry:
         learn_prior: the worker learns the cluster prior from the jobs' own stored observations
             (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``
             and when nothing else waits; every job's model then takes it (refitted, republished).
-            A given ``cluster_prior`` serves until the first is learned; one job teaches nothing.
+            A given ``cluster_prior`` serves until the first is learned; the first needs two jobs with
+            observations and :data:`MIN_SIZED_JOBS` with a ``model_size`` setting.
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
@@ -623,8 +631,14 @@ class Registry:
         """Learn the cluster prior from every job's working model, then give each job the prior without its cells."""
         started = time.perf_counter()
         models = [w.model for w in self._working.values() if w.model.observations]
+        sized = sum(1 for m in models if m.model_size)
         try:
-            if len(models) < 2:  # one job's own cells are left out of its prior: nothing to teach yet
+            if len(models) < 2 or sized < MIN_SIZED_JOBS:  # nothing to teach yet (a job's own cells are left out)
+                if self._learned is None:
+                    with self._lock:
+                        self._prior_info = {**self._prior_info, "waiting": (
+                            f"{len(models)} jobs with observations, {sized} with a model_size setting: a learned prior "
+                            f"needs {MIN_SIZED_JOBS}+ jobs with a model_size")}
                 return
             learned = ClusterPrior.from_models(models)
             # its summaries only: leaving a job out is then a refit of the hierarchy, not of every cell
@@ -643,8 +657,8 @@ class Registry:
         self.metrics.prior_updates.inc()
         self.metrics.prior_seconds.observe(seconds)
         with self._lock:
-            self._prior_info = {"source": "learned", "jobs": len(models), "cells": len(self._learned.summaries),
-                                "learned_at": time.time(), "seconds": round(seconds, 3)}
+            self._prior_info = {"source": "learned", "jobs": len(models), "sized_jobs": sized,
+                                "cells": len(self._learned.summaries), "learned_at": time.time(), "seconds": round(seconds, 3)}
             for job in self._working:
                 if job in self._jobs:
                     self._dirty[job] = None

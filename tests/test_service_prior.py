@@ -179,7 +179,8 @@ def test_the_service_learns_the_prior_from_its_own_jobs(tmp_path):
 def test_a_restarted_service_learns_the_prior_from_the_stored_jobs(tmp_path):
     registry = _registry(tmp_path)
     try:
-        jobs = [_add(registry, name) for name in ("mlp", "resnet", NEW)]
+        jobs = [_add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+                for name in ("mlp", "resnet", NEW)]
         assert registry.wait_idle(120) and registry.prior_status()["source"] == "none"
     finally:
         registry.close()
@@ -198,3 +199,21 @@ def test_a_prior_needs_the_bayesian_model(tmp_path):
         Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}, learn_prior=True)
     with pytest.raises(ValidationError, match="prior_interval_s"):
         Registry(Store(f"sqlite:///{tmp_path / 'h.db'}"), learn_prior=True, prior_interval_s=-1)
+
+
+def test_without_parameter_counts_the_service_learns_no_prior(tmp_path):
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        jobs = [_add(registry, name) for name in ("mlp", "resnet")]
+        jobs.append(_add(registry, NEW, model_size=float(profile(NEW).metadata["num_parameters"])))
+        assert registry.wait_idle(120)
+        status = registry.prior_status()
+        assert status["source"] == "none" and "1 with a model_size" in status["waiting"]
+        assert all(registry.published(job)._model.cluster_prior is None for job in jobs)
+        size = float(profile("mlp").metadata["num_parameters"])
+        registry.register(jobs[0], _settings("mlp", model_size=size))  # a second job with a size: now it learns
+        assert registry.wait_idle(120)
+        assert registry.prior_status()["source"] == "learned" and registry.prior_status()["sized_jobs"] == 2
+        assert registry.published(jobs[0])._model.model_size == size
+    finally:
+        registry.close()
