@@ -632,14 +632,14 @@ class Registry:
         started = time.perf_counter()
         models = [w.model for w in self._working.values() if w.model.observations]
         sized = sum(1 for m in models if m.model_size)
+        if len(models) < 2 or sized < MIN_SIZED_JOBS:  # nothing to teach yet (a job's own cells are left out)
+            if self._learned is None:  # not counted against the interval: the next change may bring the sizes
+                with self._lock:
+                    self._prior_info = {**self._prior_info, "waiting": (
+                        f"{len(models)} jobs with observations, {sized} with a model_size setting: a learned prior "
+                        f"needs {MIN_SIZED_JOBS}+ jobs with a model_size")}
+            return
         try:
-            if len(models) < 2 or sized < MIN_SIZED_JOBS:  # nothing to teach yet (a job's own cells are left out)
-                if self._learned is None:
-                    with self._lock:
-                        self._prior_info = {**self._prior_info, "waiting": (
-                            f"{len(models)} jobs with observations, {sized} with a model_size setting: a learned prior "
-                            f"needs {MIN_SIZED_JOBS}+ jobs with a model_size")}
-                return
             learned = ClusterPrior.from_models(models)
             # its summaries only: leaving a job out is then a refit of the hierarchy, not of every cell
             learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)

@@ -202,7 +202,7 @@ def test_a_prior_needs_the_bayesian_model(tmp_path):
 
 
 def test_without_parameter_counts_the_service_learns_no_prior(tmp_path):
-    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    registry = _registry(tmp_path, learn_prior=True)  # waiting for sizes does not start the 600 s interval
     try:
         jobs = [_add(registry, name) for name in ("mlp", "resnet")]
         jobs.append(_add(registry, NEW, model_size=float(profile(NEW).metadata["num_parameters"])))
