@@ -162,6 +162,7 @@ def create_app(
     cluster_prior: ClusterPrior | str | Path | None = None,
     learn_prior: bool = False,
     prior_interval_s: float = 600.0,
+    prior_jobs: int = 64,
     k8s_max_score: int = 10,
     coalesce_s: float = 0.05,
     min_interval_s: float = 1.0,
@@ -178,8 +179,8 @@ def create_app(
         model_options: passed to every :class:`~goodput.JobModel` (``{"bayesian": False}`` for the plain fit).
         cluster_prior: a :class:`~goodput.ClusterPrior` or the path of one saved as JSON (``goodput
             prior``): every job's model takes it as its prior, without the job's own cells.
-        learn_prior, prior_interval_s: learn the cluster prior from the jobs' own observations, at most
-            once per ``prior_interval_s`` (:class:`~service.registry.Registry`).
+        learn_prior, prior_interval_s, prior_jobs: learn the cluster prior from the ``prior_jobs`` jobs that
+            reported last, at most once per ``prior_interval_s`` (:class:`~service.registry.Registry`).
         k8s_max_score: the extender's top score: 10 (kube-scheduler) or 100.
         coalesce_s: how long the model worker waits for more observations after an idle spell.
         min_interval_s: a job's model is updated at most once per this many seconds during a stream.
@@ -196,7 +197,7 @@ def create_app(
     metrics = Metrics()
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
                         model_options=model_options, cluster_prior=cluster_prior, learn_prior=learn_prior,
-                        prior_interval_s=prior_interval_s, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
+                        prior_interval_s=prior_interval_s, prior_jobs=prior_jobs, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
 
     def goodput_of(job: str, gpu: str, nodes: int, replicas: int) -> float | None:
         try:

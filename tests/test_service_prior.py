@@ -217,3 +217,19 @@ def test_without_parameter_counts_the_service_learns_no_prior(tmp_path):
         assert registry.published(jobs[0])._model.model_size == size
     finally:
         registry.close()
+
+
+def test_a_learned_prior_holds_the_jobs_that_reported_last(tmp_path):
+    registry = _registry(tmp_path, learn_prior=True, prior_jobs=2)
+    try:
+        jobs = [_add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+                for name in ("mlp", "resnet", NEW)]  # stored in this order: mlp's rows are the oldest
+        assert registry.wait_idle(120)
+        assert registry.prior_status()["jobs"] == 2
+        held = registry.published(jobs[0])._model.cluster_prior  # outside the window: the whole prior
+        assert sorted(held.jobs) == sorted(jobs[1:])
+        assert registry.published(jobs[1])._model.cluster_prior.jobs == [jobs[2]]
+    finally:
+        registry.close()
+    with pytest.raises(ValidationError, match="prior_jobs"):
+        Registry(Store(f"sqlite:///{tmp_path / 'h.db'}"), learn_prior=True, prior_jobs=1)
