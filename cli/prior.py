@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         prior = ClusterPrior.from_observations(observations, sizes)
         description = prior.describe()
     with writing(args.out):
-        ClusterPrior(prior.summaries, shapes=prior.shapes, gp_prior=prior.gp_prior).save(args.out)
+        prior.save(args.out)  # its summaries, shapes and GP prior (not the observations)
     if args.json:
         print(json.dumps({"out": str(args.out), "source": source, **description}, indent=1))
         return 0
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
-    from goodput import Observation
     from goodput.errors import ValidationError
+    from service.registry import read_observations
     from service.store import Store
 
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
@@ -85,14 +85,8 @@ def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
     try:
         observations: dict[str, list[Any]] = {}
         sizes: dict[str, float] = {}
-        for record in store.jobs():
-            kept = []
-            for row in store.iter_observations(record.name):
-                try:
-                    kept.append(Observation.from_dict(row.data))
-                except (ValidationError, TypeError):  # a record this version cannot read: the service skips it too
-                    continue
-            observations[record.name] = kept
+        for record in store.jobs():  # records this version cannot read are left out, as the service does
+            observations[record.name] = read_observations(store, record.name).observations
             if record.settings.get("model_size"):
                 sizes[record.name] = float(record.settings["model_size"])
     finally:

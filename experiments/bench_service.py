@@ -123,6 +123,21 @@ def job_observations(job: str, count: int, seed: int) -> list[dict[str, Any]]:
     return [{**r, "id": f"{job}:{k}"} for k, r in enumerate(records[:count])]
 
 
+def batches_of(names: list[str], per_job: int, size: int, *, shuffle_seed: int | None = None,
+               fresh_ids: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each job's :func:`job_observations` (job ``i``: seed ``i``; ``fresh_ids``: random ids) in POSTs of ``size``,
+    shuffled across jobs with ``shuffle_seed`` (``None``: in job order)."""
+    batches = []
+    for i, job in enumerate(names):
+        records = job_observations(job, per_job, seed=i)
+        if fresh_ids:
+            records = [{**r, "id": uuid.uuid4().hex} for r in records]
+        batches += [(job, records[k:k + size]) for k in range(0, len(records), size)]
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(batches)
+    return batches
+
+
 def register(url: str, jobs: list[str], sizes: dict[str, float] | None = None) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         for job in jobs:
@@ -274,11 +289,7 @@ def kill_during_ingest(folder: Path, *, jobs: int = 8, clients: int = 8, batch: 
     """
     store = f"sqlite:///{folder / 'kill.db'}"
     names = [f"kill-{i}" for i in range(jobs)]
-    batches = []
-    for i, job in enumerate(names):
-        records = [{**r, "id": uuid.uuid4().hex} for r in job_observations(job, records_per_job, seed=i)]
-        batches += [(job, records[k:k + batch]) for k in range(0, len(records), batch)]
-    random.Random(0).shuffle(batches)
+    batches = batches_of(names, records_per_job, batch, shuffle_seed=0, fresh_ids=True)
     acked: set[str] = set()
     sent: set[str] = {r["id"] for _, b in batches for r in b}
     with ServerProcess(store, *server_args) as server:
@@ -355,9 +366,7 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
     sizes = {job: 10 ** (6 + 2 * i / max(len(names) - 1, 1)) for i, job in enumerate(names)}
     with ServerProcess(store, "--model", "plain") as server:  # storing only: the plain model builds fast
         register(server.url, names, sizes)
-        batches = [(job, records[k:k + 50]) for i, job in enumerate(names)
-                   for records in [job_observations(job, per_job, seed=i)] for k in range(0, len(records), 50)]
-        acknowledged, _, failed = asyncio.run(ingest(server.url, batches, 8))
+        acknowledged, _, failed = asyncio.run(ingest(server.url, batches_of(names, per_job, 50), 8))
     started = time.perf_counter()
     with ServerProcess(store, "--model", "bayesian", "--learn-prior") as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
@@ -379,12 +388,7 @@ def load_figures(url: str, names: list[str], per_job: int, model: str, count: in
     """Ingest ``per_job`` observations of each job from 8 senders, wait for the models, time the queries."""
     rows: list[dict[str, Any]] = []
     register(url, names)
-    batches = []
-    for i, job in enumerate(names):
-        records = job_observations(job, per_job, seed=i)
-        batches += [(job, records[k:k + 50]) for k in range(0, len(records), 50)]
-    random.Random(1).shuffle(batches)
-    acknowledged, elapsed, failed = asyncio.run(ingest(url, batches, 8))
+    acknowledged, elapsed, failed = asyncio.run(ingest(url, batches_of(names, per_job, 50, shuffle_seed=1), 8))
     rows.append({"what": f"ingest, 8 reporters, batches of 50 ({len(names)} jobs x {per_job})",
                  "observations": acknowledged, "seconds": elapsed, "per_s": acknowledged / elapsed,
                  "failed": failed, "target_per_s": 5000})

@@ -62,7 +62,7 @@ from .metrics import Metrics
 from .schemas import json_bytes, json_safe
 from .store import AddResult, JobRecord, Store, UnknownJobError
 
-__all__ = ["Registry", "Published", "NotReadyError", "build_model"]
+__all__ = ["Registry", "Published", "NotReadyError", "build_model", "read_observations", "StoredObservations"]
 
 log = logging.getLogger("goodput.service")
 
@@ -94,6 +94,30 @@ def build_model(job: str, settings: Mapping[str, Any], **options: Any) -> JobMod
         bounds = tuple(bounds)
     return JobModel(job, settings["init_batch_size"], settings.get("max_batch_size"), bounds,
                     num_stages=settings.get("num_stages", 1), model_size=settings.get("model_size"), **options)
+
+
+@dataclass
+class StoredObservations:
+    """A job's stored records read back as observations, in order: ``watermark`` is the last row read,
+    ``unreadable`` counts the records this version cannot read (left out), ``first_unreadable`` says why."""
+
+    observations: list[Observation]
+    watermark: int = 0
+    unreadable: int = 0
+    first_unreadable: str | None = None
+
+
+def read_observations(store: Store, job: str) -> StoredObservations:
+    """Every stored record of ``job`` as an :class:`~goodput.Observation`, the unreadable ones counted and left out."""
+    out = StoredObservations([])
+    for row in store.iter_observations(job):
+        try:
+            out.observations.append(Observation.from_dict(row.data))
+        except (ValidationError, TypeError) as exc:  # e.g. a field this version's Observation does not know
+            out.unreadable += 1
+            out.first_unreadable = out.first_unreadable or f"record {row.record_id}: {exc}"
+        out.watermark = row.row_id
+    return out
 
 
 class Published:
@@ -408,7 +432,7 @@ class Registry:
     def prior_description(self) -> dict[str, Any] | None:
         """What the current cluster prior learned (:meth:`goodput.ClusterPrior.describe`: the spread of job and
         job × type effects, their correlations, the size slopes); ``None`` without one."""
-        prior = self._learned if self._learned is not None else self.cluster_prior
+        prior = self._current_prior()
         return None if prior is None or not len(prior) else prior.describe()  # fitted in the worker: no EM here
 
     def backlog(self) -> dict[str, Any]:
@@ -668,9 +692,13 @@ class Registry:
                     self._dirty[job] = None
             self._wake.notify_all()
 
+    def _current_prior(self) -> ClusterPrior | None:
+        """The learned prior once there is one, else the given one (or ``None``)."""
+        return self._learned if self._learned is not None else self.cluster_prior
+
     def _prior_of(self, job: str) -> ClusterPrior | None:
         """The cluster prior without ``job``'s own cells, its hierarchy fitted here (in the worker), not by a query."""
-        source = self._learned if self._learned is not None else self.cluster_prior
+        source = self._current_prior()
         if source is None:
             return None
         prior = source.exclude(job)
@@ -686,17 +714,10 @@ class Registry:
         with self._lock:
             self._jobs[job].record = record
         model = build_model(job, record.settings, cluster_prior=self._prior_of(job), **self.model_options)
-        observations, watermark, unreadable, first = [], 0, 0, None
-        for row in self.store.iter_observations(job):
-            try:
-                observations.append(Observation.from_dict(row.data))
-            except (ValidationError, TypeError) as exc:  # e.g. a field this version's Observation does not know
-                unreadable += 1
-                first = first or f"record {row.record_id}: {exc}"
-            watermark = row.row_id
-        if observations:
-            model.observe(observations)
-        return _Working(model, watermark, unreadable, first)
+        stored = read_observations(self.store, job)
+        if stored.observations:
+            model.observe(stored.observations)
+        return _Working(model, stored.watermark, stored.unreadable, stored.first_unreadable)
 
     def _precompute(self, published: Published) -> None:
         """The server cluster's table and its rows' goodput answers, computed now (off the request path)."""
