@@ -24,7 +24,11 @@ temporary directory:
    count, 1–100 M) stored by a server, then a server with ``--learn-prior`` on
    that store: seconds its worker takes to learn the prior from every job, and
    from its start until every job is rebuilt, given the prior without its own
-   cells, refitted and republished.
+   cells, refitted and republished. Then one job's new observation makes it
+   learn again (``--prior-interval 1``), and as it is learned 5 jobs report a
+   step each: seconds until each one's published model holds its step (median,
+   slowest) while the other jobs are refitted under the new prior, and until
+   every job is republished.
 
 A last row: what :class:`profilers.reporter.GoodputReporter` costs a training
 step (µs per ``with reporter.step(...)``), against a real step of the zoo's MLP
@@ -368,19 +372,59 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
         register(server.url, names, sizes)
         acknowledged, _, failed = asyncio.run(ingest(server.url, batches_of(names, per_job, 50), 8))
     started = time.perf_counter()
-    with ServerProcess(store, "--model", "bayesian", "--learn-prior") as server, \
+    with ServerProcess(store, "--model", "bayesian", "--learn-prior", "--prior-interval", "1") as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
-        deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline:
-            health = http.get("/healthz").json()
-            if health["cluster_prior"]["source"] == "learned" and health["worker"]["idle"]:
-                break
-            time.sleep(0.2)
+        health = _wait_health(http, lambda h: h["cluster_prior"]["source"] == "learned" and h["worker"]["idle"])
         elapsed = time.perf_counter() - started
-    prior = health["cluster_prior"]
+        prior = health["cluster_prior"]
+        fresh = _absorbed_during_refresh(http, names[0], names[:0:-max(len(names) // 5, 1)][:5], prior["learned_at"])
     return {"what": f"cluster prior learned by the worker ({len(names)} jobs x {per_job}, bayesian)",
             "observations": acknowledged, "failed": failed, "learn_s": prior.get("seconds"),
-            "cells": prior.get("cells"), "start_to_republished_s": elapsed, "learned": prior["source"] == "learned"}
+            "cells": prior.get("cells"), "start_to_republished_s": elapsed, "learned": prior["source"] == "learned",
+            **fresh}
+
+
+def _wait_health(http: httpx.Client, done: Any, timeout: float = 1800.0, poll_s: float = 0.2) -> dict[str, Any]:
+    """Poll ``/healthz`` until ``done(health)``; the last health (RuntimeError past ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = http.get("/healthz").json()
+        if done(health):
+            return health
+        time.sleep(poll_s)
+    raise RuntimeError(f"the server did not get there in {timeout:.0f} s: {health}")
+
+
+def _post_one(http: httpx.Client, job: str) -> int:
+    """One new observation of ``job`` (a fresh id); the job's stored count after it."""
+    record = {**job_observations(job, 1, seed=99)[0], "id": uuid.uuid4().hex}
+    http.post(f"/v1/jobs/{job}/observations", json={"observations": [record]}).raise_for_status()
+    return http.get(f"/v1/jobs/{job}").json()["observations"]
+
+
+def _absorbed_during_refresh(http: httpx.Client, trigger: str, probes: list[str], learned_at: float) -> dict[str, Any]:
+    """Jobs' observations posted as a new prior is learned: seconds until each job's published model holds its own.
+
+    ``trigger``'s new observation makes the worker learn the prior again (``--prior-interval 1``);
+    the moment it is learned every job is due a refit under it, and each of ``probes`` reports a
+    step. Returns the median and the slowest probe's seconds, and the seconds from that moment
+    until every job is republished."""
+    _post_one(http, trigger)
+    _wait_health(http, lambda h: (h["cluster_prior"].get("learned_at") or 0) > learned_at, poll_s=0.01)
+    started = time.perf_counter()
+    stored = {job: _post_one(http, job) for job in probes}
+    absorbed: dict[str, float] = {}
+    deadline = time.monotonic() + 1800
+    while len(absorbed) < len(probes):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"observations not absorbed in 1800 s: {sorted(set(probes) - set(absorbed))}")
+        for job in probes:
+            if job not in absorbed and http.get(f"/v1/jobs/{job}").json()["model"]["observations"] >= stored[job]:
+                absorbed[job] = time.perf_counter() - started
+        time.sleep(0.01)
+    _wait_health(http, lambda h: h["worker"]["idle"], poll_s=0.05)
+    return {"refresh_probes": len(probes), "refresh_absorbed_median_s": statistics.median(absorbed.values()),
+            "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": time.perf_counter() - started}
 
 
 # ---------------------------------------------------------------------- main

@@ -22,8 +22,10 @@ The **cluster prior** (what other jobs teach a job's model, :mod:`goodput.hierar
 given one (``goodput prior``'s file) serves every job without the job's own cells; with
 ``learn_prior`` the worker learns it from every job's working model when stored observations
 or settings changed, at most once per ``prior_interval_s`` and only when nothing else waits,
-then gives each job the prior without its own cells (a refit of the hierarchy, not of the
-cells) and republishes every job. The residual GP's hyperprior and the sync shapes keep the
+then queues every job for a **refresh**: the job takes the prior without its own cells (a refit
+of the hierarchy, not of the cells), refits and is republished. Refreshes come after updates
+with new observations, so a job that reports while the cluster's jobs are refreshed is not
+kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's hyperprior and the sync shapes keep the
 job's own data: they pool every job's residuals and shapes.
 
 At start-up every job is queued for a rebuild and the service answers at once:
@@ -219,6 +221,7 @@ class _Working:
     refits_seen: int = 0
     refit_at: float | None = None
     pending: list[Observation] = field(default_factory=list)
+    prior_version: int = 0  # the learned prior its model has (Registry._prior_version)
 
 
 class Registry:
@@ -278,6 +281,7 @@ class Registry:
         self.prior_interval_s = check_float("prior_interval_s", prior_interval_s, nonnegative=True)
         self.prior_jobs = check_int("prior_jobs", prior_jobs, minimum=2)
         self._learned: ClusterPrior | None = None
+        self._prior_version = 0  # learned priors so far; a working model behind it is due a refresh
         # observations stored and settings changed (under the lock); 1 at the start: the stored jobs teach one
         self._prior_changes = 1 if learn_prior else 0
         self._prior_seen = 0  # _prior_changes when the last prior was learned
@@ -299,6 +303,7 @@ class Registry:
         self._rebuild: dict[str, None] = {}  # ordered sets of job names
         self._dirty: dict[str, None] = {}
         self._warm: dict[str, None] = {}  # jobs whose new snapshot's server-cluster answers are not computed yet
+        self._refresh: dict[str, None] = {}  # jobs due the new learned prior, no new observations
         self._working: dict[str, _Working] = {}  # the worker thread's alone
         self._busy: str | None = None
         self._rebuilding: str | None = None
@@ -332,8 +337,8 @@ class Registry:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if (not self._rebuild and not self._dirty and not self._warm and self._busy is None
-                        and not self._prior_due(time.monotonic())[0]):
+                if (not self._rebuild and not self._dirty and not self._warm and not self._refresh
+                        and self._busy is None and not self._prior_due(time.monotonic())[0]):
                     return True
             time.sleep(0.01)
         return False
@@ -436,10 +441,12 @@ class Registry:
         return None if prior is None or not len(prior) else prior.describe()  # fitted in the worker: no EM here
 
     def backlog(self) -> dict[str, Any]:
-        """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead."""
+        """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead,
+        to refit under a newly learned cluster prior."""
         with self._lock:
             return {"rebuild": len(self._rebuild), "update": len(self._dirty), "warm": len(self._warm),
-                    "busy": self._busy, "idle": not (self._rebuild or self._dirty or self._warm or self._busy)}
+                    "refresh": len(self._refresh), "busy": self._busy,
+                    "idle": not (self._rebuild or self._dirty or self._warm or self._refresh or self._busy)}
 
     def readiness(self) -> tuple[int, int]:
         """(jobs with a published model, registered jobs)."""
@@ -518,10 +525,12 @@ class Registry:
         return None, wait
 
     def _next_task(self) -> tuple[str, str] | None:
-        """Block until there is work: ``("rebuild" | "update" | "warm", job)``; ``None`` once stopped.
+        """Block until there is work: ``("rebuild" | "update" | "warm" | "refresh", job)`` or
+        ``("prior", "")``; ``None`` once stopped.
 
         Rebuilds first, then jobs with new observations (each at most once per ``min_interval_s``),
-        then, when nothing else waits, the new snapshots' server-cluster answers. While POSTs
+        then, when nothing else waits, the new snapshots' server-cluster answers, then the jobs due
+        a newly learned prior, then learning the prior. While POSTs
         stream in (one within the last ``yield_s``), a task waits, at most ``max_defer_s``:
         acknowledging observations comes before absorbing them (the CPU and the interpreter
         lock are shared; a refit can take seconds).
@@ -543,11 +552,13 @@ class Registry:
                     job = next(iter(self._rebuild))
                     del self._rebuild[job]
                     self._dirty.pop(job, None)
+                    self._refresh.pop(job, None)
                     self._busy = self._rebuilding = job
                     return "rebuild", job
                 job, wait = self._next_dirty()
                 if job is not None and (coalesced or not waited or self.coalesce_s <= 0):
                     del self._dirty[job]
+                    self._refresh.pop(job, None)  # the update gives it the new prior too
                     self._busy = job
                     self._updated[job] = time.monotonic()
                     return "update", job
@@ -556,6 +567,11 @@ class Registry:
                     del self._warm[job]
                     self._busy = job
                     return "warm", job
+                if job is None and self._refresh:
+                    job = next(iter(self._refresh))
+                    del self._refresh[job]
+                    self._busy = job
+                    return "refresh", job
                 if job is None:
                     due, prior_wait = self._prior_due(now)
                     if due:
@@ -578,7 +594,7 @@ class Registry:
                 elif kind == "warm":
                     self._warm_up(job)
                 else:
-                    self._update(job, full=kind == "rebuild")
+                    self._update(job, full=kind == "rebuild", refresh=kind == "refresh")
             finally:
                 with self._lock:
                     self._busy = self._rebuilding = None
@@ -593,13 +609,20 @@ class Registry:
         except Exception:  # noqa: BLE001 - the cache stays cold; queries compute their answers themselves
             log.exception("goodput serve: computing the answers of job %r ahead failed", job)
 
-    def _update(self, job: str, full: bool) -> None:
+    def _update(self, job: str, full: bool, refresh: bool = False) -> None:
+        """Rebuild (``full``) or update the job's working model: its queued observations, the learned prior if
+        a newer one exists; then publish a copy. ``refresh``: only for the newer prior (nothing to do without one)."""
         started = time.perf_counter()
         try:
             working = None if full else self._working.get(job)
             if working is None:
                 working = self._build(job)
                 self._working[job] = working
+            elif working.prior_version != self._prior_version:
+                working.model.cluster_prior = self._prior_of(job)  # the model refits under it
+                working.prior_version = self._prior_version
+            elif refresh:
+                return
             with self._lock:
                 queued = self._pending.pop(job, [])
             fresh = [(row, obs) for row, obs in queued if row > working.watermark]
@@ -673,8 +696,7 @@ class Registry:
             learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)
             learned.fitted()
             self._learned = learned
-            for job, working in self._working.items():
-                working.model.cluster_prior = self._prior_of(job)  # refitted at its next update
+            self._prior_version += 1  # each job takes it (without its own cells) at its next update
         except Exception:  # noqa: BLE001 - the jobs keep the prior they had; the next change tries again
             self.metrics.failures.inc()
             log.exception("goodput serve: learning the cluster prior failed")
@@ -688,8 +710,8 @@ class Registry:
             self._prior_info = {"source": "learned", "jobs": len(models), "sized_jobs": sized,
                                 "cells": len(self._learned.summaries), "learned_at": time.time(), "seconds": round(seconds, 3)}
             for job in self._working:
-                if job in self._jobs:
-                    self._dirty[job] = None
+                if job in self._jobs and job not in self._dirty:
+                    self._refresh[job] = None
             self._wake.notify_all()
 
     def _current_prior(self) -> ClusterPrior | None:
@@ -717,7 +739,8 @@ class Registry:
         stored = read_observations(self.store, job)
         if stored.observations:
             model.observe(stored.observations)
-        return _Working(model, stored.watermark, stored.unreadable, stored.first_unreadable)
+        return _Working(model, stored.watermark, stored.unreadable, stored.first_unreadable,
+                        prior_version=self._prior_version)
 
     def _precompute(self, published: Published) -> None:
         """The server cluster's table and its rows' goodput answers, computed now (off the request path)."""

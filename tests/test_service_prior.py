@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -233,3 +234,24 @@ def test_a_learned_prior_holds_the_jobs_that_reported_last(tmp_path):
         registry.close()
     with pytest.raises(ValidationError, match="prior_jobs"):
         Registry(Store(f"sqlite:///{tmp_path / 'h.db'}"), learn_prior=True, prior_jobs=1)
+
+
+def test_a_job_that_reports_is_updated_before_the_jobs_due_a_new_prior(tmp_path):
+    # after a prior is learned every job is due a refit under it (~0.4 s each): a job with new
+    # observations goes first, and its update gives it the new prior too (no second refit)
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), coalesce_s=0.0, min_interval_s=0.0, yield_s=0.0,
+                        learn_prior=True, prior_interval_s=600.0)  # the worker not started: its queue alone
+    try:
+        with registry._lock:
+            registry._prior_at = time.monotonic()  # learned just now: not due again
+            registry._refresh.update(dict.fromkeys(["a", "b", "c"]))
+            registry._dirty["c"] = None
+        assert registry.backlog()["refresh"] == 3 and not registry.backlog()["idle"]
+        order = []
+        for _ in range(3):
+            order.append(registry._next_task())
+            registry._busy = None
+        assert order == [("update", "c"), ("refresh", "a"), ("refresh", "b")]
+        assert registry.backlog()["idle"] and registry.wait_idle(1)
+    finally:
+        registry.close()
