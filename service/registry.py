@@ -25,8 +25,9 @@ or settings changed, at most once per ``prior_interval_s`` and only when nothing
 then queues every job for a **refresh**: the job takes the prior without its own cells (a refit
 of the hierarchy, not of the cells), refits and is republished. Refreshes come after updates
 with new observations, so a job that reports while the cluster's jobs are refreshed is not
-kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's hyperprior and the sync shapes keep the
-job's own data: they pool every job's residuals and shapes.
+kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's
+hyperprior and the sync shapes keep the job's own data: they pool every job's residuals and
+shapes.
 
 At start-up every job is queued for a rebuild and the service answers at once:
 job records, observation counts and writes work immediately; a goodput, table
