@@ -242,7 +242,8 @@ class Registry:
             count twice), and the job's ``model_size`` setting places it on the prior's size slopes.
         learn_prior: the worker learns the cluster prior from the jobs' own stored observations
             (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``
-            and when nothing else waits; every job's model then takes it (refitted, republished).
+            and when nothing else waits; every job's model then takes it (refitted, republished, after the
+            jobs with new observations).
             A given ``cluster_prior`` serves until the first is learned; the first needs two jobs with
             observations and :data:`MIN_SIZED_JOBS` with a ``model_size`` setting.
         prior_jobs: a learned prior holds the ``prior_jobs`` jobs that reported last (a rolling window, as
@@ -679,7 +680,8 @@ class Registry:
         return wait <= 0, max(wait, 0.0)
 
     def _learn_prior(self) -> None:
-        """Learn the cluster prior from every job's working model, then give each job the prior without its cells."""
+        """Learn the cluster prior from the working models of the jobs that reported last, then queue every job
+        for a refresh (its update gives it the prior without its own cells: :meth:`_update`)."""
         started = time.perf_counter()
         recent = sorted((w for w in self._working.values() if w.model.observations), key=lambda w: w.watermark)
         models = [w.model for w in recent[-self.prior_jobs:]]  # the jobs that reported last
