@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -254,19 +255,17 @@ def wait_ready(url: str, jobs: list[str], timeout: float) -> float:
     """Seconds until every job's model holds every stored observation and the server's worker is idle
     (the models are built in the background, then the server cluster's answers are computed ahead)."""
     started = time.perf_counter()
+    deadline = time.monotonic() + timeout
+
+    def built(job: str) -> bool:
+        record = http.get(f"/v1/jobs/{job}").json()
+        return record["model"]["state"] == "ready" and record["model"]["observations"] == record["observations"]
+
     with httpx.Client(base_url=url, timeout=30) as http:
         for job in jobs:
-            while True:
-                record = http.get(f"/v1/jobs/{job}").json()
-                if record["model"]["state"] == "ready" and record["model"]["observations"] == record["observations"]:
-                    break
-                if time.perf_counter() - started > timeout:
-                    raise TimeoutError(f"models not built in {timeout} s ({job} and after)")
-                time.sleep(0.1)
-        while not http.get("/healthz").json()["worker"]["idle"]:
-            if time.perf_counter() - started > timeout:
-                raise TimeoutError(f"the server's worker still busy after {timeout} s")
-            time.sleep(0.1)
+            poll_until(lambda: built(job), deadline, f"models not built in {timeout} s ({job} and after)")
+        poll_until(lambda: http.get("/healthz").json()["worker"]["idle"], deadline,
+                   f"the server's worker still busy after {timeout} s")
     return time.perf_counter() - started
 
 
@@ -384,15 +383,23 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
             **fresh}
 
 
-def _wait_health(http: httpx.Client, done: Any, timeout: float = 1800.0, poll_s: float = 0.2) -> dict[str, Any]:
-    """Poll ``/healthz`` until ``done(health)``; the last health (RuntimeError past ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        health = http.get("/healthz").json()
-        if done(health):
-            return health
+def poll_until(check: Callable[[], Any], deadline: float, what: str, poll_s: float = 0.1) -> Any:
+    """Call ``check`` every ``poll_s`` until it returns something true (returned); TimeoutError(``what``) once
+    ``time.monotonic()`` passes ``deadline``."""
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
         time.sleep(poll_s)
-    raise RuntimeError(f"the server did not get there in {timeout:.0f} s: {health}")
+    return result
+
+
+def _wait_health(http: httpx.Client, done: Callable[[dict[str, Any]], bool], poll_s: float = 0.2) -> dict[str, Any]:
+    """Poll ``/healthz`` (for up to 30 minutes) until ``done(health)``; that health."""
+    def check() -> dict[str, Any] | None:
+        health = http.get("/healthz").json()
+        return health if done(health) else None
+
+    return poll_until(check, time.monotonic() + 1800, "the server did not get there in 1800 s", poll_s)
 
 
 def _post_one(http: httpx.Client, job: str) -> int:
@@ -414,14 +421,14 @@ def _absorbed_during_refresh(http: httpx.Client, trigger: str, probes: list[str]
     started = time.perf_counter()
     stored = {job: _post_one(http, job) for job in probes}
     absorbed: dict[str, float] = {}
-    deadline = time.monotonic() + 1800
-    while len(absorbed) < len(probes):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"observations not absorbed in 1800 s: {sorted(set(probes) - set(absorbed))}")
+
+    def all_absorbed() -> bool:
         for job in probes:
             if job not in absorbed and http.get(f"/v1/jobs/{job}").json()["model"]["observations"] >= stored[job]:
                 absorbed[job] = time.perf_counter() - started
-        time.sleep(0.01)
+        return len(absorbed) == len(probes)
+
+    poll_until(all_absorbed, time.monotonic() + 1800, "the probes' observations not absorbed in 1800 s", 0.01)
     _wait_health(http, lambda h: h["worker"]["idle"], poll_s=0.05)
     return {"refresh_probes": len(probes), "refresh_absorbed_median_s": statistics.median(absorbed.values()),
             "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": time.perf_counter() - started}
