@@ -46,11 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "the job's own cells; a job's model_size setting places it on its size slopes")
     parser.add_argument("--learn-prior", action="store_true",
                         help="learn the cluster prior from the jobs' own observations as they change (at most once "
-                        "per --prior-interval, when the worker is otherwise idle); --cluster-prior serves until then")
+                        "per --prior-interval, started when the worker is otherwise idle, learned in a child process "
+                        "while the worker goes on); --cluster-prior serves until then")
     parser.add_argument("--prior-interval", type=float, default=600.0,
                         help="seconds between two cluster priors learned (default 600: each refits every job)")
     parser.add_argument("--prior-jobs", type=int, default=64,
-                        help="a learned prior holds the jobs that reported last, this many (default 64; about 0.4 s "
+                        help="a learned prior holds the jobs that reported last, this many (default 64; about 0.3 s "
                         "each per learning on 2 cores)")
     parser.add_argument("--max-body-mb", type=float, default=10.0, help="larger request bodies get 413 (default 10)")
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL", "EXTRA"], default="FULL",

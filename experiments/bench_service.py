@@ -25,9 +25,11 @@ temporary directory:
    that store: seconds its worker takes to learn the prior from every job, and
    from its start until every job is rebuilt, given the prior without its own
    cells, refitted and republished. Then one job's new observation makes it
-   learn again (``--prior-interval 1``), and as it is learned 5 jobs report a
-   step each: seconds until each one's published model holds its step (median,
-   slowest) while the other jobs are refitted under the new prior, and until
+   learn again (``--prior-interval 1``), and as the learning starts (in its child
+   process) 5 jobs report a step each: seconds until each one's published model
+   holds its step (median, slowest), and how many of them while the prior was
+   still being learned. As that prior comes back, 5 jobs report again: the same
+   seconds while the other jobs are refitted under the new prior, and until
    every job is republished.
 
 A last row: what :class:`profilers.reporter.GoodputReporter` costs a training
@@ -376,11 +378,13 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
         health = _wait_health(http, lambda h: h["cluster_prior"]["source"] == "learned" and h["worker"]["idle"])
         elapsed = time.perf_counter() - started
         prior = health["cluster_prior"]
-        fresh = _absorbed_during_refresh(http, names[0], names[:0:-max(len(names) // 5, 1)][:5], prior["learned_at"])
-    return {"what": f"cluster prior learned by the worker ({len(names)} jobs x {per_job}, bayesian)",
+        probes = names[:0:-max(len(names) // 5, 1)][:5]
+        learning = _absorbed_while_learning(http, names[0], probes)
+        fresh = _absorbed_during_refresh(http, probes, prior["learned_at"])
+    return {"what": f"cluster prior learned beside the worker ({len(names)} jobs x {per_job}, bayesian)",
             "observations": acknowledged, "failed": failed, "learn_s": prior.get("seconds"),
             "cells": prior.get("cells"), "start_to_republished_s": elapsed, "learned": prior["source"] == "learned",
-            **fresh}
+            **learning, **fresh}
 
 
 def poll_until(check: Callable[[], Any], deadline: float, what: str, poll_s: float = 0.1) -> Any:
@@ -409,15 +413,8 @@ def _post_one(http: httpx.Client, job: str) -> int:
     return http.get(f"/v1/jobs/{job}").json()["observations"]
 
 
-def _absorbed_during_refresh(http: httpx.Client, trigger: str, probes: list[str], learned_at: float) -> dict[str, Any]:
-    """Jobs' observations posted as a new prior is learned: seconds until each job's published model holds its own.
-
-    ``trigger``'s new observation makes the worker learn the prior again (``--prior-interval 1``);
-    the moment it is learned every job is due a refit under it, and each of ``probes`` reports a
-    step. Returns the median and the slowest probe's seconds, and the seconds from that moment
-    until every job is republished."""
-    _post_one(http, trigger)
-    _wait_health(http, lambda h: (h["cluster_prior"].get("learned_at") or 0) > learned_at, poll_s=0.01)
+def _absorbed(http: httpx.Client, probes: list[str]) -> tuple[dict[str, float], float]:
+    """Each of ``probes`` reports a step; the seconds until each job's published model holds it, and the start."""
     started = time.perf_counter()
     stored = {job: _post_one(http, job) for job in probes}
     absorbed: dict[str, float] = {}
@@ -429,9 +426,42 @@ def _absorbed_during_refresh(http: httpx.Client, trigger: str, probes: list[str]
         return len(absorbed) == len(probes)
 
     poll_until(all_absorbed, time.monotonic() + 1800, "the probes' observations not absorbed in 1800 s", 0.01)
+    return absorbed, started
+
+
+def _absorbed_while_learning(http: httpx.Client, trigger: str, probes: list[str]) -> dict[str, Any]:
+    """``trigger``'s new observation makes the server learn the prior again (``--prior-interval 1``); as the
+    learning starts, each of ``probes`` reports a step. The median and slowest seconds until a probe's model
+    holds its step, and how many did before the prior came back."""
+    learned_at = http.get("/healthz").json()["cluster_prior"]["learned_at"]
+    _post_one(http, trigger)
+    # the learning under way: in its child process, or (before it had one) the worker busy learning
+    _wait_health(http, lambda h: h["worker"].get("learning_prior") or h["worker"]["busy"] == "(cluster prior)", poll_s=0.01)
+    absorbed, _ = _absorbed(http, probes)
+    before = http.get("/healthz").json()["cluster_prior"]["learned_at"] == learned_at
+    return {"learning_probes": len(probes), "learning_absorbed_median_s": statistics.median(absorbed.values()),
+            "learning_absorbed_max_s": max(absorbed.values()), "learning_absorbed_before_prior": before}
+
+
+def _absorbed_during_refresh(http: httpx.Client, probes: list[str], learned_at: float) -> dict[str, Any]:
+    """Jobs' observations posted as a new prior comes back: seconds until each job's published model holds its own.
+
+    The moment the prior learned after ``learned_at`` is adopted every job is due a refit under it,
+    and each of ``probes`` reports a step. Returns the median and the slowest probe's seconds, and the
+    seconds from that moment until every job is republished (the worker's queues empty: the next
+    learning, which the probes' steps call for, may have started)."""
+    _wait_health(http, lambda h: (h["cluster_prior"].get("learned_at") or 0) > learned_at, poll_s=0.01)
+    absorbed, started = _absorbed(http, probes)
+
+    def republished(h: dict[str, Any]) -> bool:
+        w = h["worker"]
+        return not (w["rebuild"] or w["update"] or w["warm"] or w["refresh"]) and w["busy"] in (None, "(cluster prior)")
+
+    _wait_health(http, republished, poll_s=0.05)
+    seconds = time.perf_counter() - started
     _wait_health(http, lambda h: h["worker"]["idle"], poll_s=0.05)
     return {"refresh_probes": len(probes), "refresh_absorbed_median_s": statistics.median(absorbed.values()),
-            "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": time.perf_counter() - started}
+            "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": seconds}
 
 
 # ---------------------------------------------------------------------- main

@@ -49,12 +49,12 @@ class Metrics:
                                   "observations received again (same id) and not stored twice", registry=r)
         self.publishes = Counter("goodput_model_publishes", "models published by the background worker", registry=r)
         self.refits = Counter("goodput_refits", "refits made by the published models (JobModel.refits)", registry=r)
-        self.failures = Counter("goodput_model_failures", "model rebuilds or updates that failed", registry=r)
+        self.failures = Counter("goodput_model_failures", "model rebuilds, updates or cluster-prior learnings that failed", registry=r)
         self.update_seconds = Histogram("goodput_model_update_seconds", "background worker seconds per model update",
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
         self.prior_updates = Counter("goodput_cluster_prior_updates", "cluster priors learned from the jobs' observations",
                                      registry=r)
-        self.prior_seconds = Histogram("goodput_cluster_prior_seconds", "background worker seconds per cluster prior learned",
+        self.prior_seconds = Histogram("goodput_cluster_prior_seconds", "seconds per cluster prior learned (its child process, start to result)",
                                        buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), registry=r)
         self.jobs = Gauge("goodput_jobs", "registered jobs", registry=r)
         self.rebuilding = Gauge("goodput_jobs_rebuilding", "jobs without a published model yet", registry=r)

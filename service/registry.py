@@ -20,9 +20,11 @@ Concurrency (``JobModel`` is not thread-safe, and a refit takes up to seconds):
 
 The **cluster prior** (what other jobs teach a job's model, :mod:`goodput.hierarchy`): a
 given one (``goodput prior``'s file) serves every job without the job's own cells; with
-``learn_prior`` the worker learns it from every job's working model when stored observations
-or settings changed, at most once per ``prior_interval_s`` and only when nothing else waits,
-then queues every job for a **refresh**: the job takes the prior without its own cells (a refit
+``learn_prior`` it is learned from every job's working model when stored observations
+or settings changed, at most once per ``prior_interval_s``: when nothing else waits, the worker
+copies the jobs' observations to a child process (:mod:`.learner`) and goes on absorbing
+observations while it learns; once the prior is back the worker adopts it and queues every job
+for a **refresh**: the job takes the prior without its own cells (a refit
 of the hierarchy, not of the cells), refits and is republished. Refreshes come after updates
 with new observations, so a job that reports while the cluster's jobs are refreshed is not
 kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's
@@ -61,6 +63,7 @@ from goodput import Allocation, Cluster, ClusterPrior, GoodputTable, JobAllocati
 from goodput.errors import ValidationError
 from goodput.validation import check_float, check_int, normalize_gpu_type
 
+from .learner import PriorLearner
 from .metrics import Metrics
 from .schemas import json_bytes, json_safe
 from .store import AddResult, JobRecord, Store, UnknownJobError
@@ -240,14 +243,15 @@ class Registry:
             (:class:`~goodput.hierarchy.ClusterPrior`, e.g. ``goodput prior``'s file): every job's
             model takes it, without the job's own cells when the prior holds them (its data would
             count twice), and the job's ``model_size`` setting places it on the prior's size slopes.
-        learn_prior: the worker learns the cluster prior from the jobs' own stored observations
-            (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``
-            and when nothing else waits; every job's model then takes it (refitted, republished, after the
+        learn_prior: the cluster prior is learned from the jobs' own stored observations
+            (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``,
+            started when nothing else waits and learned in a child process (:mod:`.learner`) while the
+            worker goes on; every job's model then takes it (refitted, republished, after the
             jobs with new observations).
             A given ``cluster_prior`` serves until the first is learned; the first needs two jobs with
             observations and :data:`MIN_SIZED_JOBS` with a ``model_size`` setting.
         prior_jobs: a learned prior holds the ``prior_jobs`` jobs that reported last (a rolling window, as
-            the simulator's: its cost grows with its jobs, about 0.4 s each on 2 cores); the others take it whole.
+            the simulator's: its cost grows with its jobs, about 0.3 s each on 2 cores); the others take it whole.
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
@@ -284,6 +288,10 @@ class Registry:
         self.prior_jobs = check_int("prior_jobs", prior_jobs, minimum=2)
         self._learned: ClusterPrior | None = None
         self._prior_version = 0  # learned priors so far; a working model behind it is due a refresh
+        self._learner = PriorLearner() if learn_prior else None
+        self._learning = False  # a learning was started and its result not adopted yet (under the lock)
+        self._learned_result: tuple[ClusterPrior | None, str | None, float] | None = None  # back, to adopt
+        self._learning_jobs: dict[str, int] = {}  # the jobs and sized jobs of the learning under way
         # observations stored and settings changed (under the lock); 1 at the start: the stored jobs teach one
         self._prior_changes = 1 if learn_prior else 0
         self._prior_seen = 0  # _prior_changes when the last prior was learned
@@ -330,6 +338,8 @@ class Registry:
         with self._lock:
             self._stop = True
             self._wake.notify_all()
+        if self._learner is not None:
+            self._learner.stop()  # a learning still running is ended, not waited for
         if self._thread is not None:
             self._thread.join(timeout)
         self.store.close()
@@ -339,7 +349,7 @@ class Registry:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if (not self._rebuild and not self._dirty and not self._warm and not self._refresh
+                if (not self._rebuild and not self._dirty and not self._warm and not self._refresh and not self._learning
                         and self._busy is None and not self._prior_due(time.monotonic())[0]):
                     return True
             time.sleep(0.01)
@@ -444,11 +454,12 @@ class Registry:
 
     def backlog(self) -> dict[str, Any]:
         """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead,
-        to refit under a newly learned cluster prior."""
+        to refit under a newly learned cluster prior; whether a cluster prior is being learned."""
         with self._lock:
             return {"rebuild": len(self._rebuild), "update": len(self._dirty), "warm": len(self._warm),
-                    "refresh": len(self._refresh), "busy": self._busy,
-                    "idle": not (self._rebuild or self._dirty or self._warm or self._refresh or self._busy)}
+                    "refresh": len(self._refresh), "busy": self._busy, "learning_prior": self._learning,
+                    "idle": not (self._rebuild or self._dirty or self._warm or self._refresh or self._busy
+                                 or self._learning)}
 
     def readiness(self) -> tuple[int, int]:
         """(jobs with a published model, registered jobs)."""
@@ -527,12 +538,13 @@ class Registry:
         return None, wait
 
     def _next_task(self) -> tuple[str, str] | None:
-        """Block until there is work: ``("rebuild" | "update" | "warm" | "refresh", job)`` or
-        ``("prior", "")``; ``None`` once stopped.
+        """Block until there is work: ``("rebuild" | "update" | "warm" | "refresh", job)``,
+        ``("adopt", "")`` or ``("prior", "")``; ``None`` once stopped.
 
-        Rebuilds first, then jobs with new observations (each at most once per ``min_interval_s``),
-        then, when nothing else waits, the new snapshots' server-cluster answers, then the jobs due
-        a newly learned prior, then learning the prior. While POSTs
+        A learned prior back from the learner first (adopting it is quick), then rebuilds, then jobs
+        with new observations (each at most once per ``min_interval_s``), then, when nothing else
+        waits, the new snapshots' server-cluster answers, then the jobs due a newly learned prior,
+        then starting to learn the prior. While POSTs
         stream in (one within the last ``yield_s``), a task waits, at most ``max_defer_s``:
         acknowledging observations comes before absorbing them (the CPU and the interpreter
         lock are shared; a refit can take seconds).
@@ -550,6 +562,9 @@ class Registry:
             with self._lock:
                 if self._stop:
                     return None
+                if self._learned_result is not None:
+                    self._busy = "(cluster prior)"
+                    return "adopt", ""
                 if self._rebuild:
                     job = next(iter(self._rebuild))
                     del self._rebuild[job]
@@ -593,6 +608,8 @@ class Registry:
             try:
                 if kind == "prior":
                     self._learn_prior()
+                elif kind == "adopt":
+                    self._adopt_prior()
                 elif kind == "warm":
                     self._warm_up(job)
                 else:
@@ -674,15 +691,15 @@ class Registry:
 
     def _prior_due(self, now: float) -> tuple[bool, float]:
         """(whether the worker should learn the cluster prior now, seconds until it should); under the lock."""
-        if not self.learn_prior or self._prior_changes == self._prior_seen:
+        if not self.learn_prior or self._prior_changes == self._prior_seen or self._learning:
             return False, float("inf")
         wait = self._prior_at + self.prior_interval_s - now
         return wait <= 0, max(wait, 0.0)
 
     def _learn_prior(self) -> None:
-        """Learn the cluster prior from the working models of the jobs that reported last, then queue every job
-        for a refresh (its update gives it the prior without its own cells: :meth:`_update`)."""
-        started = time.perf_counter()
+        """Start learning the cluster prior from the working models of the jobs that reported last: their
+        observations and sizes go to the learner's child process, and the worker goes on; the prior comes
+        back through :meth:`_on_learned` and is adopted by :meth:`_adopt_prior`."""
         recent = sorted((w for w in self._working.values() if w.model.observations), key=lambda w: w.watermark)
         models = [w.model for w in recent[-self.prior_jobs:]]  # the jobs that reported last
         sized = sum(1 for m in models if m.model_size)
@@ -693,25 +710,44 @@ class Registry:
                         f"{len(models)} jobs with observations, {sized} with a model_size setting: a learned prior "
                         f"needs {MIN_SIZED_JOBS}+ jobs with a model_size")}
             return
+        assert self._learner is not None
+        observations = {m.job: list(m.observations) for m in models}
+        sizes = {m.job: m.model_size for m in models}
+        with self._lock:
+            self._learning = True
+            self._learning_jobs = {"jobs": len(models), "sized_jobs": sized}
         try:
-            learned = ClusterPrior.from_models(models)
-            # its summaries only: leaving a job out is then a refit of the hierarchy, not of every cell
-            learned = ClusterPrior(learned.summaries, shapes=learned.shapes, gp_prior=learned.gp_prior)
-            learned.fitted()
-            self._learned = learned
-            self._prior_version += 1  # each job takes it (without its own cells) at its next update
-        except Exception:  # noqa: BLE001 - the jobs keep the prior they had; the next change tries again
-            self.metrics.failures.inc()
-            log.exception("goodput serve: learning the cluster prior failed")
-            return
-        finally:
+            self._learner.start(observations, sizes, self._on_learned)
+        except Exception as exc:  # noqa: BLE001 - the process did not start: the jobs keep the prior they had
+            self._on_learned(None, f"starting the learning process failed: {type(exc).__name__}: {exc}", 0.0)
+
+    def _on_learned(self, prior: ClusterPrior | None, error: str | None, seconds: float) -> None:
+        """The learner's result (its watcher thread): queued for the worker to adopt."""
+        with self._lock:
+            self._learned_result = (prior, error, seconds)
+            self._wake.notify_all()
+
+    def _adopt_prior(self) -> None:
+        """Make the prior the learner sent back the jobs' (each takes it without its own cells at its next update,
+        :meth:`_update`) and queue every job for a refresh; on an error, log it and keep the prior the jobs have."""
+        with self._lock:
+            result, self._learned_result = self._learned_result, None
+            self._learning = False
             self._prior_at = time.monotonic()
-        seconds = time.perf_counter() - started
+        if result is None:
+            return
+        learned, error, seconds = result
+        if learned is None:
+            self.metrics.failures.inc()
+            log.error("goodput serve: learning the cluster prior failed: %s", error)
+            return
+        self._learned = learned
+        self._prior_version += 1
         self.metrics.prior_updates.inc()
         self.metrics.prior_seconds.observe(seconds)
         with self._lock:
-            self._prior_info = {"source": "learned", "jobs": len(models), "sized_jobs": sized,
-                                "cells": len(self._learned.summaries), "learned_at": time.time(), "seconds": round(seconds, 3)}
+            self._prior_info = {"source": "learned", **self._learning_jobs, "cells": len(learned.summaries),
+                                "learned_at": time.time(), "seconds": round(seconds, 3)}
             for job in self._working:
                 if job in self._jobs and job not in self._dirty:
                     self._refresh[job] = None

@@ -49,8 +49,11 @@ def test_bench_service_quick(tmp_path):
     queries = [row for row in figures["rows"] if row["what"].startswith("GET")]
     assert len(queries) == 6 and all(row["errors"] == 0 and 0 < row["p50_ms"] <= row["p99_ms"] for row in queries)
     assert rows["reporter cost per training step"]["reporter_us"] > 0
-    prior = rows["cluster prior learned by the worker (5 jobs x 40"]
+    prior = rows["cluster prior learned beside the worker (5 jobs x 40"]
     assert prior["learned"] and prior["cells"] == 5 * 3 and prior["failed"] == 0 and 0 < prior["learn_s"] < prior["start_to_republished_s"]
+    assert prior["learning_probes"] == prior["refresh_probes"] == 4
+    assert 0 < prior["learning_absorbed_median_s"] <= prior["learning_absorbed_max_s"]
+    assert 0 < prior["refresh_absorbed_median_s"] <= prior["refresh_absorbed_max_s"] <= prior["refresh_republished_s"]
     assert figures["load_average_before"] and figures["jobs"] == 5
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from cli import main
 from goodput import ClusterPrior, JobModel
 from goodput.client import ServiceValidationError
 from goodput.errors import ValidationError
+from service.learner import PriorLearner, learn_prior
 from service.registry import Registry
 from service.store import Store
 from tests.service_helpers import live_server, profile, wait_for
@@ -255,3 +257,84 @@ def test_a_job_that_reports_is_updated_before_the_jobs_due_a_new_prior(tmp_path)
         assert registry.backlog()["idle"] and registry.wait_idle(1)
     finally:
         registry.close()
+
+
+def test_the_worker_absorbs_observations_while_the_prior_is_learned(tmp_path):
+    # learning runs in a child process: while one is under way the worker serves updates and starts
+    # no second one; the prior that comes back is adopted before anything else, then the refreshes
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), coalesce_s=0.0, min_interval_s=0.0, yield_s=0.0,
+                        learn_prior=True, prior_interval_s=0.0)  # the worker not started: its queue alone
+    try:
+        with registry._lock:
+            registry._learning = True
+            registry._prior_changes += 1  # a change since: due, but not while a learning runs
+            registry._dirty["c"] = None
+        assert registry.backlog()["learning_prior"] and not registry.backlog()["idle"]
+        assert registry._next_task() == ("update", "c")
+        registry._busy = None
+        assert not registry.wait_idle(0.2)  # the learning is part of the work
+        prior = _prior("mlp", "resnet")
+        registry._working = {job: None for job in prior.jobs}
+        registry._jobs = {job: None for job in prior.jobs}
+        registry._on_learned(prior, None, 1.5)
+        with registry._lock:
+            registry._dirty["c"] = None
+        assert registry._next_task() == ("adopt", "")
+        registry._adopt_prior()
+        registry._busy = None
+        assert registry.prior_status()["source"] == "learned" and registry.prior_status()["seconds"] == 1.5
+        assert registry._prior_version == 1 and sorted(registry._refresh) == sorted(prior.jobs)
+        assert registry._next_task() == ("update", "c")
+        registry._busy = None
+        for job in sorted(prior.jobs):
+            assert registry._next_task() == ("refresh", job)
+            registry._busy = None
+        assert registry._next_task() == ("prior", "")  # the change that came meanwhile: learned again
+        # a learning that failed: logged and counted, the jobs keep the prior they have
+        registry._on_learned(None, "ValueError: boom", 0.1)
+        assert registry._next_task() == ("adopt", "")
+        registry._adopt_prior()
+        assert registry.metrics.failures._value.get() == 1 and registry._learned is prior and not registry._learning
+    finally:
+        registry.close()
+
+
+def test_the_prior_learner_sends_back_the_prior_or_what_went_wrong():
+    learner = PriorLearner()
+    names = ("mlp", "resnet", NEW)
+    observations = {profile(n).job: profile(n).observations for n in names}
+    results = []
+    done = threading.Event()
+
+    def on_done(*result):
+        results.append(result)
+        done.set()
+
+    learner.start(observations, _sizes(*names), on_done)
+    with pytest.raises(RuntimeError, match="already"):
+        learner.start(observations, _sizes(*names), on_done)
+    assert done.wait(120)
+    prior, error, seconds = results.pop()
+    assert error is None and seconds > 0 and prior.describe() == learn_prior(observations, _sizes(*names)).describe()
+    assert prior._fitted is not None and prior.observations is None  # fitted there; the observations stay here
+
+    done.clear()
+    learner.start({"a": ["not an observation"]}, {}, on_done)
+    assert done.wait(120)
+    prior, error, _ = results.pop()
+    assert prior is None and "ValidationError" in error
+
+    done.clear()
+    learner.start(observations, _sizes(*names), on_done)
+    learner._process.kill()  # the child dies without a word (out of memory, say)
+    assert done.wait(120)
+    prior, error, _ = results.pop()
+    assert prior is None and "without a result" in error
+
+    done.clear()
+    learner.start(observations, _sizes(*names), on_done)
+    process = learner._process
+    learner.stop()  # the service's shutdown: the child is ended, its result dropped
+    assert not process.is_alive() and not done.wait(1) and not results
+    with pytest.raises(RuntimeError, match="stopped"):
+        learner.start(observations, _sizes(*names), on_done)
