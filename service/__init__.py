@@ -7,6 +7,7 @@ Kubernetes scheduler extender, ``goodput table --server``). Modules, one job eac
 - :mod:`.store` — the durable store (SQLAlchemy; observations are the source of truth);
 - :mod:`.registry` — the published per-job models and the background worker that
   rebuilds and refits them;
+- :mod:`.learner` — learning the cluster prior in a child process beside the worker;
 - :mod:`.schemas` — the request and response bodies (pydantic);
 - :mod:`.app` — the FastAPI application and its endpoints;
 - :mod:`.k8s` — the Kubernetes scheduler-extender protocol;
