@@ -30,7 +30,8 @@ temporary directory:
    holds its step (median, slowest), and how many of them while the prior was
    still being learned. As that prior comes back, 5 jobs report again: the same
    seconds while the other jobs are refitted under the new prior, and until
-   every job is republished.
+   every job is republished. Last, the server restarted on the store: seconds
+   until every job is rebuilt, with the prior the store kept.
 
 A last row: what :class:`profilers.reporter.GoodputReporter` costs a training
 step (µs per ``with reporter.step(...)``), against a real step of the zoo's MLP
@@ -381,10 +382,16 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
         probes = names[:0:-max(len(names) // 5, 1)][:5]
         learning = _absorbed_while_learning(http, names[0], probes)
         fresh = _absorbed_during_refresh(http, probes, prior["learned_at"])
+    started = time.perf_counter()  # a restart: the jobs rebuilt with the prior the store kept
+    with ServerProcess(store, "--model", "bayesian", "--learn-prior", "--prior-interval", "1") as server, \
+            httpx.Client(base_url=server.url, timeout=30) as http:
+        again = _wait_health(http, lambda h: h["cluster_prior"]["source"] == "learned" and h["worker"]["idle"])
+        restart = {"restart_to_republished_s": time.perf_counter() - started,
+                   "restart_restored": bool(again["cluster_prior"].get("restored"))}
     return {"what": f"cluster prior learned beside the worker ({len(names)} jobs x {per_job}, bayesian)",
             "observations": acknowledged, "failed": failed, "learn_s": prior.get("seconds"),
             "cells": prior.get("cells"), "start_to_republished_s": elapsed, "learned": prior["source"] == "learned",
-            **learning, **fresh}
+            **learning, **fresh, **restart}
 
 
 def poll_until(check: Callable[[], Any], deadline: float, what: str, poll_s: float = 0.1) -> Any:
@@ -459,7 +466,8 @@ def _absorbed_during_refresh(http: httpx.Client, probes: list[str], learned_at: 
 
     _wait_health(http, republished, poll_s=0.05)
     seconds = time.perf_counter() - started
-    _wait_health(http, lambda h: h["worker"]["idle"], poll_s=0.05)
+    # the learning the probes' steps call for, and its refreshes: the prior the store keeps is then current
+    _wait_health(http, lambda h: h["worker"]["idle"] and not h["worker"].get("prior_behind"), poll_s=0.05)
     return {"refresh_probes": len(probes), "refresh_absorbed_median_s": statistics.median(absorbed.values()),
             "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": seconds}
 

@@ -25,7 +25,9 @@ or settings changed, at most once per ``prior_interval_s``: when nothing else wa
 copies the jobs' observations to a child process (:mod:`.learner`) and goes on absorbing
 observations while it learns; once the prior is back the worker adopts it and queues every job
 for a **refresh**: the job takes the prior without its own cells (a refit
-of the hierarchy, not of the cells), refits and is republished. Refreshes come after updates
+of the hierarchy, not of the cells), refits and is republished. The store keeps the last
+learned prior (:meth:`Store.save_prior`): a restarted service rebuilds its jobs with it, and
+learns a new one only if observations or settings changed since. Refreshes come after updates
 with new observations, so a job that reports while the cluster's jobs are refreshed is not
 kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's
 hyperprior and the sync shapes keep the job's own data: they pool every job's residuals and
@@ -246,8 +248,8 @@ class Registry:
         learn_prior: the cluster prior is learned from the jobs' own stored observations
             (and ``model_size`` settings) whenever they changed, at most once per ``prior_interval_s``,
             started when nothing else waits and learned in a child process (:mod:`.learner`) while the
-            worker goes on; every job's model then takes it (refitted, republished, after the
-            jobs with new observations).
+            worker goes on; every job's model then takes it (refitted, republished, after the jobs with
+            new observations), and the store keeps it for a restart.
             A given ``cluster_prior`` serves until the first is learned; the first needs two jobs with
             observations and :data:`MIN_SIZED_JOBS` with a ``model_size`` setting.
         prior_jobs: a learned prior holds the ``prior_jobs`` jobs that reported last (a rolling window, as
@@ -291,7 +293,8 @@ class Registry:
         self._learner = PriorLearner() if learn_prior else None
         self._learning = False  # a learning was started and its result not adopted yet (under the lock)
         self._learned_result: tuple[ClusterPrior | None, str | None, float] | None = None  # back, to adopt
-        self._learning_jobs: dict[str, int] = {}  # the jobs and sized jobs of the learning under way
+        self._learning_jobs: dict[str, Any] = {}  # the jobs and sized jobs of the learning under way
+        self._learning_stamp: list[float] | None = None  # the store's change stamp it learns from (None: unsettled)
         # observations stored and settings changed (under the lock); 1 at the start: the stored jobs teach one
         self._prior_changes = 1 if learn_prior else 0
         self._prior_seen = 0  # _prior_changes when the last prior was learned
@@ -454,10 +457,13 @@ class Registry:
 
     def backlog(self) -> dict[str, Any]:
         """The worker's queue: jobs to rebuild, to update with new observations, whose answers to compute ahead,
-        to refit under a newly learned cluster prior; whether a cluster prior is being learned."""
+        to refit under a newly learned cluster prior; whether a cluster prior is being learned, and whether
+        observations or settings changed since the last one was started (``learn_prior`` only: it is due
+        once ``prior_interval_s`` has passed)."""
         with self._lock:
             return {"rebuild": len(self._rebuild), "update": len(self._dirty), "warm": len(self._warm),
                     "refresh": len(self._refresh), "busy": self._busy, "learning_prior": self._learning,
+                    "prior_behind": self.learn_prior and self._prior_changes != self._prior_seen,
                     "idle": not (self._rebuild or self._dirty or self._warm or self._refresh or self._busy
                                  or self._learning)}
 
@@ -603,6 +609,8 @@ class Registry:
             coalesced = True
 
     def _run(self) -> None:
+        if self.learn_prior:
+            self._restore_prior()
         while (task := self._next_task()) is not None:
             kind, job = task
             try:
@@ -713,7 +721,12 @@ class Registry:
         assert self._learner is not None
         observations = {m.job: list(m.observations) for m in models}
         sizes = {m.job: m.model_size for m in models}
+        stamp = self.store.change_stamp()
         with self._lock:
+            # every write up to the stamp is in the working models (the store queues a write inside its write
+            # lock, which change_stamp takes), unless one still waits for the worker
+            settled = not self._rebuild and not any(self._pending.values())
+            self._learning_stamp = stamp if settled else None
             self._learning = True
             self._learning_jobs = {"jobs": len(models), "sized_jobs": sized}
         try:
@@ -745,13 +758,46 @@ class Registry:
         self._prior_version += 1
         self.metrics.prior_updates.inc()
         self.metrics.prior_seconds.observe(seconds)
+        info = {**self._learning_jobs, "cells": len(learned.summaries), "seconds": round(seconds, 3)}
+        try:  # a restarted service starts from it (_restore_prior)
+            self.store.save_prior(learned.to_dict(), {**info, "stamp": self._learning_stamp, "prior_jobs": self.prior_jobs})
+        except Exception:  # noqa: BLE001 - the jobs take it all the same; a restart would learn it again
+            log.exception("goodput serve: storing the learned cluster prior failed")
         with self._lock:
-            self._prior_info = {"source": "learned", **self._learning_jobs, "cells": len(learned.summaries),
-                                "learned_at": time.time(), "seconds": round(seconds, 3)}
+            self._prior_info = {"source": "learned", **info, "learned_at": time.time()}
             for job in self._working:
                 if job in self._jobs and job not in self._dirty:
                     self._refresh[job] = None
             self._wake.notify_all()
+
+    def _restore_prior(self) -> None:
+        """The worker's first task with ``learn_prior``: the last prior learned on this store, if any, so the
+        jobs are rebuilt with it. Learned again at once unless no observation or setting changed since it was
+        learned (the store's change stamp) and the window (``prior_jobs``) is the same."""
+        try:
+            stored = self.store.latest_prior()
+            if stored is None:
+                return
+            prior = ClusterPrior.from_dict(stored.data)
+            if len(prior):
+                prior.fitted()
+        except Exception:  # noqa: BLE001 - a record this code cannot read: learn a new one
+            log.exception("goodput serve: the stored cluster prior is unreadable; learning a new one")
+            return
+        with self._lock:
+            changes = self._prior_changes
+        current = (stored.info.get("stamp") is not None and stored.info.get("prior_jobs") == self.prior_jobs
+                   and stored.info["stamp"] == self.store.change_stamp())
+        self._learned = prior
+        self._prior_version += 1
+        with self._lock:
+            self._prior_info = {"source": "learned", **{k: stored.info[k] for k in ("jobs", "sized_jobs", "cells", "seconds")
+                                                        if k in stored.info},
+                                "learned_at": stored.learned, "restored": True}
+            if current:  # nothing new to learn from: not due until something changes
+                self._prior_seen = changes
+            # the interval runs from when it was learned (a restart does not reset it)
+            self._prior_at = time.monotonic() - max(0.0, time.time() - stored.learned)
 
     def _current_prior(self) -> ClusterPrior | None:
         """The learned prior once there is one, else the given one (or ``None``)."""

@@ -1,7 +1,7 @@
 """The service's durable store: jobs and their observations, in any SQLAlchemy database.
 
 Observations are the source of truth: a job's model is a function of them, and
-the service rebuilds every model from the store when it starts. Two tables:
+the service rebuilds every model from the store when it starts. Three tables:
 
 - ``goodput_jobs`` — one row per job: its settings as JSON (``init_batch_size``,
   ``max_batch_size``, ``local_bsz_bounds``, ``gpu_types``), created/updated times;
@@ -10,7 +10,12 @@ the service rebuilds every model from the store when it starts. Two tables:
   received. ``(job, record_id)`` is unique, which makes posting idempotent: a
   record sent twice is stored once. The id is the one the sender gave, else
   the SHA-256 of the record's canonical JSON (:func:`record_id`). The
-  auto-increment ``id`` gives the order of arrival.
+  auto-increment ``id`` gives the order of arrival;
+- ``goodput_cluster_priors`` — the last cluster prior the service learned from
+  them (``goodput serve --learn-prior``): its JSON
+  (:meth:`goodput.ClusterPrior.to_dict`), what it was learned from and the
+  store's :meth:`Store.change_stamp` then. Derived state, recomputable from the
+  other two; kept so a restarted service answers with it from the start.
 
 Durability. :meth:`Store.add_observations` returns only after its transaction
 has committed. The default store is ``sqlite:///goodput.db`` in the working
@@ -57,8 +62,8 @@ from sqlalchemy import event
 
 from goodput.errors import ValidationError
 
-__all__ = ["Store", "JobRecord", "StoredObservation", "AddResult", "UnknownJobError", "record_id", "canonical_json",
-           "SQLITE_SYNCHRONOUS"]
+__all__ = ["Store", "JobRecord", "StoredObservation", "StoredPrior", "AddResult", "UnknownJobError", "record_id",
+           "canonical_json", "SQLITE_SYNCHRONOUS"]
 
 log = logging.getLogger("goodput.service")
 
@@ -83,6 +88,23 @@ observations_table = sa.Table(
     sa.UniqueConstraint("job", "record_id", name="uq_goodput_observation_record"),
     sa.Index("ix_goodput_observation_job_id", "job", "id"),
 )
+priors_table = sa.Table(
+    "goodput_cluster_priors", metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("info", sa.Text, nullable=False),
+    sa.Column("learned", sa.Float, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class StoredPrior:
+    """A cluster prior as stored: its JSON (:meth:`goodput.ClusterPrior.to_dict`), what the service said of
+    it (jobs, cells, seconds, the :meth:`Store.change_stamp` it was learned at) and when (Unix seconds)."""
+
+    data: dict[str, Any]
+    info: dict[str, Any]
+    learned: float
 
 
 class UnknownJobError(ValidationError):
@@ -366,6 +388,31 @@ class Store:
             after = int(rows[-1].id)
             if remaining is not None:
                 remaining -= len(rows)
+
+    def change_stamp(self) -> list[float]:
+        """``[last observation row id, last settings change (Unix seconds)]``, 0 for none: equal stamps, no
+        observation stored and no setting changed in between."""
+        # under the write lock: a write is then either not committed or committed and handed to its
+        # after_commit callback (the registry's queue), never in between
+        with self._write_lock, self.engine.connect() as conn:
+            row = conn.execute(sa.select(sa.func.max(observations_table.c.id))).scalar()
+            updated = conn.execute(sa.select(sa.func.max(jobs_table.c.updated))).scalar()
+        return [float(row or 0), float(updated or 0.0)]
+
+    # ------------------------------------------------------------------ the learned cluster prior
+    def save_prior(self, data: Mapping[str, Any], info: Mapping[str, Any]) -> None:
+        """Keep ``data`` (a :meth:`goodput.ClusterPrior.to_dict`) and ``info`` as the last learned prior, in
+        place of the one before (one transaction: a crash leaves the old one or the new one)."""
+        text, info_text, now = json.dumps(data), canonical_json(info), time.time()  # as ClusterPrior.save writes it
+        with self._write_lock, self.engine.begin() as conn:
+            new = conn.execute(priors_table.insert().values(data=text, info=info_text, learned=now)).inserted_primary_key[0]
+            conn.execute(priors_table.delete().where(priors_table.c.id < new))
+
+    def latest_prior(self) -> StoredPrior | None:
+        """The last prior :meth:`save_prior` kept, else ``None``."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(priors_table).order_by(priors_table.c.id.desc()).limit(1)).first()
+        return None if row is None else StoredPrior(json.loads(row.data), json.loads(row.info), float(row.learned))
 
     def ping(self) -> None:
         """Raise if the database cannot be reached."""

@@ -54,6 +54,7 @@ def test_bench_service_quick(tmp_path):
     assert prior["learning_probes"] == prior["refresh_probes"] == 4
     assert 0 < prior["learning_absorbed_median_s"] <= prior["learning_absorbed_max_s"]
     assert 0 < prior["refresh_absorbed_median_s"] <= prior["refresh_absorbed_max_s"] <= prior["refresh_republished_s"]
+    assert prior["restart_restored"] and 0 < prior["restart_to_republished_s"]
     assert figures["load_average_before"] and figures["jobs"] == 5
 
 

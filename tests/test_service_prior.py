@@ -197,6 +197,42 @@ def test_a_restarted_service_learns_the_prior_from_the_stored_jobs(tmp_path):
         registry.close()
 
 
+def test_a_restarted_service_starts_from_the_prior_it_stored(tmp_path, caplog):
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        jobs = [_add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+                for name in ("mlp", "resnet", NEW)]
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        before = {job: registry.published(job)._model.predict("cpu", 1, 2, 32, 0).step_time for job in jobs}
+        stored = registry.store.latest_prior()
+        assert stored.info["stamp"] == registry.store.change_stamp() and stored.info["jobs"] == 3
+    finally:
+        registry.close()
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:  # rebuilt with the stored prior, which nothing has changed since: not learned again
+        assert registry.wait_idle(120)
+        status = registry.prior_status()
+        assert status["source"] == "learned" and status["restored"] and status["jobs"] == 3
+        assert registry.metrics.prior_updates._value.get() == 0 and not registry.backlog()["prior_behind"]
+        for job in jobs:
+            model = registry.published(job)._model
+            assert sorted(model.cluster_prior.jobs) == sorted(j for j in jobs if j != job)
+            assert model.predict("cpu", 1, 2, 32, 0).step_time == pytest.approx(before[job], rel=1e-9)
+        _add(registry, "mlp", profile("mlp").observations[:1])  # a new step (a new id): learned again
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        assert "restored" not in registry.prior_status()
+        registry.store.save_prior({"summaries": "not a list"}, {"jobs": 3})  # a record this code cannot read
+    finally:
+        registry.close()
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:  # an unreadable stored prior is logged and learned anew
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        assert registry.prior_status()["source"] == "learned" and "restored" not in registry.prior_status()
+        assert "stored cluster prior is unreadable" in caplog.text
+    finally:
+        registry.close()
+
+
 def test_a_prior_needs_the_bayesian_model(tmp_path):
     with pytest.raises(ValidationError, match="cluster_prior"):
         Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}, learn_prior=True)
@@ -269,7 +305,7 @@ def test_the_worker_absorbs_observations_while_the_prior_is_learned(tmp_path):
             registry._learning = True
             registry._prior_changes += 1  # a change since: due, but not while a learning runs
             registry._dirty["c"] = None
-        assert registry.backlog()["learning_prior"] and not registry.backlog()["idle"]
+        assert registry.backlog()["learning_prior"] and registry.backlog()["prior_behind"] and not registry.backlog()["idle"]
         assert registry._next_task() == ("update", "c")
         registry._busy = None
         assert not registry.wait_idle(0.2)  # the learning is part of the work

@@ -56,6 +56,26 @@ def test_observations_are_stored_once_in_order_and_survive_a_reopen(store_url):
     reopened.close()
 
 
+def test_the_last_learned_prior_is_kept_in_place_of_the_one_before(store_url):
+    store = Store(store_url)
+    assert store.latest_prior() is None and store.change_stamp() == [0.0, 0.0]
+    store.put_job("zoo-mlp", {"init_batch_size": 64})
+    record = profile("mlp").observations[0].to_dict()
+    added = store.add_observations("zoo-mlp", [("a", record)])
+    stamp = store.change_stamp()
+    assert stamp[0] == added.inserted[0][0] and stamp[1] == store.get_job("zoo-mlp").updated
+    store.save_prior({"summaries": [], "n": 1}, {"jobs": 2, "stamp": stamp})
+    store.save_prior({"summaries": [], "n": 2}, {"jobs": 3, "stamp": stamp})
+    store.close()
+    reopened = Store(store_url)
+    kept = reopened.latest_prior()
+    assert kept.data == {"summaries": [], "n": 2} and kept.info == {"jobs": 3, "stamp": stamp} and kept.learned > 0
+    assert reopened.change_stamp() == stamp  # reading it changes nothing
+    reopened.add_observations("zoo-mlp", [("b", record)])
+    assert reopened.change_stamp()[0] > stamp[0]
+    reopened.close()
+
+
 def test_concurrent_writers_store_each_record_once(store_url):
     store = Store(store_url)
     store.put_job("j", {"init_batch_size": 8})
