@@ -10,8 +10,9 @@ threads. :class:`PriorLearner` runs it in a spawned process (its own interpreter
 and CPU core) and hands the prior back through a pipe: the summaries, shapes and
 GP prior only, with the hierarchy already fitted.
 
-A process that fails or dies reports an error instead; :meth:`PriorLearner.stop`
-ends one still running (the service's shutdown does not wait for it). As with
+A process that fails, dies or runs past its ``timeout_s`` (then ended) reports an
+error instead; :meth:`PriorLearner.stop` ends one still running (the service's
+shutdown does not wait for it). As with
 :func:`profilers.profile_job`'s replicas, a script that starts the service in its
 own process must do so under ``if __name__ == "__main__":`` (the child is spawned).
 
@@ -35,10 +36,13 @@ from typing import Any
 
 from goodput.hierarchy import ClusterPrior
 from goodput.observations import Observation
+from goodput.validation import check_float
 
-__all__ = ["PriorLearner", "learn_prior"]
+__all__ = ["PriorLearner", "learn_prior", "LEARN_TIMEOUT_S"]
 
 log = logging.getLogger("goodput.service")
+
+LEARN_TIMEOUT_S = 3600.0  # a learning still running after this long is ended (64 jobs take ~20 s on 2 cores)
 
 # on_done(prior, error, seconds): the learned prior (or None) and what went wrong (or None)
 Done = Callable[[ClusterPrior | None, str | None, float], None]
@@ -66,9 +70,13 @@ def _child(conn: Any, observations: Mapping[str, Sequence[Observation]], sizes: 
 
 
 class PriorLearner:
-    """One learning at a time in a spawned process; the result comes to ``on_done`` from a watcher thread."""
+    """One learning at a time in a spawned process; the result comes to ``on_done`` from a watcher thread.
 
-    def __init__(self) -> None:
+    ``timeout_s``: a learning still running after this many seconds is ended and reported as an error.
+    """
+
+    def __init__(self, timeout_s: float = LEARN_TIMEOUT_S) -> None:
+        self.timeout_s = check_float("timeout_s", timeout_s, positive=True)
         self._lock = threading.Lock()
         self._process: Any = None
         self._watcher: threading.Thread | None = None
@@ -107,8 +115,13 @@ class PriorLearner:
     def _watch(self, process: Any, receive: Any, on_done: Done, started: float) -> None:
         prior, error = None, None
         try:
+            if not receive.poll(self.timeout_s):  # (a child that exits makes the pipe readable: EOF)
+                process.terminate()
+                raise TimeoutError
             kind, payload = receive.recv()
             prior, error = (payload, None) if kind == "ok" else (None, payload)
+        except TimeoutError:
+            error = f"learning the prior took longer than {self.timeout_s:g} s; the process was ended"
         except (EOFError, OSError):  # the child died without a word (killed, out of memory) or was stopped
             process.join(1.0)
             error = f"the learning process ended without a result (exit code {process.exitcode})"

@@ -374,3 +374,11 @@ def test_the_prior_learner_sends_back_the_prior_or_what_went_wrong():
     assert not process.is_alive() and not done.wait(1) and not results
     with pytest.raises(RuntimeError, match="stopped"):
         learner.start(observations, _sizes(*names), on_done)
+
+    slow = PriorLearner(timeout_s=0.2)  # the child takes longer than that just to start
+    slow.start(observations, _sizes(*names), on_done)
+    assert done.wait(120)
+    prior, error, _ = results.pop()
+    assert prior is None and "longer than 0.2 s" in error and not slow._process.is_alive()
+    with pytest.raises(ValidationError, match="timeout_s"):
+        PriorLearner(timeout_s=0)
