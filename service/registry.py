@@ -610,7 +610,10 @@ class Registry:
 
     def _run(self) -> None:
         if self.learn_prior:
-            self._restore_prior()
+            try:
+                self._restore_prior()
+            except Exception:  # noqa: BLE001 - the store unreachable, say: the jobs start without it
+                log.exception("goodput serve: reading the stored cluster prior failed")
         while (task := self._next_task()) is not None:
             kind, job = task
             try:
@@ -622,6 +625,9 @@ class Registry:
                     self._warm_up(job)
                 else:
                     self._update(job, full=kind == "rebuild", refresh=kind == "refresh")
+            except Exception:  # noqa: BLE001 - the worker outlives any one task (each handles its own failures)
+                self.metrics.failures.inc()
+                log.exception("goodput serve: the worker's %s task failed", kind)
             finally:
                 with self._lock:
                     self._busy = self._rebuilding = None
@@ -721,12 +727,16 @@ class Registry:
         assert self._learner is not None
         observations = {m.job: list(m.observations) for m in models}
         sizes = {m.job: m.model_size for m in models}
-        stamp = self.store.change_stamp()
+        try:
+            stamp: list[float] | None = self.store.change_stamp()
+        except Exception:  # noqa: BLE001 - the store unreachable: learn all the same, a restart relearns it
+            log.exception("goodput serve: reading the store's change stamp failed")
+            stamp = None
         with self._lock:
             # every write up to the stamp is in the working models (the store queues a write inside its write
             # lock, which change_stamp takes), unless one still waits for the worker
             settled = not self._rebuild and not any(self._pending.values())
-            self._learning_stamp = stamp if settled else None
+            self._learning_stamp = stamp if settled and stamp is not None else None
             self._learning = True
             self._learning_jobs = {"jobs": len(models), "sized_jobs": sized}
         try:
@@ -774,10 +784,10 @@ class Registry:
         """The worker's first task with ``learn_prior``: the last prior learned on this store, if any, so the
         jobs are rebuilt with it. Learned again at once unless no observation or setting changed since it was
         learned (the store's change stamp) and the window (``prior_jobs``) is the same."""
+        stored = self.store.latest_prior()
+        if stored is None:
+            return
         try:
-            stored = self.store.latest_prior()
-            if stored is None:
-                return
             prior = ClusterPrior.from_dict(stored.data)
             if len(prior):
                 prior.fitted()

@@ -382,3 +382,26 @@ def test_the_prior_learner_sends_back_the_prior_or_what_went_wrong():
     assert prior is None and "longer than 0.2 s" in error and not slow._process.is_alive()
     with pytest.raises(ValidationError, match="timeout_s"):
         PriorLearner(timeout_s=0)
+
+
+def test_a_store_that_fails_to_say_what_changed_costs_a_relearning_at_restart(tmp_path, monkeypatch):
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+
+    def unreachable():
+        raise ConnectionError("the database went away")
+
+    monkeypatch.setattr(registry.store, "change_stamp", unreachable)
+    try:
+        jobs = [_add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+                for name in ("mlp", "resnet")]
+        assert registry.wait_idle(120) and registry.prior_status()["source"] == "learned"
+        assert registry.store.latest_prior().info["stamp"] is None  # learned and kept, not known to be current
+    finally:
+        registry.close()
+    monkeypatch.undo()
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        assert sorted(registry.published(jobs[0])._model.cluster_prior.jobs) == [jobs[1]]
+    finally:
+        registry.close()
