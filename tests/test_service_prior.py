@@ -353,6 +353,8 @@ def test_the_prior_learner_sends_back_the_prior_or_what_went_wrong():
     prior, error, seconds = results.pop()
     assert error is None and seconds > 0 and prior.describe() == learn_prior(observations, _sizes(*names)).describe()
     assert prior._fitted is not None and prior.observations is None  # fitted there; the observations stay here
+    assert sorted(prior._excluded) == sorted(observations)  # and each job's left-out prior
+    assert all(prior._excluded[job]._fitted is not None and job not in prior._excluded[job].jobs for job in observations)
 
     done.clear()
     learner.start({"a": ["not an observation"]}, {}, on_done)
