@@ -86,12 +86,6 @@ class PriorLearner:
         self._watcher: threading.Thread | None = None
         self._stopped = False
 
-    @property
-    def running(self) -> bool:
-        """Whether a learning was started and its ``on_done`` has not returned yet."""
-        with self._lock:
-            return self._watcher is not None and self._watcher.is_alive()
-
     def start(self, observations: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float | None],
               on_done: Done) -> None:
         """Start learning from ``{job: observations}`` (copied to the child) and their ``sizes`` (parameters).
@@ -109,6 +103,9 @@ class PriorLearner:
                                   name="goodput-prior-learner", daemon=True)
             try:
                 process.start()
+            except BaseException:
+                receive.close()
+                raise
             finally:
                 send.close()  # the child holds its own end: its exit ends our recv()
             self._process = process
@@ -119,13 +116,12 @@ class PriorLearner:
     def _watch(self, process: Any, receive: Any, on_done: Done, started: float) -> None:
         prior, error = None, None
         try:
-            if not receive.poll(self.timeout_s):  # (a child that exits makes the pipe readable: EOF)
+            if receive.poll(self.timeout_s):  # a result, or EOF: the child exited
+                kind, payload = receive.recv()
+                prior, error = (payload, None) if kind == "ok" else (None, payload)
+            else:
                 process.terminate()
-                raise TimeoutError
-            kind, payload = receive.recv()
-            prior, error = (payload, None) if kind == "ok" else (None, payload)
-        except TimeoutError:
-            error = f"learning the prior took longer than {self.timeout_s:g} s; the process was ended"
+                error = f"learning the prior took longer than {self.timeout_s:g} s; the process was ended"
         except (EOFError, OSError):  # the child died without a word (killed, out of memory) or was stopped
             process.join(1.0)
             error = f"the learning process ended without a result (exit code {process.exitcode})"
