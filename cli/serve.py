@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prior-interval", type=float, default=600.0,
                         help="seconds between two cluster priors learned (default 600: each refits every job)")
     parser.add_argument("--prior-jobs", type=int, default=64,
-                        help="a learned prior holds the jobs that reported last, this many (default 64; about 0.3 s "
+                        help="a learned prior holds the jobs that reported last, this many (default 64; about 0.5 s "
                         "each per learning on 2 cores)")
     parser.add_argument("--max-body-mb", type=float, default=10.0, help="larger request bodies get 413 (default 10)")
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL", "EXTRA"], default="FULL",

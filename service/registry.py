@@ -29,7 +29,7 @@ of the hierarchy, not of the cells), refits and is republished. The store keeps 
 learned prior (:meth:`Store.save_prior`): a restarted service rebuilds its jobs with it, and
 learns a new one only if observations or settings changed since. Refreshes come after updates
 with new observations, so a job that reports while the cluster's jobs are refreshed is not
-kept waiting behind them (each takes a refit, ~0.4 s on 2 cores). The residual GP's
+kept waiting behind them (each takes a refit, ~0.2 s on 2 cores). The residual GP's
 hyperprior and the sync shapes keep the job's own data: they pool every job's residuals and
 shapes.
 
@@ -253,7 +253,7 @@ class Registry:
             A given ``cluster_prior`` serves until the first is learned; the first needs two jobs with
             observations and :data:`MIN_SIZED_JOBS` with a ``model_size`` setting.
         prior_jobs: a learned prior holds the ``prior_jobs`` jobs that reported last (a rolling window, as
-            the simulator's: its cost grows with its jobs, about 0.3 s each on 2 cores); the others take it whole.
+            the simulator's: its cost grows with its jobs, about 0.5 s each on 2 cores, in the learning process); the others take it whole.
         coalesce_s: after an idle wait the worker waits this long for more observations before updating.
         min_interval_s: a job's model is updated at most once per this many seconds while observations
             stream in (rebuilds are not held back): the worker's CPU goes to requests during bursts.
