@@ -28,18 +28,14 @@ and type (``experiments/results/accuracy.md``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.optimize
 
-from experiments.datasets import read_measurements
-from goodput.io import atomic_write_text
+from experiments.folder_check import run
 from goodput.observations import Observation
 
 __all__ = ["FormErrors", "compute_curves", "soft_max_step_time", "fit_form", "held_out_errors", "main", "MIN_SIZES"]
@@ -116,23 +112,13 @@ def held_out_errors(models: Mapping[str, Sequence[Observation]]) -> dict[str, Fo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.compute_form", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", help="measurement folders (the layout goodput accuracy reads)")
-    parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
-    results = {}
-    for folder in args.dirs:
-        if not Path(folder).is_dir():
-            print(f"error: {folder}: not a directory", file=sys.stderr)
-            return 2
-        found = held_out_errors(read_measurements(folder).models)
-        results[folder] = {name: asdict(e) for name, e in found.items()}
-        print(f"{folder}: " + "; ".join(f"{name} median {e.median_ape:.1f}%, mean {e.mean_ape:.1f}%, p90 {e.p90_ape:.1f}%"
-                                        for name, e in found.items())
-              + f" ({found['pollux'].points} held-out sizes, {found['pollux'].cells} cells)")
-    if args.out:
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
-    return 0
+    def line(found: dict[str, Any]) -> str:
+        forms = "; ".join(f"{name} median {e['median_ape']:.1f}%, mean {e['mean_ape']:.1f}%, p90 {e['p90_ape']:.1f}%"
+                          for name, e in found.items())
+        return f"{forms} ({found['pollux']['points']} held-out sizes, {found['pollux']['cells']} cells)"
+
+    return run(argv, "python -m experiments.compute_form", __doc__.split("\n\n")[0],
+               lambda models: {name: asdict(e) for name, e in held_out_errors(models).items()}, line)
 
 
 if __name__ == "__main__":

@@ -22,19 +22,14 @@ own fit 4.9% over 7103 measurements.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
-from experiments.datasets import read_measurements
+from experiments.folder_check import run
 from goodput.hierarchy import ClusterPrior, step_rows
-from goodput.io import atomic_write_text
 from goodput.observations import Observation, by_gpu_type
 from goodput.parametric import log_step_time, reference_bsz
 
@@ -81,22 +76,10 @@ def noise_floors(models: Mapping[str, Sequence[Observation]]) -> Floors:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.noise_floor", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dirs", nargs="+", help="measurement folders (the layout goodput accuracy reads)")
-    parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
-    results = {}
-    for folder in args.dirs:
-        if not Path(folder).is_dir():
-            print(f"error: {folder}: not a directory", file=sys.stderr)
-            return 2
-        floors = noise_floors(read_measurements(folder).models)
-        results[folder] = asdict(floors)
-        print(f"{folder}: repeats {floors.repeats_median_ape:.1f}% over {floors.repeated_configurations} configurations; "
-              f"own fit {floors.own_fit_median_ape:.1f}% over {floors.measurements} measurements")
-    if args.out:
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
-    return 0
+    return run(argv, "python -m experiments.noise_floor", __doc__.split("\n\n")[0],
+               lambda models: asdict(noise_floors(models)),
+               lambda f: (f"repeats {f['repeats_median_ape']:.1f}% over {f['repeated_configurations']} configurations; "
+                          f"own fit {f['own_fit_median_ape']:.1f}% over {f['measurements']} measurements"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""The command line of a check run on measurement folders (``experiments.noise_floor``, ``experiments.compute_form``).
+
+``python -m experiments.<check> DIR [DIR ...] [--out FILE]``: each folder read with
+:func:`experiments.datasets.read_measurements`, its figures computed and printed on one
+line, and all of them written as JSON (atomically) with ``--out``; a folder that does
+not exist exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.datasets import read_measurements
+from goodput.io import atomic_write_text
+from goodput.observations import Observation
+
+__all__ = ["run"]
+
+
+def run(argv: Sequence[str] | None, prog: str, description: str,
+        figures_of: Callable[[Mapping[str, Sequence[Observation]]], dict[str, Any]],
+        line_of: Callable[[dict[str, Any]], str]) -> int:
+    """Parse ``argv``, then ``figures_of({model: observations})`` per folder (JSON-able), printed as
+    ``"<folder>: " + line_of(figures)``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("dirs", nargs="+", help="measurement folders (the layout goodput accuracy reads)")
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    results = {}
+    for folder in args.dirs:
+        if not Path(folder).is_dir():
+            print(f"error: {folder}: not a directory", file=sys.stderr)
+            return 2
+        results[folder] = figures_of(read_measurements(folder).models)
+        print(f"{folder}: {line_of(results[folder])}")
+    if args.out:
+        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
+    return 0
