@@ -50,10 +50,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
