@@ -376,7 +376,7 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
     started = time.perf_counter()
     with ServerProcess(store, "--model", "bayesian", "--learn-prior", "--prior-interval", "1") as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
-        health = _wait_health(http, lambda h: h["cluster_prior"]["source"] == "learned" and h["worker"]["idle"])
+        health = _wait_health(http, _learned_and_idle)
         elapsed = time.perf_counter() - started
         prior = health["cluster_prior"]
         probes = names[:0:-max(len(names) // 5, 1)][:5]
@@ -385,7 +385,7 @@ def prior_figures(folder: Path, names: list[str], per_job: int) -> dict[str, Any
     started = time.perf_counter()  # a restart: the jobs rebuilt with the prior the store kept
     with ServerProcess(store, "--model", "bayesian", "--learn-prior", "--prior-interval", "1") as server, \
             httpx.Client(base_url=server.url, timeout=30) as http:
-        again = _wait_health(http, lambda h: h["cluster_prior"]["source"] == "learned" and h["worker"]["idle"])
+        again = _wait_health(http, _learned_and_idle)
         restart = {"restart_to_republished_s": time.perf_counter() - started,
                    "restart_restored": bool(again["cluster_prior"].get("restored"))}
     return {"what": f"cluster prior learned beside the worker ({len(names)} jobs x {per_job}, bayesian)",
@@ -411,6 +411,16 @@ def _wait_health(http: httpx.Client, done: Callable[[dict[str, Any]], bool], pol
         return health if done(health) else None
 
     return poll_until(check, time.monotonic() + 1800, "the server did not get there in 1800 s", poll_s)
+
+
+def _learned_and_idle(health: dict[str, Any]) -> bool:
+    return health["cluster_prior"]["source"] == "learned" and health["worker"]["idle"]
+
+
+def _absorbed_figures(prefix: str, absorbed: dict[str, float]) -> dict[str, Any]:
+    """The probes' count, median and slowest seconds until absorbed, as ``<prefix>_...`` fields."""
+    return {f"{prefix}_probes": len(absorbed), f"{prefix}_absorbed_median_s": statistics.median(absorbed.values()),
+            f"{prefix}_absorbed_max_s": max(absorbed.values())}
 
 
 def _post_one(http: httpx.Client, job: str) -> int:
@@ -446,8 +456,7 @@ def _absorbed_while_learning(http: httpx.Client, trigger: str, probes: list[str]
     _wait_health(http, lambda h: h["worker"].get("learning_prior") or h["worker"]["busy"] == "(cluster prior)", poll_s=0.01)
     absorbed, _ = _absorbed(http, probes)
     before = http.get("/healthz").json()["cluster_prior"]["learned_at"] == learned_at
-    return {"learning_probes": len(probes), "learning_absorbed_median_s": statistics.median(absorbed.values()),
-            "learning_absorbed_max_s": max(absorbed.values()), "learning_absorbed_before_prior": before}
+    return {**_absorbed_figures("learning", absorbed), "learning_absorbed_before_prior": before}
 
 
 def _absorbed_during_refresh(http: httpx.Client, probes: list[str], learned_at: float) -> dict[str, Any]:
@@ -468,8 +477,7 @@ def _absorbed_during_refresh(http: httpx.Client, probes: list[str], learned_at: 
     seconds = time.perf_counter() - started
     # the learning the probes' steps call for, and its refreshes: the prior the store keeps is then current
     _wait_health(http, lambda h: h["worker"]["idle"] and not h["worker"].get("prior_behind"), poll_s=0.05)
-    return {"refresh_probes": len(probes), "refresh_absorbed_median_s": statistics.median(absorbed.values()),
-            "refresh_absorbed_max_s": max(absorbed.values()), "refresh_republished_s": seconds}
+    return {**_absorbed_figures("refresh", absorbed), "refresh_republished_s": seconds}
 
 
 # ---------------------------------------------------------------------- main

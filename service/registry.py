@@ -53,6 +53,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -292,9 +293,9 @@ class Registry:
         self._prior_version = 0  # learned priors so far; a working model behind it is due a refresh
         self._learner = PriorLearner() if learn_prior else None
         self._learning = False  # a learning was started and its result not adopted yet (under the lock)
-        self._learned_result: tuple[ClusterPrior | None, str | None, float] | None = None  # back, to adopt
-        self._learning_jobs: dict[str, Any] = {}  # the jobs and sized jobs of the learning under way
-        self._learning_stamp: list[float] | None = None  # the store's change stamp it learns from (None: unsettled)
+        # back from the learner, to adopt: what the learning was started on (jobs, sized jobs, the store's change
+        # stamp or None), the prior or None, the error or None, seconds
+        self._learned_result: tuple[dict[str, Any], ClusterPrior | None, str | None, float] | None = None
         # observations stored and settings changed (under the lock); 1 at the start: the stored jobs teach one
         self._prior_changes = 1 if learn_prior else 0
         self._prior_seen = 0  # _prior_changes when the last prior was learned
@@ -736,19 +737,27 @@ class Registry:
             # every write up to the stamp is in the working models (the store queues a write inside its write
             # lock, which change_stamp takes), unless one still waits for the worker
             settled = not self._rebuild and not any(self._pending.values())
-            self._learning_stamp = stamp if settled and stamp is not None else None
             self._learning = True
-            self._learning_jobs = {"jobs": len(models), "sized_jobs": sized}
+        about = {"jobs": len(models), "sized_jobs": sized, "stamp": stamp if settled else None}
         try:
-            self._learner.start(observations, sizes, self._on_learned)
+            self._learner.start(observations, sizes, functools.partial(self._on_learned, about))
         except Exception as exc:  # noqa: BLE001 - the process did not start: the jobs keep the prior they had
-            self._on_learned(None, f"starting the learning process failed: {type(exc).__name__}: {exc}", 0.0)
+            self._on_learned(about, None, f"starting the learning process failed: {type(exc).__name__}: {exc}", 0.0)
 
-    def _on_learned(self, prior: ClusterPrior | None, error: str | None, seconds: float) -> None:
-        """The learner's result (its watcher thread): queued for the worker to adopt."""
+    def _on_learned(self, about: dict[str, Any], prior: ClusterPrior | None, error: str | None, seconds: float) -> None:
+        """The learner's result (its watcher thread), with what :meth:`_learn_prior` started it on: queued for
+        the worker to adopt."""
         with self._lock:
-            self._learned_result = (prior, error, seconds)
+            self._learned_result = (about, prior, error, seconds)
             self._wake.notify_all()
+
+    def _take_prior(self, prior: ClusterPrior, shown: dict[str, Any]) -> None:
+        """Make ``prior`` the learned one (each job takes it without its own cells at its next update,
+        :meth:`_update`); ``shown``: what :meth:`prior_status` says of it besides its source."""
+        self._learned = prior
+        self._prior_version += 1
+        with self._lock:
+            self._prior_info = {"source": "learned", **shown}
 
     def _adopt_prior(self) -> None:
         """Make the prior the learner sent back the jobs' (each takes it without its own cells at its next update,
@@ -759,22 +768,21 @@ class Registry:
             self._prior_at = time.monotonic()
         if result is None:
             return
-        learned, error, seconds = result
+        about, learned, error, seconds = result
         if learned is None:
             self.metrics.failures.inc()
             log.error("goodput serve: learning the cluster prior failed: %s", error)
             return
-        self._learned = learned
-        self._prior_version += 1
         self.metrics.prior_updates.inc()
         self.metrics.prior_seconds.observe(seconds)
-        info = {**self._learning_jobs, "cells": len(learned.summaries), "seconds": round(seconds, 3)}
+        info = {"jobs": about["jobs"], "sized_jobs": about["sized_jobs"], "cells": len(learned.summaries),
+                "seconds": round(seconds, 3)}
+        self._take_prior(learned, {**info, "learned_at": time.time()})
         try:  # a restarted service starts from it (_restore_prior)
-            self.store.save_prior(learned.to_dict(), {**info, "stamp": self._learning_stamp, "prior_jobs": self.prior_jobs})
+            self.store.save_prior(learned.to_dict(), {**info, "stamp": about["stamp"], "prior_jobs": self.prior_jobs})
         except Exception:  # noqa: BLE001 - the jobs take it all the same; a restart would learn it again
             log.exception("goodput serve: storing the learned cluster prior failed")
         with self._lock:
-            self._prior_info = {"source": "learned", **info, "learned_at": time.time()}
             for job in self._working:
                 if job in self._jobs and job not in self._dirty:
                     self._refresh[job] = None
@@ -798,12 +806,9 @@ class Registry:
             changes = self._prior_changes
         current = (stored.info.get("stamp") is not None and stored.info.get("prior_jobs") == self.prior_jobs
                    and stored.info["stamp"] == self.store.change_stamp())
-        self._learned = prior
-        self._prior_version += 1
+        self._take_prior(prior, {**{k: stored.info[k] for k in ("jobs", "sized_jobs", "cells", "seconds") if k in stored.info},
+                                 "learned_at": stored.learned, "restored": True})
         with self._lock:
-            self._prior_info = {"source": "learned", **{k: stored.info[k] for k in ("jobs", "sized_jobs", "cells", "seconds")
-                                                        if k in stored.info},
-                                "learned_at": stored.learned, "restored": True}
             if current:  # nothing new to learn from: not due until something changes
                 self._prior_seen = changes
             # the interval runs from when it was learned (a restart does not reset it)

@@ -312,7 +312,7 @@ def test_the_worker_absorbs_observations_while_the_prior_is_learned(tmp_path):
         prior = _prior("mlp", "resnet")
         registry._working = {job: None for job in prior.jobs}
         registry._jobs = {job: None for job in prior.jobs}
-        registry._on_learned(prior, None, 1.5)
+        registry._on_learned({"jobs": 2, "sized_jobs": 2, "stamp": None}, prior, None, 1.5)
         with registry._lock:
             registry._dirty["c"] = None
         assert registry._next_task() == ("adopt", "")
@@ -327,7 +327,7 @@ def test_the_worker_absorbs_observations_while_the_prior_is_learned(tmp_path):
             registry._busy = None
         assert registry._next_task() == ("prior", "")  # the change that came meanwhile: learned again
         # a learning that failed: logged and counted, the jobs keep the prior they have
-        registry._on_learned(None, "ValueError: boom", 0.1)
+        registry._on_learned({"jobs": 3, "sized_jobs": 3, "stamp": None}, None, "ValueError: boom", 0.1)
         assert registry._next_task() == ("adopt", "")
         registry._adopt_prior()
         assert registry.metrics.failures._value.get() == 1 and registry._learned is prior and not registry._learning
