@@ -77,9 +77,14 @@ __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_typ
 # job (logit-std 1.5) and shared across its types (logit-std 0.3 apart). Sync constants: a factor ~5 either way of half the compute
 # (Pollux's traces: 0.02-2x), intra- and inter-node moving together (the same gradient bytes: correlation
 # SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5. The intra-node growth ratio
-# has no shared part (NO_JOB_EFFECT): all of its default spread (1.1 = √(1² + ½²)) is the type's.
-DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 0.01, 1.0, 0.7])
-DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5])
+# has no shared part (NO_JOB_EFFECT): all of its default spread (1.1 = √(1² + ½²)) is the type's. Compute's
+# power p around Pollux's sum (log p = 0): 0.25 in log for the job, 0.2 for one type, about what the EM
+# learns on the shared data (A 0.24 and E 0.13-0.16 on Gavel, A 0.35 and E 0.13-0.35 on Zeus). A cell fitted
+# under twice that (summarize_cell) bends its curve only as far as its sizes show: with 0.5 and 0.4, Gavel's
+# non-monotone K80 steps (resnet-18: 0.21 s at 16 samples, 0.14 s at 32 and 64) took p to 7.8, and Gavel's
+# P5 went 10.9 -> 11.3 (8.8 with these; experiments/results/accuracy.md).
+DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 0.01, 1.0, 0.7, 0.25])
+DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5, 0.2])
 SYNC_CORRELATION = 0.95
 CORRELATION_WEIGHT = 10.0
 # Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, and the sync
@@ -91,7 +96,7 @@ CORRELATION_WEIGHT = 10.0
 # Their correlations are learned, shrunk toward independence (CORRELATION_WEIGHT pseudo-jobs), the
 # constants' toward SYNC_CORRELATION (experiments/results/accuracy.md: the derived set's P2 10.2 -> 9.8,
 # P3 9.8 -> 8.8).
-BLOCKS = ((0, 1), (2, 3, 5, 6))
+BLOCKS = ((0, 1, 7), (2, 3, 5, 6))
 # Coordinates without a job effect (A's variance held at DEFAULT_SHARED_STD², i.e. none): how a job's
 # intra-node sync grows per extra GPU is set by the node's topology (PCIe switches, NVLink rings) as much as
 # by the job, so it is a property of the job on a type, learned per type (m[t], E[t]); the network between
@@ -102,14 +107,14 @@ BLOCKS = ((0, 1), (2, 3, 5, 6))
 # 12.0, P3 11.1; without, 10.4 and 9.9; Pollux's P3 7.8 -> 7.6; experiments/results/accuracy.md). A job effect
 # inside the sync's joint block (its default 1.0, the type's 0.5) does no better: derived P2 9.8 -> 10.8, P3
 # 8.8 -> 9.9, Pollux's P3 7.6 -> 8.0, Gavel's P2 16.7 -> 17.2.
-NO_JOB_EFFECT = tuple(c for c in range(7) if not any(c in block for block in BLOCKS))
-_BLOCK_MASK = np.zeros((7, 7), dtype=bool)
+NO_JOB_EFFECT = tuple(c for c in range(K) if not any(c in block for block in BLOCKS))
+_BLOCK_MASK = np.zeros((K, K), dtype=bool)
 for _block in BLOCKS:
     _BLOCK_MASK[np.ix_(_block, _block)] = True
 _SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's block of A
 # Model size: a job's sync constants grow with its gradient bytes (slope 1 in log), its compute with its
 # FLOPs (about half that, across architectures); the slopes are learned from the cluster around these.
-SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 SIZE_SLOPE_STD = 0.5
 
 
@@ -138,10 +143,10 @@ EFFECT_DOF = 4.0
 # The groups of coordinates that share one Student-t scale, read off BLOCKS: A's blocks (the intra-node growth,
 # which has no job effect, joins the sync). Under A a job's compute and sync are independent, so a job odd in one (Pollux's
 # host-bound ncf, in compute) is down-weighted in that one only and its sync still informs the cluster's; one
-# scale over all 7(n+1) coordinates of a job's effects could not tell them apart. Derived set P2 9.8 -> 9.7,
+# scale over all K(n+1) coordinates of a job's effects could not tell them apart. Derived set P2 9.8 -> 9.7,
 # derived2 P2 11.6 -> 11.3, Gavel P1 14.5 -> 14.1 and P5 11.4 -> 10.9, Gavel P2 16.7 -> 16.9
 # (experiments/results/accuracy.md).
-SCALE_BLOCKS = tuple(tuple(sorted(block + (NO_JOB_EFFECT if 2 in block else ()))) for block in BLOCKS)  # ((0, 1), (2, 3, 4, 5, 6))
+SCALE_BLOCKS = tuple(tuple(sorted(block + (NO_JOB_EFFECT if 2 in block else ()))) for block in BLOCKS)  # ((0, 1, 7), (2, 3, 4, 5, 6))
 SCALE_BLOCK_NAMES = ("compute", "sync")
 # Pseudo-cells of the pooled E in each type's E: half a cell, a weak default like PRIOR_WEIGHT's. How far a
 # job strays on one type from its others is the type's (its topology, its interconnect): on Gavel the spread
@@ -153,15 +158,15 @@ NOISE_RANGE = (0.01, 0.5)
 
 
 def default_means(observations: Sequence[Observation]) -> np.ndarray:
-    """Weak prior means of ``u`` on one type, read off the job's compute there (7,).
+    """Weak prior means of ``u`` on one type, read off the job's compute there (8,).
 
     ``c̄``: geometric mean of the compute of one micro-batch (1-replica steps, else every step, per
     micro-batch): compute c̄ at the reference batch, split in halves (Pollux's default at one batch
-    size), α_r = 0.5·c̄, α_n = c̄, growth 5%, γ = 1.5.
+    size), α_r = 0.5·c̄, α_n = c̄, growth 5%, γ = 1.5, Pollux's sum (p = 1).
     """
     single = [o for o in observations if o.num_replicas == 1] or list(observations)
     c_bar = math.exp(float(np.mean([math.log(o.step_time / (o.accum_steps + 1)) for o in single])))
-    return np.array([math.log(c_bar), 0.0, math.log(0.5 * c_bar), math.log(c_bar), math.log(0.05), math.log(0.05), math.log(0.5)])
+    return np.array([math.log(c_bar), 0.0, math.log(0.5 * c_bar), math.log(c_bar), math.log(0.05), math.log(0.05), math.log(0.5), 0.0])
 
 
 def default_means_by_type(observations: Mapping[str, Sequence[Observation]]) -> list[np.ndarray]:
@@ -174,13 +179,13 @@ def default_means_by_type(observations: Mapping[str, Sequence[Observation]]) -> 
 
 
 def _shared_plus_own(num: int, shared: np.ndarray, own_var: np.ndarray) -> np.ndarray:
-    """Covariance (7n, 7n), type-major, of n blocks that share one part (``shared``, 7×7, in every block pair)
-    and each have their own independent part (variances ``own_var``, 7): ``A + δ(t, t')·diag(E)``."""
+    """Covariance (Kn, Kn), type-major, of n blocks that share one part (``shared``, K×K, in every block pair)
+    and each have their own independent part (variances ``own_var``, K): ``A + δ(t, t')·diag(E)``."""
     return np.kron(np.ones((num, num)), shared) + np.kron(np.eye(num), np.diag(own_var))
 
 
 def default_prior(means: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean (T, 7) and covariance (7T, 7T) of the weak default prior of a job on T types."""
+    """Mean (T, 8) and covariance (8T, 8T) of the weak default prior of a job on T types."""
     mean = np.asarray(means, dtype=float).reshape(-1, K)
     return mean, _shared_plus_own(mean.shape[0], default_shared_cov(), DEFAULT_TYPE_STD**2)
 
@@ -196,8 +201,8 @@ class CellSummary:
 
     Attributes:
         job, gpu_type: the cell.
-        u: (7,) maximum a posteriori coordinates under the weak default prior.
-        info: (7, 7) information of the data about ``u`` (Gauss–Newton, at ``u``): the cell's
+        u: (8,) maximum a posteriori coordinates under the weak default prior.
+        info: (8, 8) information of the data about ``u`` (Gauss–Newton, at ``u``): the cell's
             likelihood is ∝ exp(−½ (u' − u)ᵀ info (u' − u)); directions the data do not see have 0.
         n: observations.
         noise: RMS log residual of its step times under ``u``.
@@ -223,6 +228,8 @@ class CellSummary:
     def from_dict(cls, data: Mapping[str, Any]) -> CellSummary:
         u = np.asarray(data["u"], dtype=float)
         info = np.asarray(data["info"], dtype=float)
+        if u.shape == (K - 1,) and info.shape == (K - 1, K - 1):  # saved before compute's power: Pollux's sum, unseen
+            u, info = np.append(u, 0.0), np.pad(info, (0, 1))
         if u.shape != (K,) or info.shape != (K, K) or not (np.all(np.isfinite(u)) and np.all(np.isfinite(info))):
             raise ValidationError("u", data.get("u"), f"expected {K} finite coordinates and a {K}x{K} finite information matrix")
         return cls(str(data["job"]), normalize_gpu_type(data["gpu_type"]), u, 0.5 * (info + info.T), int(data["n"]),
@@ -264,10 +271,10 @@ class _Fitted:
     """The EM's estimates: type means and size slopes (jointly normal), A, E."""
 
     types: list[str]
-    beta: np.ndarray  # (7T [+ 7],) posterior mean of the type means m[t] (type-major) and, with sizes, the size slopes
+    beta: np.ndarray  # (KT [+ K],) posterior mean of the type means m[t] (type-major) and, with sizes, the size slopes
     beta_cov: np.ndarray  # its covariance
-    shared: np.ndarray  # (7, 7) A
-    particular: np.ndarray  # (T, 7) E per type
+    shared: np.ndarray  # (K, K) A
+    particular: np.ndarray  # (T, K) E per type
     size_center: float | None  # mean log size of the jobs with a known size (None: no size slopes)
     size_var: float  # variance of their log sizes
     job_weights: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each job's scale weight per SCALE_BLOCKS
@@ -317,7 +324,7 @@ class _JobGroup:
 
     def precision_solver(self, weights: np.ndarray, inv_shared: np.ndarray, particular: np.ndarray) -> _ArrowSolve:
         """The jobs' posterior precision of (a, e_1 … e_n), ``H + W·blockdiag(A⁻¹, E_1⁻¹ … E_n⁻¹)``, factorised;
-        ``weights`` (B, 7): each job's scale weight per coordinate, constant within each of :data:`SCALE_BLOCKS`
+        ``weights`` (B, K): each job's scale weight per coordinate, constant within each of :data:`SCALE_BLOCKS`
         (A is block-diagonal over them, so ``W^½ A⁻¹ W^½`` scales each block of A⁻¹ by its weight)."""
         root = np.sqrt(weights)
         return _ArrowSolve.of(self.info, root[:, :, None] * inv_shared * root[:, None, :],
@@ -326,9 +333,9 @@ class _JobGroup:
 
 @dataclass
 class _ArrowSolve:
-    """Solves with a batch of "arrow" matrices [[Σ_c H_c + P_a, H_1 … H_n], [H_c, H_c + D_c] …] (7×7 blocks,
+    """Solves with a batch of "arrow" matrices [[Σ_c H_c + P_a, H_1 … H_n], [H_c, H_c + D_c] …] (K×K blocks,
     D_c diagonal) by eliminating the cells' blocks: the Schur complement S = P_a + Σ_c (H_c − H_c M_c⁻¹ H_c)
-    with M_c = H_c + D_c. Only 7×7 matrices are inverted, not the (7(n+1))² whole."""
+    with M_c = H_c + D_c. Only K×K matrices are inverted, not the (K(n+1))² whole."""
 
     m_inv: np.ndarray  # (B, n, K, K) M_c⁻¹
     p: np.ndarray  # (B, n, K, K) M_c⁻¹ H_c
@@ -565,7 +572,7 @@ class ClusterPrior:
         return self._fitted
 
     def prior(self, types: Sequence[str], size: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean (T, 7) and covariance (7T, 7T) of a new job's coordinates on ``types`` (module docstring);
+        """Mean (T, 8) and covariance (8T, 8T) of a new job's coordinates on ``types`` (module docstring);
         ``size``: its trainable parameters, when known (the cluster's size slopes place it)."""
         fit = self.fitted()
         log_size = math.log(size) if size else None

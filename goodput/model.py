@@ -388,7 +388,7 @@ class JobModel:
         return self._own_fit(self._known(gpu_type))
 
     def prior(self) -> tuple[np.ndarray, np.ndarray]:
-        """Mean (T, 7) and covariance (7T, 7T) of the job's coordinates (:mod:`goodput.parametric`) on :attr:`gpu_types`:
+        """Mean (T, 8) and covariance (8T, 8T) of the job's coordinates (:mod:`goodput.parametric`) on :attr:`gpu_types`:
         the cluster prior's, or the weak defaults around each type's observed compute."""
         if self.cluster_prior is not None and len(self.cluster_prior):
             return self.cluster_prior.prior(self.gpu_types, self.model_size)
@@ -449,6 +449,7 @@ class JobModel:
             "task_correlation": state.hyper.task_correlation().round(3).tolist(),
             "noise_std": round(state.noise_std, 4),
             "params": {t: ThroughputParams(*state.theta(t).tolist()).to_dict() for t in state.types},
+            "compute_power": {t: round(state.compute_power(t), 3) for t in state.types},
             "prior": "cluster" if self.cluster_prior is not None and len(self.cluster_prior) else "defaults",
             "sync_shape": {t: {f"{n}x{r}": round(f, 3) for (n, r), f in sorted(s.factors.items())}
                            for t, s in state.shapes.items() if s},
@@ -472,7 +473,9 @@ class JobModel:
         Plain model: the type's fit, refitted if new data arrived. Bayesian
         model: the maximum a posteriori parameters of the last refit (refits
         happen now and then, see the module docstring); the GP's correction
-        comes on top of them.
+        comes on top of them, and its compute combines α_c and β_c·b by a soft
+        maximum whose power ``describe()["compute_power"]`` gives (1: Pollux's sum;
+        :mod:`goodput.parametric`).
         """
         name = self._known(gpu_type)
         if not self.bayesian:

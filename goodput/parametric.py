@@ -1,23 +1,35 @@
 """The parametric mean: Pollux's throughput model in unconstrained coordinates, its Jacobian and MAP fit.
 
 Pollux's model (Qiao et al., OSDI'21, §3.2; DESIGN.md) has seven positive
-parameters per job and GPU type. The Bayesian model works in coordinates
-``u`` (:data:`COORDS`) in which every value is allowed and a Gaussian prior is
+parameters per job and GPU type; this one adds an eighth, the power with which
+compute's two terms combine. The Bayesian model works in coordinates ``u``
+(:data:`COORDS`) in which every value is allowed and a Gaussian prior is
 natural:
 
     u0 = log c              compute of one micro-batch at the job's reference batch b_ref, s
-    u1 = logit f            the share of it that grows with the batch: α_c = c(1 − f), β_c = c·f / b_ref
+    u1 = logit f            the share of it that grows with the batch (p = 1: α_c = c(1 − f), β_c = c·f / b_ref)
     u2 = log α_r            intra-node sync at 2 replicas, s
     u3 = log α_n            inter-node sync at 2 replicas, s
     u4 = log(β_r / α_r)     intra-node growth per extra replica, relative
     u5 = log(β_n / α_n)     inter-node growth per extra replica, relative
     u6 = log(γ − 1)         overlap of compute and sync (γ = 1: none)
+    u7 = log p              how compute bends between overhead and per-sample work (p = 1: Pollux's sum)
 
 Compute is written as its level at a reference batch (what any observation
 pins) and the split between per-sample work and per-step overhead (what only
 several batch sizes show, and what a job shares across GPU types): with one
 batch size on a type, its split comes from the job's other types, and an
-extrapolation to large batches stays within the split's bounds. ``b_ref`` is
+extrapolation to large batches stays within the split's bounds. Pollux sums
+the two, ``α_c + β_c·b``; a GPU is latency-bound at small batches and its step
+time flattens below that line, so the two are combined by a soft maximum of
+power ``p``, the form Pollux itself uses for compute and sync (its γ):
+
+    C(b) = (α_c^p + (β_c·b)^p)^{1/p} = c · ((1 − f) + f·(b / b_ref)^p)^{1/p}
+
+with ``f = (β_c·b_ref)^p / c^p``, Pollux's form at ``p = 1`` (held out one
+batch size at a time on the single-GPU curves of the shared data, the fitted
+``p`` halved the median error of Pollux's sum on Pollux's traces, Gavel and
+Zeus: ``python -m experiments.compute_form``). ``b_ref`` is
 the job's, the same on every type (:func:`reference_bsz`). The growth terms
 are written relative to their constants: the constants carry
 a job's gradient bytes over each interconnect, the ratios are properties of
@@ -33,7 +45,7 @@ approximation it supports).
 
 Example::
 
-    >>> u = u_from_theta(np.array([0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5]), ref_bsz=32.0)
+    >>> u = u_from_theta(np.array([0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5]), ref_bsz=32.0)  # p = 1
     >>> rows = Rows(np.array([1.0]), np.array([4.0]), np.array([64.0]), np.array([0.0]), ref_bsz=32.0)
     >>> round(float(np.exp(log_step_time(u, rows)[0][0])), 4)
     0.1151
@@ -53,13 +65,15 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
+__all__ = ["COORDS", "K", "LOG_POWER_MAX", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
            "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
-COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess")
+COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess",
+          "log_compute_power")
 K = len(COORDS)
 _FLOOR = 1e-12  # smallest parameter value taken to logarithms, s
 _GAMMA_MAX = 50.0  # beyond this the overlap is max(compute, sync) to within 1.4%
+LOG_POWER_MAX = 4.0  # |log p| is held within this (p from 0.018 to 55: a sum far flatter than Pollux's to a maximum)
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,7 @@ class Rows:
     inter: np.ndarray = field(init=False, repr=False, compare=False)
     intra: np.ndarray = field(init=False, repr=False, compare=False)
     extra: np.ndarray = field(init=False, repr=False, compare=False)
+    log_ratio: np.ndarray = field(init=False, repr=False, compare=False)  # log(b / b_ref)
 
     def __post_init__(self) -> None:
         multi = self.replicas > 1
@@ -86,6 +101,7 @@ class Rows:
         object.__setattr__(self, "inter", inter.astype(float))
         object.__setattr__(self, "intra", (multi & ~inter).astype(float))
         object.__setattr__(self, "extra", np.maximum(self.replicas - 2.0, 0.0))
+        object.__setattr__(self, "log_ratio", np.log(np.maximum(self.bsz, _FLOOR) / self.ref_bsz))
 
     @classmethod
     def of(cls, observations: Sequence[Observation], ref_bsz: float, shape: object | None = None) -> Rows:
@@ -105,53 +121,75 @@ def _split(u1: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(u1, dtype=float)))
 
 
+def _power(u7: np.ndarray) -> np.ndarray:
+    return np.exp(np.clip(u7, -LOG_POWER_MAX, LOG_POWER_MAX))
+
+
 def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
-    """θ in :data:`goodput.throughput.PARAM_NAMES` order (α_c, β_c, α_n, β_n, α_r, β_r, γ) from ``u`` (..., 7)."""
+    """θ in :data:`goodput.throughput.PARAM_NAMES` order (α_c, β_c, α_n, β_n, α_r, β_r, γ) from ``u`` (..., 8).
+
+    Compute's power ``p`` (``u[..., 7]``) is not one of Pollux's parameters: α_c and β_c are the soft
+    maximum's terms, ``C(b) = (α_c^p + (β_c·b)^p)^{1/p}``, Pollux's sum where ``p = 1``.
+    """
     u = np.asarray(u, dtype=float)
-    c, f = np.exp(u[..., 0]), _split(u[..., 1])
-    a_c, b_c, a_r = c * (1.0 - f), c * f / ref_bsz, np.exp(u[..., 2])
+    c, f, p = np.exp(u[..., 0]), _split(u[..., 1]), _power(u[..., 7])
+    a_c, b_c, a_r = c * (1.0 - f) ** (1.0 / p), c * f ** (1.0 / p) / ref_bsz, np.exp(u[..., 2])
     a_n = np.exp(u[..., 3])
     b_r, b_n = a_r * np.exp(u[..., 4]), a_n * np.exp(u[..., 5])
     gamma = np.minimum(1.0 + np.exp(u[..., 6]), _GAMMA_MAX)
     return np.stack([a_c, b_c, a_n, b_n, a_r, b_r, gamma], axis=-1)
 
 
-def u_from_theta(theta: np.ndarray, ref_bsz: float) -> np.ndarray:
-    """``u`` from θ (PARAM_NAMES order); zero parameters are floored at 1e-12 s, γ − 1 at 1e-6."""
+def u_from_theta(theta: np.ndarray, ref_bsz: float, power: float | np.ndarray = 1.0) -> np.ndarray:
+    """``u`` from θ (PARAM_NAMES order) and compute's power ``p`` (default 1: Pollux's sum); zero parameters
+    are floored at 1e-12 s, γ − 1 at 1e-6. ``u_from_theta(theta_from_u(u, b), b', p)`` is ``u`` at a new
+    reference batch ``b'``."""
     a_c, b_c, a_n, b_n, a_r, b_r, gamma = (np.maximum(np.asarray(theta, dtype=float)[..., i], _FLOOR) for i in range(7))
-    per_sample = b_c * ref_bsz
-    return np.stack([np.log(a_c + per_sample), np.log(per_sample / a_c), np.log(a_r), np.log(a_n), np.log(b_r / a_r),
-                     np.log(b_n / a_n), np.log(np.maximum(gamma - 1.0, 1e-6))], axis=-1)
+    log_power = np.clip(np.log(np.broadcast_to(np.asarray(power, dtype=float), np.shape(a_c))), -LOG_POWER_MAX, LOG_POWER_MAX)
+    p = np.exp(log_power)
+    log_work, log_overhead = p * np.log(b_c * ref_bsz), p * np.log(a_c)
+    return np.stack([np.logaddexp(log_overhead, log_work) / p, log_work - log_overhead, np.log(a_r), np.log(a_n),
+                     np.log(b_r / a_r), np.log(b_n / a_n), np.log(np.maximum(gamma - 1.0, 1e-6)), log_power], axis=-1)
 
 
-def _theta_scalars(u: np.ndarray, ref_bsz: float) -> tuple[float, float, float, float, float, float, float, float]:
-    """:func:`theta_from_u` of one ``u`` (7,) as Python floats, and the split ``f`` (the hot path of the fits)."""
-    u0, u1, u2, u3, u4, u5, u6 = (min(v, 700.0) for v in u.tolist())  # math.exp raises beyond; a trial step may go there
-    c = math.exp(u0)
-    f = 1.0 / (1.0 + math.exp(-u1)) if u1 > -700.0 else 0.0
+def _compute(u0: np.ndarray, u1: np.ndarray, u7: np.ndarray, log_ratio: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Compute time of one micro-batch (s) at ``log(b / b_ref)``, with what its derivatives need: the split
+    ``f``, the power ``p``, ``w`` (the per-sample term's share of ``C^p`` at b) and ``log g = p·log(C / c)``."""
+    p = _power(u7)
+    log_f, log_rest = -np.logaddexp(0.0, -u1), -np.logaddexp(0.0, u1)
+    log_work = log_f + p * log_ratio
+    log_g = np.logaddexp(log_rest, log_work)
+    return np.exp(u0 + log_g / p), np.exp(log_f), p, np.exp(log_work - log_g), log_g
+
+
+def _sync_scalars(u: np.ndarray) -> tuple[float, float, float, float, float]:
+    """α_n, β_n, α_r, β_r, γ of one ``u`` (8,) as Python floats (the hot path of the fits)."""
+    u2, u3, u4, u5, u6 = (min(v, 700.0) for v in u[2:7].tolist())  # math.exp raises beyond; a trial step may go there
     a_r, a_n = math.exp(u2), math.exp(u3)
-    gamma = min(1.0 + math.exp(u6), _GAMMA_MAX)
-    return c * (1.0 - f), c * f / ref_bsz, a_n, a_n * math.exp(u5), a_r, a_r * math.exp(u4), gamma, f
+    return a_n, a_n * math.exp(u5), a_r, a_r * math.exp(u4), min(1.0 + math.exp(u6), _GAMMA_MAX)
 
 
 def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """log T_iter of each configuration under ``u`` (7,) and ``∂ log T / ∂u`` (N, 7).
+    """log T_iter of each configuration under ``u`` (8,) and ``∂ log T / ∂u`` (N, 8).
 
-    T_iter = a·C + (C^γ + S^γ)^{1/γ} with C = α_c + β_c·b, S the sync time of
-    Pollux's form (× the sync shape on several nodes), a the accumulation steps.
-    Without the Jacobian, ``u`` may be (M, 7): log T_iter of each row of ``u`` at each configuration (M, N).
+    T_iter = a·C + (C^γ + S^γ)^{1/γ} with C the compute of one micro-batch (module docstring), S the sync time
+    of Pollux's form (× the sync shape on several nodes), a the accumulation steps.
+    Without the Jacobian, ``u`` may be (M, 8): log T_iter of each row of ``u`` at each configuration (M, N).
     """
     u = np.asarray(u, dtype=float)
     if u.ndim == 2:
         if jacobian:
-            raise ValueError("the Jacobian is for one u (7,)")
-        # θ of each row as (M, 1) columns that broadcast against the configurations (no split f: no Jacobian)
-        a_c, b_c, a_n, b_n, a_r, b_r, g = theta_from_u(np.minimum(u, 700.0), rows.ref_bsz).T[:, :, None]
+            raise ValueError("the Jacobian is for one u (8,)")
+        # each row's parameters as (M, 1) columns that broadcast against the configurations
+        capped = np.minimum(u, 700.0)
+        compute = _compute(capped[:, 0:1], capped[:, 1:2], capped[:, 7:8], rows.log_ratio)[0]
+        _, _, a_n, b_n, a_r, b_r, g = theta_from_u(capped, rows.ref_bsz).T[:, :, None]
     else:
-        a_c, b_c, a_n, b_n, a_r, b_r, g, f = _theta_scalars(u, rows.ref_bsz)
+        u0, u1, u7 = (min(v, 700.0) for v in (u[0], u[1], u[7]))
+        compute, f, p, w, log_g = _compute(u0, u1, u7, rows.log_ratio)
+        a_n, b_n, a_r, b_r, g = _sync_scalars(u)
     extra, inter = rows.extra, rows.inter
     factor = 1.0 if rows.factor is None else rows.factor
-    compute = a_c + b_c * rows.bsz
     inter_sync = factor * (a_n + b_n * extra)
     intra_sync = a_r + b_r * extra
     sync = np.where(inter > 0, inter_sync, np.where(rows.intra > 0, intra_sync, 0.0))  # 0 on one replica
@@ -162,28 +200,30 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
     if not jacobian:
         return log_step, None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d_c = rows.accum + (compute / overlap) ** (g - 1.0)
+        d_c = (rows.accum + (compute / overlap) ** (g - 1.0)) * compute / step  # ∂ log T / ∂ log C
         d_s = np.where(sync > 0, (sync / overlap) ** (g - 1.0), 0.0) / step  # ∂ log T / ∂ log S per unit S
         ylogy = np.where(yg > 0, yg * np.log(y), 0.0)
         d_g = overlap * (-np.log(q) / g**2 + (xg * np.log(x) + ylogy) / (g * q))
         jac = np.empty((step.size, K))
-        jac[:, 0] = d_c * compute / step
-        jac[:, 1] = (d_c * ((a_c + b_c * rows.ref_bsz) * f * (1.0 - f)) / step) * (rows.bsz / rows.ref_bsz - 1.0)
+        jac[:, 0] = d_c
+        jac[:, 1] = d_c * (w - f) / p  # ∂ log C / ∂ logit f = (w − f) / p
         jac[:, 2] = d_s * (rows.intra * intra_sync)
         jac[:, 3] = d_s * (inter * inter_sync)
         jac[:, 4] = d_s * (rows.intra * b_r * extra)
         jac[:, 5] = d_s * (inter * factor * b_n * extra)
         jac[:, 6] = (d_g * (g - 1.0) / step) * (rows.multi if g < _GAMMA_MAX else 0.0)
+        # ∂ log C / ∂ log p = w·log(b / b_ref) − log g / p (0 where p is held at its bounds)
+        jac[:, 7] = d_c * (w * rows.log_ratio - log_g / p) if abs(u7) < LOG_POWER_MAX else 0.0
     jac[~np.isfinite(jac)] = 0.0
     return log_step, jac
 
 
-UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(7 + κ) std, the centre weighted κ / (7 + κ)
+UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(K + κ) std, the centre weighted κ / (K + κ)
 
 
 def sigma_points(mean: np.ndarray, cov: np.ndarray, kappa: float = UNSCENTED_KAPPA) -> tuple[np.ndarray, np.ndarray]:
-    """The unscented transform's 2·7 + 1 sigma points of ``N(mean, cov)`` (15, 7) and their weights (15,):
-    ``mean`` and ``mean ± √(7 + κ)`` times the columns of a square root of ``cov`` (Julier & Uhlmann,
+    """The unscented transform's 2K + 1 sigma points of ``N(mean, cov)`` (2K + 1, K) and their weights (2K + 1,):
+    ``mean`` and ``mean ± √(K + κ)`` times the columns of a square root of ``cov`` (Julier & Uhlmann,
     "Unscented filtering and nonlinear estimation", *Proc. IEEE* 92(3), 2004)."""
     values, vectors = np.linalg.eigh(0.5 * (cov + cov.T))
     root = vectors * np.sqrt(np.maximum(values, 0.0)) * math.sqrt(K + kappa)
@@ -216,7 +256,7 @@ class MapFit:
     """The maximum a posteriori coordinates of one job on its GPU types.
 
     Attributes:
-        u: (T, 7) coordinates per type, in the order of the prior's types.
+        u: (T, 8) coordinates per type, in the order of the prior's types.
         rms: RMS of the log residuals of step time at ``u`` (0 without observations).
         n: observations used.
         objective: the minimised ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` at ``u`` (twice the negative
@@ -241,11 +281,11 @@ def fit_map(
 
     Args:
         steps: per type with observations, ``(type index, rows, log step times)``.
-        prior_mean: (T, 7).
-        prior_chol: (7T, 7T) lower Cholesky factor L of the prior covariance (type-major order).
+        prior_mean: (T, 8).
+        prior_chol: (8T, 8T) lower Cholesky factor L of the prior covariance (type-major order).
         noise_std: std of a log step time around the model (the likelihood's scale).
-        initial: (T, 7) starting point (default: the prior mean).
-        starts: further (T, 7) starting points; the optimum with the lowest objective wins. Pollux's soft
+        initial: (T, 8) starting point (default: the prior mean).
+        starts: further (T, 8) starting points; the optimum with the lowest objective wins. Pollux's soft
             maximum makes the posterior multimodal: one step that includes synchronisation is explained by
             a larger compute or a larger sync, and a local search settles in the basin nearest its start.
 

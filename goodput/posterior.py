@@ -60,7 +60,7 @@ from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, Hyper
                  fit_hyperparameters, keep_recent)
 from .hierarchy import step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
+from .parametric import LOG_POWER_MAX, K, MapFit, Rows, fit_map, log_step_time, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -88,7 +88,7 @@ class Design:
 
     x: np.ndarray  # (N, 6)
     t: np.ndarray  # (N,)
-    s: np.ndarray  # (N, 7T): J L
+    s: np.ndarray  # (N, KT): J L
     log_mean: np.ndarray  # (N,) log T(û) + J (m − û): the GP's prior mean
     log_map: np.ndarray  # (N,) log T(û)
 
@@ -98,9 +98,9 @@ class JobPosterior:
     """One refit's linearisation point, prior, hyperparameters and (online-updated) posterior."""
 
     types: list[str]
-    u_hat: np.ndarray  # (T, 7) MAP coordinates
-    prior_mean: np.ndarray  # (T, 7)
-    prior_chol: np.ndarray  # (7T, 7T) lower Cholesky factor of the prior covariance (its scale set by the job)
+    u_hat: np.ndarray  # (T, K) MAP coordinates
+    prior_mean: np.ndarray  # (T, K)
+    prior_chol: np.ndarray  # (KT, KT) lower Cholesky factor of the prior covariance (its scale set by the job)
     shapes: dict[str, SyncShape | None]
     ref_bsz: float  # the job's reference micro-batch (goodput.parametric.reference_bsz)
     hyper: GPHyperparameters
@@ -121,8 +121,12 @@ class JobPosterior:
         self._queries: OrderedDict[tuple, tuple[np.ndarray, ...]] = OrderedDict()  # log_mean's query sets (its docstring)
 
     def theta(self, gpu: str) -> np.ndarray:
-        """Pollux's θ (PARAM_NAMES order) at the MAP on ``gpu``."""
+        """Pollux's θ (PARAM_NAMES order) at the MAP on ``gpu`` (compute's terms those of its soft maximum: :meth:`compute_power`)."""
         return theta_from_u(self.u_hat[self.index[gpu]], self.ref_bsz)
+
+    def compute_power(self, gpu: str) -> float:
+        """The power ``p`` of the soft maximum that combines compute's two terms at the MAP on ``gpu`` (1: Pollux's sum)."""
+        return float(np.exp(np.clip(self.u_hat[self.index[gpu], K - 1], -LOG_POWER_MAX, LOG_POWER_MAX)))
 
     # ------------------------------------------------------------------ design
     def _rows(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Rows:
@@ -157,7 +161,7 @@ class JobPosterior:
     def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
         """Posterior mean of log step time (the hot path: no variance).
 
-        The linear part's posterior mean is ``J L E[z]``: one 7-vector per type, not the (N, 7T) design.
+        The linear part's posterior mean is ``J L E[z]``: one K-vector per type, not the (N, KT) design.
         What the MAP fixes of a query set (its prediction, Jacobian, features) and the GP's kernel against
         the training points are kept for the :data:`goodput.gp.QUERY_CACHE_ENTRIES` most recent sets: a
         goodput table asks for the same candidates after every observation (``experiments/bench_model.py``).
@@ -281,7 +285,7 @@ def _window(observations: Mapping[str, Sequence[Observation]], max_points: int) 
 
 
 def prior_cholesky(cov: np.ndarray) -> np.ndarray:
-    """Lower Cholesky factor of a prior covariance over the job's coordinates (7T, 7T).
+    """Lower Cholesky factor of a prior covariance over the job's coordinates (KT, KT).
 
     A covariance that rounding, or a nearly singular estimate of the cluster's (a correlation of job
     effects at its bound), left indefinite is made positive definite by flooring its eigenvalues at
@@ -303,15 +307,15 @@ def prior_cholesky(cov: np.ndarray) -> np.ndarray:
 
 def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: float) -> dict[int, np.ndarray]:
     """The previous MAP's coordinates of the types it had, by index in ``types``, rewritten for the new
-    reference batch (the same θ)."""
+    reference batch (the same θ and compute power)."""
     if previous is None:
         return {}
-    return {k: u_from_theta(theta_from_u(previous.u_hat[previous.types.index(gpu)], previous.ref_bsz), ref_bsz)
-            for k, gpu in enumerate(types) if gpu in previous.types}
+    rows = {k: previous.u_hat[previous.types.index(gpu)] for k, gpu in enumerate(types) if gpu in previous.types}
+    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, math.exp(u[K - 1])) for k, u in rows.items()}
 
 
 def _coordinates(types: Sequence[int]) -> np.ndarray:
-    """Positions of the listed types' coordinates in the job's type-major (7T,) vector."""
+    """Positions of the listed types' coordinates in the job's type-major (KT,) vector."""
     return np.concatenate([np.arange(K * k, K * (k + 1)) for k in types])
 
 
@@ -403,7 +407,7 @@ def build_posterior(
 ) -> JobPosterior:
     """A refit: the MAP of every type's coordinates, then the GP on all observations (hyperparameters refitted when asked).
 
-    ``prior_mean`` (T, 7), ``prior_cov`` (7T, 7T): the prior over the job's coordinates on its types,
+    ``prior_mean`` (T, K), ``prior_cov`` (KT, KT): the prior over the job's coordinates on its types,
     in the order of ``observations``; ``prior_dof``: the degrees of freedom of a Student-t prior
     (:data:`goodput.hierarchy.EFFECT_DOF`) whose scale the job's own distance from it sets (``None``:
     the Gaussian prior as given). ``hyper_prior``: what a job's residual GP typically looks like on this

@@ -15,14 +15,14 @@ from goodput.parametric import K, Rows, log_step_time
 TYPES = ("t4", "a100", "v100")
 REF_BSZ = 32.0
 # typical jobs on each type: compute 60 / 20 / 30 ms at the reference batch, 60% of it per sample (logit 0.4),
-# α_r 20 / 8 / 12 ms, α_n 80 / 40 / 60 ms, growth 5%, γ = 1.5
+# α_r 20 / 8 / 12 ms, α_n 80 / 40 / 60 ms, growth 5%, γ = 1.5, compute's power 1 / 1.5 / 1.2
 TYPE_MEANS = {
-    gpu: np.array([np.log(c), 0.4, np.log(a_r), np.log(a_n), np.log(0.05), np.log(0.05), np.log(0.5)])
-    for gpu, c, a_r, a_n in (("t4", 0.06, 0.02, 0.08), ("a100", 0.02, 0.008, 0.04), ("v100", 0.03, 0.012, 0.06))
+    gpu: np.array([np.log(c), 0.4, np.log(a_r), np.log(a_n), np.log(0.05), np.log(0.05), np.log(0.5), np.log(p)])
+    for gpu, c, a_r, a_n, p in (("t4", 0.06, 0.02, 0.08, 1.0), ("a100", 0.02, 0.008, 0.04, 1.5), ("v100", 0.03, 0.012, 0.06, 1.2))
 }
 # a job's shared effect (none on the intra-node growth: goodput.hierarchy.NO_JOB_EFFECT) ...
-JOB_STD = np.array([0.8, 0.8, 0.6, 0.6, 0.0, 0.3, 0.3])
-JOB_TYPE_STD = np.array([0.2, 0.2, 0.15, 0.15, 0.3, 0.1, 0.1])  # ... and what is particular to one type
+JOB_STD = np.array([0.8, 0.8, 0.6, 0.6, 0.0, 0.3, 0.3, 0.2])
+JOB_TYPE_STD = np.array([0.2, 0.2, 0.15, 0.15, 0.3, 0.1, 0.1, 0.1])  # ... and what is particular to one type
 SYNC_CORR = 0.9  # the job effects of α_r and α_n
 SINGLE = [(1, 1)]
 SINGLE_NODE = [(1, 2), (1, 4)]

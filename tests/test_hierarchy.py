@@ -33,7 +33,7 @@ def test_cells_summarise_a_jobs_data_on_a_type(data):
     assert np.all(np.linalg.eigvalsh(cell.info) > -1e-8) and cell.noise < 0.06  # 3% noise generated
     one_gpu = summarize_cell("job0", "t4", [o for o in obs if o.num_replicas == 1], REF_BSZ)
     # 1-GPU steps say nothing about sync: those directions carry no information
-    assert np.allclose(one_gpu.info[2:, 2:], 0.0, atol=1e-8) and one_gpu.info[0, 0] > 100
+    assert np.allclose(one_gpu.info[2:7, 2:7], 0.0, atol=1e-8) and one_gpu.info[0, 0] > 100
 
 
 def test_em_recovers_type_means_and_job_spread(prior):
@@ -55,7 +55,7 @@ def test_the_sync_coordinates_job_effects_are_learned_jointly():
     CORRELATION_WEIGHT pseudo-jobs; compute and sync stay uncoupled, and A positive definite."""
     from goodput.hierarchy import BLOCKS, CORRELATION_WEIGHT
 
-    assert BLOCKS == ((0, 1), (2, 3, 5, 6))
+    assert BLOCKS == ((0, 1, 7), (2, 3, 5, 6))
     rng = np.random.default_rng(11)
     cov = job_effect_cov()
     for constant in (2, 3):  # both constants, so the effects' covariance stays positive definite
@@ -71,7 +71,7 @@ def test_the_sync_coordinates_job_effects_are_learned_jointly():
     sd = np.sqrt(np.diag(shared))
     learned = shared[3, 5] / (sd[3] * sd[5])
     assert learned < -0.6 * num_jobs / (num_jobs + CORRELATION_WEIGHT) + 0.2  # about -0.4 if the EM saw -0.6
-    assert np.all(shared[:2, 2:] == 0.0) and np.all(np.linalg.eigvalsh(shared) > 0)
+    assert np.all(shared[np.ix_([0, 1, 7], range(2, 7))] == 0.0) and np.all(np.linalg.eigvalsh(shared) > 0)
     # the same cluster without the correlation learns about none
     independent = ClusterPrior.from_observations(cluster(num_jobs, seed=11)).fitted().shared
     assert abs(independent[3, 5] / np.sqrt(independent[3, 3] * independent[5, 5])) < 0.3
@@ -136,7 +136,7 @@ def test_one_job_does_not_teach_how_jobs_differ():
     and A's sync constants fell to 0.50 of their weak default; now 0.58, and A never exceeds the default."""
     from goodput.hierarchy import DEFAULT_SHARED_STD, TYPE_LEVEL_STD
 
-    np.testing.assert_allclose(TYPE_LEVEL_STD, np.hypot(DEFAULT_SHARED_STD, [1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5]))
+    np.testing.assert_allclose(TYPE_LEVEL_STD, np.hypot(DEFAULT_SHARED_STD, [1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5, 0.2]))
     rng = np.random.default_rng(0)
     truth = draw_job(rng)
     data = {"only": [o for t in TYPES for o in observe("only", t, truth[t], [(1, 1), (1, 2), (1, 4), (2, 8)], rng)]}
@@ -209,6 +209,38 @@ def test_save_load_and_exclude(prior, tmp_path):
         ClusterPrior(["not a cell"])
 
 
+def test_a_summary_saved_before_computes_power_loads_with_pollux_sum(prior):
+    """A cell summary of 7 coordinates (saved before compute's power was one) takes p = 1 with no information
+    about it; the EM then holds that coordinate at what the other cells and the default say."""
+    from goodput.hierarchy import CellSummary
+
+    cell = prior.summaries[0].to_dict()
+    old = {**cell, "u": cell["u"][:K - 1], "info": [row[:K - 1] for row in cell["info"][:K - 1]]}
+    loaded = CellSummary.from_dict(old)
+    assert loaded.u.shape == (K,) and loaded.u[K - 1] == 0.0
+    assert np.all(loaded.info[K - 1] == 0.0) and np.all(loaded.info[:, K - 1] == 0.0)
+    np.testing.assert_array_equal(loaded.info[:K - 1, :K - 1], np.asarray(old["info"]))
+    mixed = ClusterPrior([loaded, *prior.summaries[1:]])
+    assert np.all(np.isfinite(mixed.prior(["t4", "a100"])[1]))
+
+
+def test_computes_power_bends_the_sum_and_survives_a_new_reference_batch():
+    """p = 1 is Pollux's α_c + β_c·b exactly; any p is the soft maximum (α_c^p + (β_c·b)^p)^(1/p) of θ's
+    terms; :func:`u_from_theta` with the power rewrites ``u`` for another reference batch, the same step times."""
+    from goodput.parametric import Rows, log_step_time, theta_from_u, u_from_theta
+
+    bsz = np.array([1.0, 8.0, 32.0, 256.0, 4096.0])
+    for power in (0.4, 1.0, 3.0):
+        u = np.array([-3.0, 0.5, -2.5, -1.5, -2.0, -2.0, 0.5, np.log(power)])
+        rows = Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), 32.0)
+        a_c, b_c = theta_from_u(u, 32.0)[:2]
+        np.testing.assert_allclose(np.exp(log_step_time(u, rows)[0]), (a_c**power + (b_c * bsz) ** power) ** (1.0 / power), rtol=1e-12)
+        moved = u_from_theta(theta_from_u(u, 32.0), 5.0, power)
+        np.testing.assert_allclose(log_step_time(moved, Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), 5.0))[0],
+                                   log_step_time(u, rows)[0], atol=1e-12)
+        assert moved[K - 1] == pytest.approx(np.log(power)) and (power == 1.0) == np.allclose(moved[1], u[1] + np.log(5 / 32))
+
+
 def test_the_weak_default_prior_is_read_off_the_jobs_compute():
     rng = np.random.default_rng(2)
     obs = observe("j", "t4", TYPE_MEANS["t4"], [(1, 1)], rng)
@@ -226,7 +258,7 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     from goodput.parametric import Rows, log_step_time
 
     rng = np.random.default_rng(seed)
-    u = rng.normal([-3.0, 0.0, -2.5, -1.5, -2.0, -2.0, 0.5], [1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0])
+    u = rng.normal([-3.0, 0.0, -2.5, -1.5, -2.0, -2.0, 0.5, 0.2], [1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.7])
     nodes = np.array([1, 1, 1, 2, 3, 1, 2], dtype=float)
     replicas = np.array([1, 2, 4, 4, 12, 8, 2], dtype=float)
     rows = Rows(nodes, replicas, 2.0 ** rng.uniform(3, 9, 7), np.array([0, 0, 2, 0, 1, 3, 0], dtype=float), 48.0,
@@ -237,7 +269,7 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     numeric = np.column_stack([(log_step_time(u + step * e, rows, jacobian=False)[0]
                                 - log_step_time(u - step * e, rows, jacobian=False)[0]) / (2 * step) for e in np.eye(K)])
     np.testing.assert_allclose(jac, numeric, rtol=1e-5, atol=1e-8)
-    assert np.all(jac[0, 2:] == 0.0)  # one replica: no sync parameter matters
+    assert np.all(jac[0, 2:7] == 0.0)  # one replica: no sync parameter matters
     assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
 
 
@@ -250,7 +282,7 @@ def test_the_unscented_transform_agrees_with_the_linearisation_where_the_form_is
 
     rows = Rows(np.array([1.0, 1.0, 2.0, 1.0]), np.array([1.0, 4.0, 8.0, 1.0]), np.array([2.0, 32.0, 64.0, 256.0]),
                 np.zeros(4), 64.0)
-    u = np.array([-1.0, 0.3, -2.5, -1.5, -2.0, -2.0, 0.5])
+    u = np.array([-1.0, 0.3, -2.5, -1.5, -2.0, -2.0, 0.5, 0.0])
     rng = np.random.default_rng(0)
     root = rng.normal(size=(K, K))
     small = 1e-6 * (root @ root.T + np.eye(K))
@@ -260,7 +292,7 @@ def test_the_unscented_transform_agrees_with_the_linearisation_where_the_form_is
     np.testing.assert_allclose(mean, log_step_time(u, rows, jacobian=False)[0], atol=1e-5)
     saturated = u.copy()
     saturated[1] = 6.0
-    spread = np.diag([1e-4, 1.0, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4])
+    spread = np.diag([1e-4, 1.0, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4])
     _, jac = log_step_time(saturated, rows)
     linear = np.einsum("ij,jk,ik->i", jac, spread, jac)
     _, var = unscented_log_step_time(saturated, spread, rows)
