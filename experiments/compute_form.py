@@ -21,9 +21,9 @@ Run: ``python -m experiments.compute_form DIR [DIR ...]`` (``--out FILE``
 writes the figures as JSON). Measured on the shared data (2-core VM): Pollux's
 traces 3.8% → 2.1% median APE (57 held-out sizes), Gavel 8.3% → 6.1% (60),
 Zeus 5.4% → 3.3% (204; 90th percentile 20.4% → 10.8%); this project's CPU
-profiles 3.9% → 3.4% (27). The Bayesian model (:mod:`goodput.parametric`) keeps
-Pollux's form: the soft maximum would be an eighth coordinate of every job
-and type (``experiments/results/accuracy.md``).
+profiles 3.9% → 3.4% (27). The Bayesian model (:mod:`goodput.parametric`) has
+the soft maximum's power as an eighth coordinate of every job and type
+(``experiments/results/accuracy.md``).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_typ
 # SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5. The intra-node growth ratio
 # has no shared part (NO_JOB_EFFECT): all of its default spread (1.1 = √(1² + ½²)) is the type's. Compute's
 # power p around Pollux's sum (log p = 0): 0.25 in log for the job, 0.2 for one type, about what the EM
-# learns on the shared data (A 0.24 and E 0.13-0.16 on Gavel, A 0.35 and E 0.13-0.35 on Zeus). A cell fitted
+# learned on the shared data from twice that (A 0.24 and E 0.13-0.16 on Gavel, A 0.35 and E 0.13-0.35 on Zeus). A cell fitted
 # under twice that (summarize_cell) bends its curve only as far as its sizes show: with 0.5 and 0.4, Gavel's
 # non-monotone K80 steps (resnet-18: 0.21 s at 16 samples, 0.14 s at 32 and 64) took p to 7.8, and Gavel's
 # P5 went 10.9 -> 11.3 (8.8 with these; experiments/results/accuracy.md).
