@@ -64,6 +64,7 @@ from typing import Any
 
 from goodput import Allocation, Cluster, ClusterPrior, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
 from goodput.errors import ValidationError
+from goodput.parametric import COORDS
 from goodput.validation import check_float, check_int, normalize_gpu_type
 
 from .learner import PriorLearner
@@ -779,7 +780,8 @@ class Registry:
                 "seconds": round(seconds, 3)}
         self._take_prior(learned, {**info, "learned_at": time.time()})
         try:  # a restarted service starts from it (_restore_prior)
-            self.store.save_prior(learned.to_dict(), {**info, "stamp": about["stamp"], "prior_jobs": self.prior_jobs})
+            self.store.save_prior(learned.to_dict(), {**info, "stamp": about["stamp"], "prior_jobs": self.prior_jobs,
+                                                      "coords": list(COORDS)})
         except Exception:  # noqa: BLE001 - the jobs take it all the same; a restart would learn it again
             log.exception("goodput serve: storing the learned cluster prior failed")
         with self._lock:
@@ -791,7 +793,8 @@ class Registry:
     def _restore_prior(self) -> None:
         """The worker's first task with ``learn_prior``: the last prior learned on this store, if any, so the
         jobs are rebuilt with it. Learned again at once unless no observation or setting changed since it was
-        learned (the store's change stamp) and the window (``prior_jobs``) is the same."""
+        learned (the store's change stamp), the window (``prior_jobs``) is the same, and so are the model's
+        coordinates (:data:`goodput.parametric.COORDS`: a prior an older model learned lacks what this one adds)."""
         stored = self.store.latest_prior()
         if stored is None:
             return
@@ -805,7 +808,7 @@ class Registry:
         with self._lock:
             changes = self._prior_changes
         current = (stored.info.get("stamp") is not None and stored.info.get("prior_jobs") == self.prior_jobs
-                   and stored.info["stamp"] == self.store.change_stamp())
+                   and stored.info.get("coords") == list(COORDS) and stored.info["stamp"] == self.store.change_stamp())
         self._take_prior(prior, {**{k: stored.info[k] for k in ("jobs", "sized_jobs", "cells", "seconds") if k in stored.info},
                                  "learned_at": stored.learned, "restored": True})
         with self._lock:

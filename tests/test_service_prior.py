@@ -17,6 +17,7 @@ from cli import main
 from goodput import ClusterPrior, JobModel
 from goodput.client import ServiceValidationError
 from goodput.errors import ValidationError
+from goodput.parametric import COORDS, K
 from service.learner import PriorLearner, learn_prior
 from service.registry import Registry
 from service.store import Store
@@ -229,6 +230,29 @@ def test_a_restarted_service_starts_from_the_prior_it_stored(tmp_path, caplog):
         assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
         assert registry.prior_status()["source"] == "learned" and "restored" not in registry.prior_status()
         assert "stored cluster prior is unreadable" in caplog.text
+    finally:
+        registry.close()
+
+
+def test_a_prior_stored_by_an_older_model_is_taken_then_learned_again(tmp_path):
+    """A prior stored before compute's power (7 coordinates, no "coords" in its record) is read (p = 1, unseen)
+    and the jobs start from it, but it is learned again though nothing changed since."""
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        for name in ("mlp", "resnet"):
+            _add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        stored = registry.store.latest_prior()
+        assert stored.info["coords"] == list(COORDS)
+        old = [{**c, "u": c["u"][:K - 1], "info": [row[:K - 1] for row in c["info"][:K - 1]]} for c in stored.data["summaries"]]
+        registry.store.save_prior({**stored.data, "summaries": old}, {k: v for k, v in stored.info.items() if k != "coords"})
+    finally:
+        registry.close()
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        relearned = registry.store.latest_prior()
+        assert relearned.info["coords"] == list(COORDS) and len(relearned.data["summaries"][0]["u"]) == K
     finally:
         registry.close()
 
