@@ -474,7 +474,7 @@ class JobModel:
         model: the maximum a posteriori parameters of the last refit (refits
         happen now and then, see the module docstring); the GP's correction
         comes on top of them, and its compute combines α_c and β_c·b by a soft
-        maximum whose power ``describe()["compute_power"]`` gives (1: Pollux's sum;
+        maximum whose power ``diagnostics["compute_power"]`` gives (1: Pollux's sum;
         :mod:`goodput.parametric`).
         """
         name = self._known(gpu_type)

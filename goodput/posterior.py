@@ -311,7 +311,8 @@ def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: 
     if previous is None:
         return {}
     rows = {k: previous.u_hat[previous.types.index(gpu)] for k, gpu in enumerate(types) if gpu in previous.types}
-    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, math.exp(u[K - 1])) for k, u in rows.items()}
+    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, math.exp(np.clip(u[K - 1], -LOG_POWER_MAX, LOG_POWER_MAX)))
+            for k, u in rows.items()}
 
 
 def _coordinates(types: Sequence[int]) -> np.ndarray:
