@@ -49,6 +49,11 @@ Example::
     >>> rows = Rows(np.array([1.0]), np.array([4.0]), np.array([64.0]), np.array([0.0]), ref_bsz=32.0)
     >>> round(float(np.exp(log_step_time(u, rows)[0][0])), 4)
     0.1151
+    >>> one_gpu = Rows(np.ones(2), np.ones(2), np.array([4.0, 64.0]), np.zeros(2), ref_bsz=32.0)
+    >>> theta = np.array([0.02, 0.001, 0.2, 0.01, 0.05, 0.005, 1.5])
+    >>> [np.round(np.exp(log_step_time(u_from_theta(theta, 32.0, power=p), one_gpu)[0]), 4).tolist()
+    ...  for p in (1.0, 3.0)]  # α_c + β_c·b at 4 and 64 samples; then near max(α_c, β_c·b)
+    [[0.024, 0.084], [0.0201, 0.0646]]
 """
 
 from __future__ import annotations
