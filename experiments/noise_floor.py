@@ -8,16 +8,16 @@ carry their own noise. Two floors put its figures in scale:
   over configurations measured at least :data:`MIN_REPEATS` times: what even
   the exact mean step time could not beat (slightly above it: the mean of a
   few others is itself noisy);
-* **own fit**: the median APE of each (model, type)'s Pollux fit to all of
-  its own data (``goodput.hierarchy.summarize_cell``, with the placement
-  shapes the cluster shares), in sample: what the parametric form leaves
-  when nothing is held out.
+* **own fit**: the median APE of each (model, type)'s parametric fit to all
+  of its own data (``goodput.hierarchy.summarize_cell``: Pollux's form with
+  compute's power, and the placement shapes the cluster shares), in sample:
+  what the parametric form leaves when nothing is held out.
 
 Run: ``python -m experiments.noise_floor DIR [DIR ...]``: one line per folder
 (``--out FILE`` also writes the figures as JSON).
 
 Example (Pollux's traces, 2-core VM): repeats 3.5% over 562 configurations,
-own fit 4.9% over 7103 measurements.
+own fit 4.8% over 7103 measurements (4.9% with Pollux's sum, before compute's power).
 """
 
 from __future__ import annotations
