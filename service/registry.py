@@ -729,11 +729,7 @@ class Registry:
         assert self._learner is not None
         observations = {m.job: list(m.observations) for m in models}
         sizes = {m.job: m.model_size for m in models}
-        try:
-            stamp: list[float] | None = self.store.change_stamp()
-        except Exception:  # noqa: BLE001 - the store unreachable: learn all the same, a restart relearns it
-            log.exception("goodput serve: reading the store's change stamp failed")
-            stamp = None
+        stamp = self._change_stamp()
         with self._lock:
             # every write up to the stamp is in the working models (the store queues a write inside its write
             # lock, which change_stamp takes), unless one still waits for the worker
@@ -744,6 +740,15 @@ class Registry:
             self._learner.start(observations, sizes, functools.partial(self._on_learned, about))
         except Exception as exc:  # noqa: BLE001 - the process did not start: the jobs keep the prior they had
             self._on_learned(about, None, f"starting the learning process failed: {type(exc).__name__}: {exc}", 0.0)
+
+    def _change_stamp(self) -> list[float] | None:
+        """The store's :meth:`Store.change_stamp`, ``None`` (logged) where it cannot say: a prior learned then is
+        kept unstamped, and one read then is not known to be current; either is learned again."""
+        try:
+            return self.store.change_stamp()
+        except Exception:  # noqa: BLE001 - the store unreachable: learn or take the prior all the same
+            log.exception("goodput serve: reading the store's change stamp failed")
+            return None
 
     def _on_learned(self, about: dict[str, Any], prior: ClusterPrior | None, error: str | None, seconds: float) -> None:
         """The learner's result (its watcher thread), with what :meth:`_learn_prior` started it on: queued for
@@ -808,7 +813,7 @@ class Registry:
         with self._lock:
             changes = self._prior_changes
         current = (stored.info.get("stamp") is not None and stored.info.get("prior_jobs") == self.prior_jobs
-                   and stored.info.get("coords") == list(COORDS) and stored.info["stamp"] == self.store.change_stamp())
+                   and stored.info.get("coords") == list(COORDS) and stored.info["stamp"] == self._change_stamp())
         self._take_prior(prior, {**{k: stored.info[k] for k in ("jobs", "sized_jobs", "cells", "seconds") if k in stored.info},
                                  "learned_at": stored.learned, "restored": True})
         with self._lock:

@@ -431,3 +431,26 @@ def test_a_store_that_fails_to_say_what_changed_costs_a_relearning_at_restart(tm
         assert sorted(registry.published(jobs[0])._model.cluster_prior.jobs) == [jobs[1]]
     finally:
         registry.close()
+
+
+def test_a_restart_whose_store_cannot_say_what_changed_takes_the_stored_prior_then_learns_again(tmp_path, monkeypatch,
+                                                                                                  caplog):
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:
+        for name in ("mlp", "resnet"):
+            _add(registry, name, model_size=float(profile(name).metadata["num_parameters"]))
+        assert registry.wait_idle(120) and registry.store.latest_prior().info["stamp"] is not None
+    finally:
+        registry.close()
+
+    def unreachable(self):
+        raise ConnectionError("the database went away")
+
+    monkeypatch.setattr(Store, "change_stamp", unreachable)  # before the restarted worker reads the stored prior
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    try:  # the stored prior is taken (not known to be current), then learned again
+        assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
+        assert "reading the store's change stamp failed" in caplog.text
+        assert "reading the stored cluster prior failed" not in caplog.text
+    finally:
+        registry.close()
