@@ -562,7 +562,7 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
     """A gpytorch ExactGP (Hadamard form) holding ``hyper``; float64, on ``device`` (default CPU)."""
     import gpytorch
     import torch
-    from linear_operator.operators import RootLinearOperator
+    from linear_operator.operators import RootLinearOperator, SumLinearOperator
 
     dtype = torch.float64
     dev = torch.device(device or "cpu")
@@ -592,7 +592,9 @@ def _torch_model(hyper: GPHyperparameters, x: np.ndarray, t: np.ndarray, s: np.n
         def forward(self, xi: Any, ti: Any, si: Any) -> Any:
             covar = self.data_kernel(xi).mul(self.task_kernel(ti))
             if si.shape[-1]:
-                covar = covar + RootLinearOperator(si)
+                # An explicit sum: `covar + RootLinearOperator(si)` would take linear_operator's low-rank update,
+                # which inverts the kernel's part alone and fails where it is singular (queries at training points).
+                covar = SumLinearOperator(covar, RootLinearOperator(si))
             return gpytorch.distributions.MultivariateNormal(self.mean_module(xi), covar)
 
     constraint = gpytorch.constraints.GreaterThan(NOISE_FLOOR)
