@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -42,6 +44,34 @@ def test_cuda_steps_are_timed_with_events():
     timing, outputs = time_steps(lambda: x @ x, "cuda:0", warmup=2, min_steps=5, max_steps=5)
     assert timing.steps == 5 and len(outputs) == 7
     assert all(s > 0 for s in timing.samples) and timing.median < 1.0
+
+
+@needs_cuda
+def test_cuda_steps_add_up_to_the_loops_wall_time(monkeypatch):
+    """The chained boundary events count the GPU's waits for the host: a launch-bound step (hundreds of tiny
+    kernels) with 2 ms of host work between steps (the deadline's clock, slowed) is timed as the loop sees it."""
+    from profilers import timing as timing_module
+
+    def slow_clock() -> float:
+        time.sleep(0.002)
+        return time.perf_counter()
+
+    x = torch.ones(16, device="cuda:0")
+
+    def step() -> torch.Tensor:
+        y = x
+        for _ in range(300):
+            y = y + 1
+        return y
+
+    step()
+    torch.cuda.synchronize()
+    monkeypatch.setattr(timing_module, "_clock", slow_clock)
+    start = time.perf_counter()
+    timing, _ = time_steps(step, "cuda:0", warmup=0, min_steps=1, max_steps=30, deadline=start + 3600)
+    wall = time.perf_counter() - start
+    assert timing.steps == 30
+    assert 0.9 * wall <= timing.seconds <= wall  # per-step event pairs summed to about half of it
 
 
 @needs_cuda
