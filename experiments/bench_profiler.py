@@ -63,9 +63,10 @@ def profiling_cost(names: list[str], budget: float) -> list[dict]:
                 "batch_sizes": len(info["measured"]),
                 "largest": info["max_local_bsz"],
                 "stopped": info["sweep_stopped"],
+                "noise_rounds": (info.get("grad") or {}).get("rounds", "-"),
                 "sync": sync or "-",
-                "phases_s": "noise {noise} / sweep {sweep} / sync {sync}".format(
-                    **{k: info["phase_seconds"].get(k, "-") for k in ("noise", "sweep", "sync")}),
+                "phases_s": "warm-up {warm_up} / noise {noise} / sweep {sweep} / sync {sync}".format(
+                    **{k: info["phase_seconds"].get(k, "-") for k in ("warm_up", "noise", "sweep", "sync")}),
                 "call_wall_s": round(wall, 2),
             })
     return rows

@@ -4,6 +4,10 @@ For each device type (:mod:`profilers.devices`), within ``time_budget_s``
 seconds of wall time (Sia, SOSP'23, bootstraps a job by profiling one GPU of
 each type over ~10 batch sizes in under 20 GPU-seconds per type):
 
+0. **Warm-up**: one untimed step on a fresh copy of the model, so that the
+   process's first-call costs (torch imports ``torch._dynamo`` at the first
+   optimizer; CUDA starts its context and loads its kernels: 4-6 s together
+   on an H200 machine) are spent in the budget before the noise phase's share.
 1. **Gradient noise** (≤ 15% of the budget): ``grad_sqr`` and ``grad_var`` at
    the reference batch M0 from real micro-batch gradients of a fresh copy of
    the model (:mod:`profilers.noise`).

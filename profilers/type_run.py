@@ -3,6 +3,8 @@
 :class:`TypeRun` does the three phases on one :class:`~profilers.devices.DeviceType`
 within its share of the time budget (seconds of wall time):
 
+0. one untimed warm-up step, so that the process's first-call costs (torch's imports,
+   CUDA's start-up) fall in the budget but before the noise phase's share starts;
 1. gradient noise at M0, in at most ``NOISE_SHARE`` of the budget (:mod:`profilers.noise`);
 2. the batch-size sweep, ascending, each size from the initial weights with a fresh
    optimizer, until ``SWEEP_SHARE_WITH_SYNC`` of the budget when replicas are profiled
@@ -235,15 +237,20 @@ class TypeRun:
         self.start = time.perf_counter()
         self.wall_start = time.time()
         sync_planned = bool(self.replicas) and self.settings["sync_sizes"] > 0
-        self.noise_deadline = self.start + NOISE_SHARE * self.budget
         self.sweep_deadline = self.start + (SWEEP_SHARE_WITH_SYNC if sync_planned else 1.0) * self.budget
         total = len(self.grid) + 1 + (self.settings["sync_sizes"] * len(self.replicas) if sync_planned else 0)
         self.task = self.bar.task(self.gpu, total)
+        phases = self.report.phase_seconds
         with _torch_threads(self.threads):
+            self._warm_up()
+            phases["warm_up"] = round(time.perf_counter() - self.start, 3)
+            before = time.perf_counter()
+            self.noise_deadline = before + NOISE_SHARE * self.budget
             self._noise()
-            self.report.phase_seconds["noise"] = round(time.perf_counter() - self.start, 3)
+            phases["noise"] = round(time.perf_counter() - before, 3)
+            before = time.perf_counter()
             self._sweep()
-            self.report.phase_seconds["sweep"] = round(time.perf_counter() - self.start - self.report.phase_seconds["noise"], 3)
+            phases["sweep"] = round(time.perf_counter() - before, 3)
             if sync_planned:
                 before = time.perf_counter()
                 self._sync()
@@ -266,6 +273,26 @@ class TypeRun:
     def _observation(self, replicas: int, bsz: int, **values: Any) -> Observation:
         return Observation(job=self.job, gpu_type=self.gpu, num_nodes=1, num_replicas=replicas, local_bsz=bsz,
                            placement=(replicas,), source="profile", timestamp=time.time(), **values)
+
+    # -------------------------------------------------------------- 0. warm-up
+    def _warm_up(self) -> None:
+        """One untimed step (forward, backward, optimizer step) at the grid's smallest size on a fresh copy.
+
+        A process's first calls cost seconds: torch imports ``torch._dynamo`` when the first optimizer is
+        built (1.7 s on this project's 2-core host; 4-6 s on an H200 machine with torch 2.11+cu130, where
+        it is the noise phase's whole share of a 20 s budget and left the noise 2 rounds of 8), and CUDA
+        loads its context, libraries and kernels at their first use. Here they fall in the type's budget
+        but before the noise phase's share starts, and in no timed step. A failure is left to the phases
+        after it, which name it.
+        """
+        self.bar.update(self.task, description="warm-up step")
+        with contextlib.suppress(Exception):
+            model, optimizer = self._fresh()
+            self.loss_fn(model, self.make_batch(min(self.grid), self.device)).backward()
+            optimizer.step()
+            del model, optimizer
+        if self.dtype.is_cuda:
+            release_cuda_memory(self.device)
 
     # -------------------------------------------------------------- 1. gradient noise
     def _noise(self) -> None:

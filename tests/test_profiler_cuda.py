@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from goodput.observations import Profile
 from profilers import profile_job
 from profilers.devices import cuda_device_types, resolve_devices
 from profilers.timing import time_steps
@@ -89,6 +93,18 @@ def test_cuda_sweep_ends_at_out_of_memory_and_frees_it(tmp_path):
     memory = [o.memory_bytes for o in sorted(profile.observations, key=lambda o: o.local_bsz) if o.grad_sqr is None]
     assert memory == sorted(memory) and memory[-1] <= gpu.memory_bytes
     assert torch.cuda.memory_allocated(gpu.device) < 1 << 30  # the failed batch was released
+
+
+@needs_cuda
+def test_a_fresh_processs_first_calls_leave_the_noise_phase_its_share(tmp_path):
+    """A fresh process's first calls (4-6 s on an H200 machine, torch 2.11) ate the noise phase's 3 s share, which
+    then ran its minimum of 2 rounds. The warm-up step takes them before the share starts (passed on an H200, 2026-11-27)."""
+    out = tmp_path / "mlp.jsonl"
+    subprocess.run([sys.executable, "-m", "cli", "profile", "--zoo", "mlp", "--devices", "cuda:0", "--replicas", "0",
+                    "--out", str(out), "--no-progress"], check=True, cwd=Path(__file__).resolve().parents[1])
+    profile = Profile.load(out)
+    report = profile.metadata[f"profiler.{profile.gpu_types[0]}"]
+    assert report["phase_seconds"]["warm_up"] > 0 and report["grad"]["rounds"] == 8  # the default noise_rounds
 
 
 @needs_cuda
