@@ -31,7 +31,11 @@ likelihood, with ``A`` and ``E`` shrunk toward the weak defaults by
 :data:`PRIOR_WEIGHT` pseudo-jobs (conjugate inverse-Wishart / inverse-gamma)
 and each type's mean toward the mean over types (what a type the cluster has
 not run multi-GPU on takes), itself integrated out under the weak default's
-spread (:data:`TYPE_LEVEL_STD`). A job's prior on its types ``t1 … tT`` is then
+spread (:data:`TYPE_LEVEL_STD`). How far the types' means spread around it is
+learned per coordinate too (one-way random effects, :data:`TYPE_MEAN_WEIGHT`
+pseudo-types at :data:`TYPE_MEAN_STD`): a cluster of a CPU and a GPU whose
+steps are launch-bound differs in its share of per-sample work by far more
+than GPU types do, and a fixed spread made the jobs' own types absorb it. A job's prior on its types ``t1 … tT`` is then
 ``N(m[t], A + δ(t, t')·(diag(E) + V[t]))`` with ``V[t]`` the uncertainty of
 ``m[t]``. Without a cluster, weak defaults (:data:`DEFAULT_SHARED_STD`,
 :data:`DEFAULT_TYPE_STD`) around means read off the job's own compute.
@@ -125,7 +129,11 @@ def default_shared_cov() -> np.ndarray:
     return cov
 
 
-TYPE_MEAN_STD = 1.5  # spread of a coordinate's type means around their mean over types (m[t] shrinkage)
+TYPE_MEAN_STD = 1.5  # weak default spread of a coordinate's type means around their mean over types (m[t] shrinkage)
+# ... learned per coordinate by the EM, the default counting for this many types (with one type it stays):
+# on this project's profiles (zoo jobs on the CPU and an H200) logit f's type means are ±4-5 apart, and at 1.5
+# the EM put it into the job × type effects instead; P5 there 34.6% → 8.9%, on the shared data within ±0.4
+TYPE_MEAN_WEIGHT = 1.0
 # The mean over types itself is not known before the cluster is seen: its prior is the weak default's
 # spread of one job's coordinate on a type (√(DEFAULT_SHARED_STD² + DEFAULT_TYPE_STD²)) around the cells'
 # mean, integrated out with the type means (Gelman et al., *Bayesian Data Analysis*, 3rd ed., §5.4: the
@@ -278,6 +286,7 @@ class _Fitted:
     size_center: float | None  # mean log size of the jobs with a known size (None: no size slopes)
     size_var: float  # variance of their log sizes
     job_weights: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each job's scale weight per SCALE_BLOCKS
+    type_mean_var: np.ndarray = field(default_factory=lambda: np.full(K, TYPE_MEAN_STD**2))  # (K,) learned spread² of m[t]
 
     def particular_of(self, gpu: str) -> np.ndarray:
         """E of a type (a type not in the cluster: the mean over its types)."""
@@ -290,11 +299,11 @@ class _Fitted:
             rows = np.zeros((K, self.beta.size))
             rows[:, K * k:K * (k + 1)] = np.eye(K)
             extra = np.zeros((K, K))
-        else:  # a type the cluster has not run: the mean over its types, TYPE_MEAN_STD around it
+        else:  # a type the cluster has not run: the mean over its types, their learned spread around it
             rows = np.zeros((K, self.beta.size))
             for k in range(len(self.types)):
                 rows[:, K * k:K * (k + 1)] = np.eye(K) / len(self.types)
-            extra = TYPE_MEAN_STD**2 * np.eye(K)
+            extra = np.diag(self.type_mean_var)
         if self.size_center is not None:
             slopes = slice(K * len(self.types), K * (len(self.types) + 1))
             if log_size is not None:
@@ -399,8 +408,11 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
 def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS) -> _Fitted:
     """EM for A and E (module docstring) on the cells' Laplace likelihoods, the type means and size slopes integrated out.
 
-    The type means get a N(level, :data:`TYPE_MEAN_STD`²) prior around a level of their own, N(μ,
-    :data:`TYPE_LEVEL_STD`²) around the mean of the cells' coordinates (integrated out),
+    The type means get a N(level, τ²) prior around a level of their own, N(μ, :data:`TYPE_LEVEL_STD`²)
+    around the mean of the cells' coordinates (integrated out), τ² per coordinate learned by the M-step of a
+    one-way random-effects model from the means' posterior moments about their average over types, with
+    :data:`TYPE_MEAN_WEIGHT` pseudo-types at :data:`TYPE_MEAN_STD` (Gelman et al., *Bayesian Data Analysis*,
+    3rd ed., §5.4),
     the size slopes (when a job reports its size; with one, the prior alone places other sizes) N(:data:`SIZE_SLOPE_PRIOR`, :data:`SIZE_SLOPE_STD`²).
     Each job's effects are marginalised to give their information on those (a Schur complement), so they
     are the generalised-least-squares estimates for the current A and E (with one type, jobs' effects and
@@ -421,11 +433,11 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     dim_m = K * len(types)
     dim = dim_m + (K if center is not None else 0)
     mu = np.mean([c.u for c in cells], axis=0)
-    # m[t] = level + δ[t] per coordinate: δ ~ N(0, TYPE_MEAN_STD²), the level ~ N(mu, TYPE_LEVEL_STD²)
+    # m[t] = level + δ[t] per coordinate: δ ~ N(0, τ²) (τ learned below), the level ~ N(mu, TYPE_LEVEL_STD²)
+    type_mean_var = np.full(K, TYPE_MEAN_STD**2)
     prior_prec = np.zeros((dim, dim))
-    prior_prec[:dim_m, :dim_m] = np.linalg.inv(_shared_plus_own(len(types), np.diag(TYPE_LEVEL_STD**2), np.full(K, TYPE_MEAN_STD**2)))
     prior_lin = np.zeros(dim)
-    prior_lin[:dim_m] = prior_prec[:dim_m, :dim_m] @ np.tile(mu, len(types))
+    _set_type_mean_prior(prior_prec, prior_lin, len(types), mu, type_mean_var)
     if center is not None:
         prior_prec[dim_m:, dim_m:] = np.eye(K) / SIZE_SLOPE_STD**2
         prior_lin[dim_m:] = SIZE_SLOPE_PRIOR / SIZE_SLOPE_STD**2
@@ -446,6 +458,9 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
             solved.append((group, arrow, qf, qg))
         beta_cov = np.linalg.inv(0.5 * (lam + lam.T))
         beta = beta_cov @ eta
+        if len(types) > 1:
+            type_mean_var = _type_mean_spread(beta[:dim_m], beta_cov[:dim_m, :dim_m], len(types))
+            _set_type_mean_prior(prior_prec, prior_lin, len(types), mu, type_mean_var)
         sum_aa = np.zeros((K, K))
         sum_ee = np.zeros((len(types), K))
         for group, arrow, qf, qg in solved:
@@ -483,7 +498,26 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         pooled = (PRIOR_WEIGHT * e0 + sum_ee.sum(0)) / (PRIOR_WEIGHT + len(cells))
         particular = (TYPE_SHRINKAGE * pooled + sum_ee) / (TYPE_SHRINKAGE + count[:, None])
     job_weights = {job: tuple(float(weights[j, block[0]]) for block in SCALE_BLOCKS) for j, job in enumerate(jobs)}
-    return _Fitted(types, beta, 0.5 * (beta_cov + beta_cov.T), shared, particular, center, size_var, job_weights)
+    return _Fitted(types, beta, 0.5 * (beta_cov + beta_cov.T), shared, particular, center, size_var, job_weights,
+                   type_mean_var)
+
+
+def _set_type_mean_prior(prior_prec: np.ndarray, prior_lin: np.ndarray, num_types: int, mu: np.ndarray,
+                         type_mean_var: np.ndarray) -> None:
+    """The type means' prior, in place: m[t] = level + δ[t], δ ~ N(0, diag(τ²)), level ~ N(μ, TYPE_LEVEL_STD²)."""
+    dim_m = K * num_types
+    prior_prec[:dim_m, :dim_m] = np.linalg.inv(_shared_plus_own(num_types, np.diag(TYPE_LEVEL_STD**2), type_mean_var))
+    prior_lin[:dim_m] = prior_prec[:dim_m, :dim_m] @ np.tile(mu, num_types)
+
+
+def _type_mean_spread(means: np.ndarray, cov: np.ndarray, num_types: int) -> np.ndarray:
+    """τ² per coordinate (K,): E[Σ_t (m[t] − m̄)²] under the means' posterior (mean ``means``, type-major, and
+    covariance ``cov``), over T − 1 degrees of freedom, with TYPE_MEAN_WEIGHT pseudo-types at TYPE_MEAN_STD²."""
+    m = means.reshape(num_types, K)
+    c = np.einsum("tksk->tsk", cov.reshape(num_types, K, num_types, K))  # cov(m[t, k], m[s, k]): (T, T, K)
+    var_dev = np.einsum("ttk->tk", c) - 2.0 / num_types * c.sum(axis=1) + c.sum(axis=(0, 1)) / num_types**2
+    second = ((m - m.mean(axis=0)) ** 2 + var_dev).sum(axis=0)
+    return (TYPE_MEAN_WEIGHT * TYPE_MEAN_STD**2 + second) / (TYPE_MEAN_WEIGHT + num_types - 1)
 
 
 @dataclass
@@ -593,11 +627,12 @@ class ClusterPrior:
         return mean, 0.5 * (cov + cov.T)
 
     def describe(self) -> dict[str, Any]:
-        """The fitted hierarchy, for diagnostics: per-coordinate std of job and job × type effects, the job effects'
+        """The fitted hierarchy, for diagnostics: per-coordinate std of the type means, of job and job × type effects, the job effects'
         correlation, each job's Student-t scale weight per :data:`SCALE_BLOCKS` (below 1: an odd job there), the size slopes."""
         fit = self.fitted()
         std = np.sqrt(np.diag(fit.shared))
         return {"jobs": len(self.jobs), "types": fit.types,
+                "type_mean_std": dict(zip(COORDS, np.round(np.sqrt(fit.type_mean_var), 3).tolist())),
                 "job_effect_std": dict(zip(COORDS, np.round(std, 3).tolist())),
                 "job_type_std": {t: dict(zip(COORDS, np.round(np.sqrt(fit.particular[k]), 3).tolist())) for k, t in enumerate(fit.types)},
                 "job_effect_correlation": np.round(fit.shared / np.outer(std, std), 3).tolist(),

@@ -115,6 +115,45 @@ def test_observations_on_one_type_move_the_others(prior):
     assert hot.log_std < cold.log_std  # a100's sync learned from t4's: the job's shared effect
 
 
+def test_type_means_far_apart_are_learned_not_given_to_the_jobs():
+    """A host CPU whose steps grow with the batch (logit f = +4) and a GPU where they are launch-bound (−4), as
+    this project's zoo profiles on the CPU and an H200: the types' means spread far beyond the weak default
+    (TYPE_MEAN_STD 1.5). Learned, a new job's one batch size on the GPU predicts its flat curve; with the
+    spread fixed at 1.5 the EM gave the difference to the job × type effects, and the job took the CPU's slope."""
+    from goodput.hierarchy import TYPE_MEAN_STD
+    from tests.hierarchy_jobs import true_log_step
+
+    rng = np.random.default_rng(2)
+    sync = [np.log(0.02), np.log(0.08), np.log(0.05), np.log(0.05), np.log(0.5)]
+    means = {"xeon": np.array([np.log(0.05), 4.0, *sync, 0.0]), "h200": np.array([np.log(0.002), -4.0, *sync, 0.0])}
+
+    def draw() -> dict[str, np.ndarray]:
+        shared = rng.multivariate_normal(np.zeros(K), job_effect_cov())
+        return {t: means[t] + shared + rng.normal(0.0, JOB_TYPE_STD) for t in means}
+
+    sizes = (4, 16, 64, 256, 1024)
+    data = {f"j{j}": [o for t, u in draw().items() for o in observe(f"j{j}", t, u, SINGLE, rng, bszs=sizes)]
+            for j in range(3)}
+    prior = ClusterPrior.from_observations(data)
+    spread = prior.describe()["type_mean_std"]
+    assert spread["logit_per_sample"] > 2 * TYPE_MEAN_STD and spread["log_compute"] > TYPE_MEAN_STD
+    truth = draw()
+    train = observe("new", "xeon", truth["xeon"], SINGLE, rng, bszs=sizes) + observe("new", "h200", truth["h200"], SINGLE, rng, bszs=(64,))
+    model = JobModel("new", 4, cluster_prior=prior).observe(train)
+    held_out = (4, 16, 256, 1024)
+    predicted = model.predict("h200", 1, 1, np.array(held_out)).step_time
+    actual = np.exp(true_log_step(truth["h200"], SINGLE, bszs=held_out))
+    assert np.max(np.abs(predicted / actual - 1)) < 0.15
+
+
+def test_one_type_keeps_the_default_spread_of_type_means(prior):
+    from goodput.hierarchy import TYPE_MEAN_STD
+
+    one = ClusterPrior.from_observations({job: [o for o in obs if o.gpu_type == "t4"] for job, obs in prior.observations.items()})
+    assert set(one.describe()["type_mean_std"].values()) == {TYPE_MEAN_STD}
+    assert all(0.2 < v < TYPE_MEAN_STD for v in prior.describe()["type_mean_std"].values())  # three close types
+
+
 def test_size_slopes_place_a_job_by_its_parameter_count():
     rng = np.random.default_rng(5)
     data, sizes = {}, {}
