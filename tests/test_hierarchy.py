@@ -146,6 +146,21 @@ def test_type_means_far_apart_are_learned_not_given_to_the_jobs():
     assert np.max(np.abs(predicted / actual - 1)) < 0.15
 
 
+def test_the_type_means_spread_is_their_expected_squared_deviation_from_their_average():
+    """_type_mean_spread's moments against draws of the type means from their posterior (3 types, correlated)."""
+    from goodput.hierarchy import TYPE_MEAN_STD, TYPE_MEAN_WEIGHT, _type_mean_spread
+
+    rng = np.random.default_rng(4)
+    num = 3
+    mean = rng.normal(0.0, 2.0, K * num)
+    root = rng.normal(0.0, 0.3, (K * num, K * num))
+    cov = root @ root.T + 0.05 * np.eye(K * num)
+    draws = rng.multivariate_normal(mean, cov, size=200_000).reshape(-1, num, K)
+    second = ((draws - draws.mean(axis=1, keepdims=True)) ** 2).sum(axis=1).mean(axis=0)
+    expected = (TYPE_MEAN_WEIGHT * TYPE_MEAN_STD**2 + second) / (TYPE_MEAN_WEIGHT + num - 1)
+    np.testing.assert_allclose(_type_mean_spread(mean, cov, num), expected, rtol=0.02)
+
+
 def test_one_type_keeps_the_default_spread_of_type_means(prior):
     from goodput.hierarchy import TYPE_MEAN_STD
 
