@@ -35,7 +35,8 @@ spread (:data:`TYPE_LEVEL_STD`). How far the types' means spread around it is
 learned per coordinate too (one-way random effects, :data:`TYPE_MEAN_WEIGHT`
 pseudo-types at :data:`TYPE_MEAN_STD`): a cluster of a CPU and a GPU whose
 steps are launch-bound differs in its share of per-sample work by far more
-than GPU types do, and a fixed spread made the jobs' own types absorb it. A job's prior on its types ``t1 … tT`` is then
+than GPU types do, and a fixed spread made the jobs' own types absorb it.
+A job's prior on its types ``t1 … tT`` is then
 ``N(m[t], A + δ(t, t')·(diag(E) + V[t]))`` with ``V[t]`` the uncertainty of
 ``m[t]``. Without a cluster, weak defaults (:data:`DEFAULT_SHARED_STD`,
 :data:`DEFAULT_TYPE_STD`) around means read off the job's own compute.
@@ -132,7 +133,8 @@ def default_shared_cov() -> np.ndarray:
 TYPE_MEAN_STD = 1.5  # weak default spread of a coordinate's type means around their mean over types (m[t] shrinkage)
 # ... learned per coordinate by the EM, the default counting for this many types (with one type it stays):
 # on this project's profiles (zoo jobs on the CPU and an H200) logit f's type means are ±4-5 apart, and at 1.5
-# the EM put it into the job × type effects instead; P5 there 34.6% → 8.9%, on the shared data within ±0.4
+# the EM put it into the job × type effects instead; P5 there 34.6% → 8.9%, on the shared data every
+# protocol within its interval (Gavel's P2 17.1 → 16.3 and P5 8.8 → 10.3; the others ±0.4 at most)
 TYPE_MEAN_WEIGHT = 1.0
 # The mean over types itself is not known before the cluster is seen: its prior is the weak default's
 # spread of one job's coordinate on a type (√(DEFAULT_SHARED_STD² + DEFAULT_TYPE_STD²)) around the cells'

@@ -7,9 +7,10 @@ host synchronisation per step. Chained boundaries count the gaps in which the
 GPU waited for the host to launch work (the loop's own overhead included), so
 a launch-bound step is timed as a training loop sees it, and the steps add up
 to the loop's wall time. (Bracketing each step with its own pair of events
-left those gaps out: on an H200, the zoo MLP's step at batch 64 read 7% short
-of ``torch.utils.benchmark.Timer``.) On the CPU, where operations run
-synchronously, a step is timed with the monotonic ``time.perf_counter``.
+leaves those gaps out: for the zoo's jobs on an H200 they were small, within
+the host's run-to-run spread, but host work between steps is missed whole.)
+On the CPU, where operations run synchronously, a step is timed with the
+monotonic ``time.perf_counter``.
 
 The number of timed steps adapts to the cost of a step: enough to fill
 ``target_seconds`` but at least ``min_steps`` and at most ``max_steps``, and
