@@ -320,6 +320,7 @@ def test_profile_cluster_on_this_machines_gpus(tmp_path):
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    pytest.importorskip("ray")  # a CUDA machine without Ray (the CPU suite installs it)
     from profilers.devices import cuda_device_types
 
     expected = cuda_device_types()[0].gpu_type
