@@ -99,3 +99,21 @@ def test_bench_simulator_quick_with_time_split(tmp_path):
     assert swept["target"] == 20.0 and swept["sia_simulator_s"] == 408.0
     alone = [row for row in figures["rows"] if row["what"].startswith("sia wall seconds, slowest workload alone")][0]
     assert alone["target"] == 20.0 and alone["value"] == pytest.approx(split["wall_s"])
+
+
+def test_gpu_check_script_refuses_a_machine_without_cuda(tmp_path):
+    """experiments/gpu_check.sh parses, and on a machine without CUDA stops before any step, saying why."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the script itself")
+    root = Path(__file__).resolve().parents[1]
+    script = root / "experiments" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    done = subprocess.run(["bash", str(script), str(tmp_path / "out"), sys.executable], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
+    assert not any((tmp_path / "out").iterdir())
