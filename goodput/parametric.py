@@ -70,7 +70,7 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "LOG_POWER_MAX", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
+__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
            "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess",
@@ -126,8 +126,9 @@ def _split(u1: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(u1, dtype=float)))
 
 
-def _power(u7: np.ndarray) -> np.ndarray:
-    return np.exp(np.clip(u7, -LOG_POWER_MAX, LOG_POWER_MAX))
+def power_from_log(log_power: np.ndarray | float) -> np.ndarray:
+    """Compute's power ``p`` from its coordinate ``u7 = log p``, held within ``|log p| ≤`` :data:`LOG_POWER_MAX`."""
+    return np.exp(np.clip(log_power, -LOG_POWER_MAX, LOG_POWER_MAX))
 
 
 def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
@@ -137,7 +138,7 @@ def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
     maximum's terms, ``C(b) = (α_c^p + (β_c·b)^p)^{1/p}``, Pollux's sum where ``p = 1``.
     """
     u = np.asarray(u, dtype=float)
-    c, f, p = np.exp(u[..., 0]), _split(u[..., 1]), _power(u[..., 7])
+    c, f, p = np.exp(u[..., 0]), _split(u[..., 1]), power_from_log(u[..., 7])
     a_c, b_c, a_r = c * (1.0 - f) ** (1.0 / p), c * f ** (1.0 / p) / ref_bsz, np.exp(u[..., 2])
     a_n = np.exp(u[..., 3])
     b_r, b_n = a_r * np.exp(u[..., 4]), a_n * np.exp(u[..., 5])
@@ -160,7 +161,7 @@ def u_from_theta(theta: np.ndarray, ref_bsz: float, power: float | np.ndarray = 
 def _compute(u0: np.ndarray, u1: np.ndarray, u7: np.ndarray, log_ratio: np.ndarray) -> tuple[np.ndarray, ...]:
     """Compute time of one micro-batch (s) at ``log(b / b_ref)``, with what its derivatives need: the split
     ``f``, the power ``p``, ``w`` (the per-sample term's share of ``C^p`` at b) and ``log g = p·log(C / c)``."""
-    p = _power(u7)
+    p = power_from_log(u7)
     log_f, log_rest = -np.logaddexp(0.0, -u1), -np.logaddexp(0.0, u1)
     log_work = log_f + p * log_ratio
     log_g = np.logaddexp(log_rest, log_work)

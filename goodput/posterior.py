@@ -60,7 +60,7 @@ from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, Hyper
                  fit_hyperparameters, keep_recent)
 from .hierarchy import step_rows
 from .observations import Observation
-from .parametric import LOG_POWER_MAX, K, MapFit, Rows, fit_map, log_step_time, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -126,7 +126,7 @@ class JobPosterior:
 
     def compute_power(self, gpu: str) -> float:
         """The power ``p`` of the soft maximum that combines compute's two terms at the MAP on ``gpu`` (1: Pollux's sum)."""
-        return float(np.exp(np.clip(self.u_hat[self.index[gpu], K - 1], -LOG_POWER_MAX, LOG_POWER_MAX)))
+        return float(power_from_log(self.u_hat[self.index[gpu], K - 1]))
 
     # ------------------------------------------------------------------ design
     def _rows(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> Rows:
@@ -311,7 +311,7 @@ def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: 
     if previous is None:
         return {}
     rows = {k: previous.u_hat[previous.types.index(gpu)] for k, gpu in enumerate(types) if gpu in previous.types}
-    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, math.exp(np.clip(u[K - 1], -LOG_POWER_MAX, LOG_POWER_MAX)))
+    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, power_from_log(u[K - 1]))
             for k, u in rows.items()}
 
 

@@ -147,11 +147,16 @@ def time_steps(
         return summarize(_chained_cuda_steps(step, device, planned, min_steps, deadline, outputs), warmup), outputs
     clock = StepClock(device)
     for i in range(planned):
-        if i >= min_steps and deadline is not None and _clock() >= deadline:
+        if _past_deadline(i, min_steps, deadline):
             break
         with clock.measure():
             outputs.append(step())
     return summarize(clock.samples(), warmup), outputs
+
+
+def _past_deadline(step_index: int, min_steps: int, deadline: float | None) -> bool:
+    """No further timed step starts: ``min_steps`` are done and the ``deadline`` (a ``_clock()`` value) has passed."""
+    return step_index >= min_steps and deadline is not None and _clock() >= deadline
 
 
 def _chained_cuda_steps(step: Callable[[], Any], device: Any, planned: int, min_steps: int, deadline: float | None,
@@ -164,7 +169,7 @@ def _chained_cuda_steps(step: Callable[[], Any], device: Any, planned: int, min_
     boundaries[0].record(stream)
     done = 0
     for i in range(planned):
-        if i >= min_steps and deadline is not None and _clock() >= deadline:
+        if _past_deadline(i, min_steps, deadline):
             break
         outputs.append(step())
         boundaries[i + 1].record(stream)
