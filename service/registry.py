@@ -64,6 +64,7 @@ from typing import Any
 
 from goodput import Allocation, Cluster, ClusterPrior, GoodputTable, JobAllocation, JobModel, JobSpec, Observation, allocate
 from goodput.errors import ValidationError
+from goodput.hybrid import Stages
 from goodput.parametric import COORDS
 from goodput.validation import check_float, check_int, normalize_gpu_type
 
@@ -77,6 +78,10 @@ __all__ = ["Registry", "Published", "NotReadyError", "build_model", "read_observ
 log = logging.getLogger("goodput.service")
 
 CACHE_LIMIT = 20_000  # cached answers per published model
+# A failed update (the store unreachable, say) is retried from the store after this many seconds, doubling
+# each time it fails again up to the second figure; without it, a job with no model yet answered 503 until
+# its next write.
+FAILED_RETRY_S = (1.0, 60.0)
 
 
 # A learned prior needs this many jobs with a parameter count (``model_size``): without them its size slopes
@@ -216,6 +221,7 @@ class _JobState:
     unreadable: int = 0
     version: int = 0
     pending_types: set[str] = field(default_factory=set)  # GPU types stored but not in the published model yet
+    failures: int = 0  # updates failed in a row (each retried after a doubling wait, FAILED_RETRY_S)
 
 
 @dataclass
@@ -311,6 +317,7 @@ class Registry:
         self.max_defer_s = max_defer_s
         self._last_write = -float("inf")  # time.monotonic() of the last POST of observations
         self._updated: dict[str, float] = {}  # time.monotonic() of each job's last update (the worker's)
+        self._retry: dict[str, float] = {}  # time.monotonic() when a job whose update failed is retried
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._jobs: dict[str, _JobState] = {}
@@ -350,7 +357,8 @@ class Registry:
         self.store.close()
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
-        """Block until the worker has nothing queued (tests, benchmarks, the demo); False on timeout."""
+        """Block until the worker has nothing queued (tests, benchmarks, the demo; a failed update's later retry
+        does not count); False on timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
@@ -362,7 +370,13 @@ class Registry:
 
     # ------------------------------------------------------------------ writes
     def register(self, job: str, settings: Mapping[str, Any]) -> JobRecord:
-        """Register ``job`` or change its settings (then its model is rebuilt; the old one answers meanwhile)."""
+        """Register ``job`` or change its settings (then its model is rebuilt; the old one answers meanwhile).
+
+        Raises:
+            ValidationError: a new ``num_stages`` that the job's stored observations contradict (stored
+                observations are never removed, so its model could not be built again).
+        """
+        self._check_stages(job, settings)
         record = self.store.put_job(job, settings)
         with self._lock:
             state = self._jobs.get(job)
@@ -377,9 +391,26 @@ class Registry:
             self._gauges()
         return record
 
+    def _check_stages(self, job: str, settings: Mapping[str, Any]) -> None:
+        with self._lock:
+            state = self._jobs.get(job)
+        new = Stages.parse(settings.get("num_stages", 1))
+        if state is None or new == Stages.parse(state.record.settings.get("num_stages", 1)):
+            return
+        for observation in read_observations(self.store, job).observations:
+            if observation.num_stages != new.of(observation.gpu_type):
+                raise ValidationError("num_stages", new.value,
+                                      f"the job's stored observations on {observation.gpu_type} have num_stages "
+                                      f"{observation.num_stages}, and stored observations are never removed: "
+                                      "register the job under a new name")
+
     def add(self, job: str, observations: Sequence[Observation], ids: Sequence[str]) -> AddResult:
-        """Store the observations durably (skipping ids stored already), then queue them for the model."""
-        by_id = dict(zip(ids, observations))
+        """Store the observations durably (skipping ids stored already), then queue them for the model.
+
+        An id repeated within ``ids`` keeps its first record, as the store does."""
+        by_id: dict[str, Observation] = {}
+        for rid, observation in zip(ids, observations):
+            by_id.setdefault(rid, observation)
         self._last_write = time.monotonic()
 
         def queue(inserted: list[tuple[int, str]]) -> None:
@@ -534,6 +565,14 @@ class Registry:
         self.metrics.jobs.set(len(self._jobs))
         self.metrics.rebuilding.set(sum(s.published is None for s in self._jobs.values()))
 
+    def _due_retries(self, now: float) -> float:
+        """Mark the failed jobs due a retry dirty (under the lock); seconds until the next one is due."""
+        for job, due in list(self._retry.items()):
+            if due <= now:
+                del self._retry[job]
+                self._dirty[job] = None
+        return min((due - now for due in self._retry.values()), default=float("inf"))
+
     def _next_dirty(self) -> tuple[str | None, float]:
         """The first dirty job not updated within ``min_interval_s``, else (None, seconds until one is due)."""
         now = time.monotonic()
@@ -580,6 +619,7 @@ class Registry:
                     self._refresh.pop(job, None)
                     self._busy = self._rebuilding = job
                     return "rebuild", job
+                retry_wait = self._due_retries(now)
                 job, wait = self._next_dirty()
                 if job is not None and (coalesced or not waited or self.coalesce_s <= 0):
                     del self._dirty[job]
@@ -603,7 +643,7 @@ class Registry:
                         self._prior_seen = self._prior_changes
                         self._busy = "(cluster prior)"
                         return "prior", ""
-                    wait = min(wait, prior_wait)
+                    wait = min(wait, prior_wait, retry_wait)
                     self._wake.wait(None if wait == float("inf") else wait)
                     waited = True
                     continue
@@ -689,6 +729,10 @@ class Registry:
                 if state is not None:
                     state.state = "failed"
                     state.error = f"{type(exc).__name__}: {exc}"
+                    # retried from the store by itself (a database's failover is brief), waiting longer each time
+                    state.failures += 1
+                    retry = min(FAILED_RETRY_S[1], FAILED_RETRY_S[0] * 2.0 ** (state.failures - 1))
+                    self._retry[job] = time.monotonic() + retry
             return
         self.metrics.publishes.inc()
         self.metrics.refits.inc(max(0, refits - working.refits_seen))
@@ -697,7 +741,8 @@ class Registry:
         with self._lock:
             state = self._jobs[job]
             state.published = published
-            state.state, state.error = "ready", None
+            state.state, state.error, state.failures = "ready", None, 0
+            self._retry.pop(job, None)
             if self.cluster is not None:
                 self._warm[job] = None
             state.pending_types.difference_update(published.gpu_types)

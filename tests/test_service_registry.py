@@ -1,0 +1,93 @@
+"""The service's registry between the store and the models: what it queues, refuses and retries."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from goodput.errors import ValidationError
+from service.registry import NotReadyError, Registry
+from service.store import Store, record_id
+from tests.service_helpers import profile
+
+
+def _registry(url: str, store: Store | None = None) -> Registry:
+    return Registry(store or Store(url), model_options={"bayesian": False}, coalesce_s=0, min_interval_s=0).start()
+
+
+def _settings(prof, **extra) -> dict:
+    return {"init_batch_size": prof.init_batch_size, "max_batch_size": prof.max_batch_size, **extra}
+
+
+def test_an_id_repeated_in_one_batch_keeps_its_first_record_in_the_store_and_the_model(tmp_path):
+    url = f"sqlite:///{tmp_path / 'goodput.db'}"
+    prof = profile("mlp")
+    registry = _registry(url)
+    registry.register(prof.job, _settings(prof))
+    assert registry.wait_idle(60)  # built (empty): the batch below reaches the model through the queue
+    first = prof.observations[0]
+    second = type(first).from_dict({**first.to_dict(), "gpu_type": "a100", "timestamp": first.timestamp + 1.0})
+    rest = prof.observations[1:]
+    result = registry.add(prof.job, [first, second, *rest], ["dup", "dup", *(record_id(o.to_dict()) for o in rest)])
+    assert result.accepted == len(prof.observations)
+    assert registry.wait_idle(60)
+    assert registry.published(prof.job).gpu_types == ["cpu"]  # the store's record, not the repeat's
+    registry.close()
+    restarted = _registry(url)
+    assert restarted.wait_idle(60)
+    assert restarted.published(prof.job).gpu_types == ["cpu"]
+    restarted.close()
+
+
+def test_a_stage_count_the_stored_observations_contradict_is_refused(tmp_path):
+    prof = profile("mlp")
+    registry = _registry(f"sqlite:///{tmp_path / 'goodput.db'}")
+    registry.register(prof.job, _settings(prof))
+    registry.add(prof.job, prof.observations, [record_id(o.to_dict()) for o in prof.observations])
+    for stages in (2, {"cpu": 2}):
+        with pytest.raises(ValidationError) as caught:
+            registry.register(prof.job, _settings(prof, num_stages=stages))
+        assert caught.value.field == "num_stages" and caught.value.value == stages
+    assert "num_stages" not in registry.record(prof.job).settings
+    registry.register(prof.job, _settings(prof, num_stages={"a100": 4}))  # no stored observation disagrees
+    assert registry.wait_idle(60)
+    assert registry.published(prof.job).observations == len(prof.observations)
+    registry.register("fresh", {"init_batch_size": 8, "num_stages": 2})  # nothing stored: anything goes
+    registry.close()
+
+
+def test_an_update_that_failed_on_the_store_is_retried_by_itself(tmp_path):
+    url = f"sqlite:///{tmp_path / 'goodput.db'}"
+    prof = profile("mlp")
+    registry = _registry(url)
+    registry.register(prof.job, _settings(prof))
+    registry.add(prof.job, prof.observations, [record_id(o.to_dict()) for o in prof.observations])
+    assert registry.wait_idle(60)
+    registry.close()
+
+    store = Store(url)
+    reads, real = [], store.iter_observations
+
+    def blips_once(*args, **kwargs):  # a database failover: the first read fails, the next ones work
+        reads.append(time.monotonic())
+        if len(reads) == 1:
+            raise sa.exc.OperationalError("SELECT", {}, Exception("connection reset"))
+        return real(*args, **kwargs)
+
+    store.iter_observations = blips_once
+    restarted = _registry(url, store)
+    assert restarted.wait_idle(60)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            published = restarted.published(prof.job)
+            break
+        except NotReadyError as exc:
+            assert time.monotonic() < deadline, "the failed rebuild was never retried"
+            assert len(reads) > 1 or "OperationalError" in str(exc.error)
+            time.sleep(0.05)
+    assert published.observations == len(prof.observations) and len(reads) == 2
+    assert reads[1] - reads[0] >= 0.9  # after FAILED_RETRY_S's first wait, not at once
+    restarted.close()
