@@ -18,7 +18,8 @@ Which job a pod belongs to: the pod's label or annotation ``goodput/job``
 has not modelled yet, is not this extender's business: every node passes and
 scores 0.
 
-A node's GPU type: its label ``goodput/gpu-type`` (:data:`TYPE_LABEL`) when set,
+A node's GPU type: its label ``goodput/gpu-type`` (:data:`TYPE_LABEL`) when set
+(the ``gpu_type`` as the service knows it, lower-cased and otherwise as given),
 else ``nvidia.com/gpu.product`` (:data:`GPU_LABEL`, set by NVIDIA's GPU feature
 discovery / GPU operator, e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``),
 turned into this project's lower-case ``gpu_type`` by the profiler's own
@@ -54,6 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from goodput.errors import ValidationError
+from goodput.validation import normalize_gpu_type
 from profilers.devices import normalize_device_name
 
 __all__ = ["GPU_LABEL", "TYPE_LABEL", "JOB_KEY", "NODES_KEY", "REPLICAS_KEY", "GPU_RESOURCE", "gpu_type_of_product",
@@ -86,9 +88,13 @@ def _get(mapping: Any, name: str) -> Any:
     return None
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one (a field of the wrong kind reads as absent)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _metadata(obj: Any) -> Mapping[str, Any]:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return meta if isinstance(meta, Mapping) else {}
+    return _mapping(_mapping(obj).get("metadata"))
 
 
 def _strings(mapping: Any) -> dict[str, str]:
@@ -114,10 +120,10 @@ class _Pod:
         self.name = str(meta.get("name", ""))
         self.job = labels.get(JOB_KEY) or annotations.get(JOB_KEY)
         gpus = 0
-        spec = pod.get("spec") if isinstance(pod, Mapping) else None
-        for container in (spec or {}).get("containers") or []:
-            resources = container.get("resources") or {} if isinstance(container, Mapping) else {}
-            amount = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE)
+        containers = _mapping(_mapping(pod).get("spec")).get("containers")
+        for container in containers if isinstance(containers, list) else []:
+            resources = _mapping(_mapping(container).get("resources"))
+            amount = _mapping(resources.get("limits")).get(GPU_RESOURCE) or _mapping(resources.get("requests")).get(GPU_RESOURCE)
             if amount is not None:
                 gpus += _positive_int(amount, f"{self.name}: {GPU_RESOURCE}")
         nodes = annotations.get(NODES_KEY)
@@ -183,8 +189,11 @@ class Extender:
     @staticmethod
     def _type_of(node: Any) -> str | None:
         labels = _strings(_metadata(node).get("labels"))
-        if labels.get(TYPE_LABEL):
-            return normalize_device_name(labels[TYPE_LABEL])
+        if labels.get(TYPE_LABEL):  # the gpu_type itself (``a100-80gb`` stays apart from ``a100``)
+            try:
+                return normalize_gpu_type(labels[TYPE_LABEL], TYPE_LABEL)
+            except ValidationError:
+                return None
         if labels.get(GPU_LABEL):
             return gpu_type_of_product(labels[GPU_LABEL])
         return None

@@ -126,6 +126,24 @@ def test_pre_117_spelling_node_names_and_pods_that_are_not_ours(server):
         assert httpx.post(f"{url}/v1/k8s/filter", json=bad).status_code == 422, bad
 
 
+def test_the_gpu_type_label_is_the_services_gpu_type_and_odd_pod_fields_read_as_absent():
+    goodput = {"a100-80gb": 900.0, "a100": 300.0}
+    extender = Extender(lambda job, gpu, nodes, replicas: goodput.get(gpu), lambda job: None)
+    node = _node("big-0", "NVIDIA-A100-SXM4-80GB")
+    node["metadata"]["labels"]["goodput/gpu-type"] = "A100-80GB"  # overrides the product's a100
+    assert extender.node_type("big-0", node) == "a100-80gb"
+    assert extender.node_type("plain-0", _node("plain-0", "NVIDIA-A100-SXM4-80GB")) == "a100"
+    args = {"Pod": _pod("cifar10"), "Nodes": {"items": [node, _node("plain-0", "NVIDIA-A100-SXM4-80GB")]}}
+    assert {i["Host"]: i["Score"] for i in extender.prioritize(args)} == {"big-0": 10, "plain-0": 3}
+    for odd in ([1], "8", None):  # limits of the wrong kind: no GPU request read, one GPU scored
+        pod = _pod("cifar10")
+        pod["spec"]["containers"][0]["resources"]["limits"] = odd
+        assert extender.prioritize({"Pod": pod, "Nodes": {"items": [node]}}) == [{"Host": "big-0", "Score": 10}]
+    pod = _pod("cifar10")
+    pod["spec"] = ["not", "a", "spec"]
+    assert extender.prioritize({"Pod": pod, "Nodes": {"items": [node]}}) == [{"Host": "big-0", "Score": 10}]
+
+
 def test_filter_drops_types_where_no_batch_fits():
     extender = Extender(lambda job, gpu, nodes, replicas: {"a100": 900.0, "t4": 0.0}.get(gpu), lambda job: None)
     result = extender.filter(_args("cifar10"))
