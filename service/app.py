@@ -305,7 +305,7 @@ def create_app(
         return JSONResponse(json_safe(registry.status(job)))
 
     @app.get("/v1/jobs/{job}/observations", response_model=StoredRecords, tags=["jobs"])
-    def get_observations(job: JobName, after: Annotated[int, Query(ge=0)] = 0,
+    def get_observations(job: JobName, after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
                          limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Any:
         """The stored records in order of arrival, ``limit`` at a time after row ``after``."""
         registry.record(job)

@@ -558,7 +558,12 @@ class Registry:
                 last[job] = None if value is None else JobAllocation.from_dict(value)
             except ValidationError as exc:
                 raise ValidationError(f"current.{job}.{exc.field}", exc.value, exc.reason) from None
-        return allocate(tables, cluster, current=last, p=p, policy=policy, jobs=specs, **options)
+        try:
+            return allocate(tables, cluster, current=last, p=p, policy=policy, jobs=specs, **options)
+        except ValidationError as exc:
+            if exc.field in options:  # named as the request has it
+                raise ValidationError(f"options.{exc.field}", exc.value, exc.reason) from None
+            raise
 
     # ------------------------------------------------------------------ the worker
     def _gauges(self) -> None:

@@ -218,7 +218,10 @@ def test_allocate_matches_the_in_process_allocation(server):
     assert again.info.policy == "gavel" and set(again) == {"zoo-mlp", "zoo-resnet"}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     for body, loc in (({"policy": "best"}, ["body", "policy"]), ({"p": 0}, ["body", "p"]),
-                      ({"cluster": "cpu:x"}, ["body", "cluster"]), ({"options": {"lam": -1, "colour": 1}}, ["body", "colour"]),
+                      ({"cluster": "cpu:x"}, ["body", "cluster"]), ({"options": {"lam": -1, "colour": 1}}, ["body", "options", "colour"]),
+                      ({"options": {"lam": "x"}}, ["body", "options", "lam"]),
+                      ({"current": {"zoo-mlp": {"gpu_type": "cpu", "num_nodes": 1, "num_gpus": 2, "placement": [1, 2]}}},
+                       ["body", "current", "zoo-mlp", "placement"]),
                       ({"current": {"zoo-mlp": {"gpu_type": "cpu", "num_nodes": 2, "num_gpus": 1}}},
                        ["body", "current", "zoo-mlp", "num_gpus"])):
         response = httpx.post(f"{url}/v1/allocate", json={"jobs": ["zoo-mlp"], **body}, headers=headers)
@@ -239,7 +242,7 @@ def test_job_records_stored_pages_health_metrics_and_docs(server):
     rest = client.stored("zoo-mlp", after=first["next_after"], limit=1000)
     assert len(first["records"]) == 5 and rest["next_after"] is None
     assert [r["observation"] for r in first["records"] + rest["records"]] == [o.to_dict() for o in profile("mlp").observations]
-    for params in ({"after": -1}, {"limit": 0}, {"limit": "all"}):
+    for params in ({"after": -1}, {"after": 10**20}, {"limit": 0}, {"limit": "all"}):
         response = httpx.get(f"{url}/v1/jobs/zoo-mlp/observations", params=params)
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", next(iter(params))]
     assert httpx.get(f"{url}/v1/jobs/nobody/observations").status_code == 404

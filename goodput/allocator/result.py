@@ -100,7 +100,7 @@ class JobAllocation:
         missing = [k for k in ("gpu_type", "num_nodes", "num_gpus") if k not in data]
         if missing:
             raise ValidationError(missing[0], None, "missing")
-        return cls(data["gpu_type"], data["num_nodes"], data["num_gpus"], dict(data.get("placement") or {}))
+        return cls(data["gpu_type"], data["num_nodes"], data["num_gpus"], data.get("placement") or {})
 
 
 @dataclass(frozen=True)
