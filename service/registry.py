@@ -78,6 +78,9 @@ __all__ = ["Registry", "Published", "NotReadyError", "build_model", "read_observ
 log = logging.getLogger("goodput.service")
 
 CACHE_LIMIT = 20_000  # cached answers per published model
+# Clusters whose tables a published model caches (the server's --cluster is warmed first): any query may
+# name a cluster, and a table over a large one is megabytes, so others beyond these are computed each time.
+CACHED_CLUSTERS = 8
 # A failed update (the store unreachable, say) is retried from the store after this many seconds, doubling
 # each time it fails again up to the second figure; without it, a job with no model yet answered 503 until
 # its next write.
@@ -159,14 +162,16 @@ class Published:
         self.published_at = time.time()
         self.diagnostics = diagnostics
         self._cache: dict[Any, Any] = {}
+        self._clusters: set[str] = set()  # the clusters whose tables are cached (CACHED_CLUSTERS at most)
         self._lock = threading.RLock()  # an answer may be built from another (a table's JSON from the table)
 
     def cached(self, key: Any) -> Any:
         """A cached answer or ``None`` (lock-free: a dict read)."""
         return self._cache.get(key)
 
-    def answer(self, key: Any, compute: Callable[[JobModel], Any]) -> Any:
-        """The cached answer for ``key``, else ``compute(model)`` under the snapshot's lock, cached."""
+    def answer(self, key: Any, compute: Callable[[JobModel], Any], cluster: str | None = None) -> Any:
+        """The cached answer for ``key``, else ``compute(model)`` under the snapshot's lock, cached (an answer
+        over ``cluster`` only while that cluster is among the :data:`CACHED_CLUSTERS` first asked for)."""
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -174,6 +179,10 @@ class Published:
             hit = self._cache.get(key)
             if hit is None:
                 hit = compute(self._model)
+                if cluster is not None and cluster not in self._clusters:
+                    if len(self._clusters) >= CACHED_CLUSTERS:
+                        return hit
+                    self._clusters.add(cluster)
                 if len(self._cache) < CACHE_LIMIT:
                     self._cache[key] = hit
         return hit
@@ -185,7 +194,7 @@ class Published:
 
     def table(self, cluster: Cluster) -> GoodputTable:
         """The goodput table over ``cluster``'s configuration set (``JobModel.table``)."""
-        return self.answer(("table", str(cluster)), lambda m: m.table(cluster))
+        return self.answer(("table", str(cluster)), lambda m: m.table(cluster), str(cluster))
 
     def goodput_json(self, gpu_type: str, num_nodes: int, num_gpus: int) -> bytes:
         """The ``GET goodput`` answer's body, cached under the query as given (``gpu_type`` before normalising)."""
@@ -199,7 +208,7 @@ class Published:
             return json_bytes({"job": self.job, "cluster": str(cluster), "model_version": self.version,
                                "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
 
-        return self.answer(("table-json", spec), encode)
+        return self.answer(("table-json", spec), encode, str(cluster))
 
 
 def _choice_dict(choice: Any, num_gpus: int) -> dict[str, Any]:

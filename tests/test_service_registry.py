@@ -91,3 +91,18 @@ def test_an_update_that_failed_on_the_store_is_retried_by_itself(tmp_path):
     assert published.observations == len(prof.observations) and len(reads) == 2
     assert reads[1] - reads[0] >= 0.9  # after FAILED_RETRY_S's first wait, not at once
     restarted.close()
+
+
+def test_a_published_model_caches_the_tables_of_a_few_clusters_and_computes_the_rest():
+    from goodput import Cluster, JobModel
+    from service.registry import CACHED_CLUSTERS, Published
+
+    prof = profile("mlp")
+    model = JobModel(prof.job, prof.init_batch_size, prof.max_batch_size, bayesian=False).observe(prof.observations)
+    published = Published(prof.job, 1, model, {}, 0)
+    clusters = [Cluster.parse(f"cpu:{n}x2") for n in range(1, CACHED_CLUSTERS + 4)]
+    bodies = [published.table_json(cluster, str(cluster)) for cluster in clusters]
+    assert all(published.cached(("table-json", str(c))) is not None for c in clusters[:CACHED_CLUSTERS])
+    assert all(published.cached(("table-json", str(c))) is None for c in clusters[CACHED_CLUSTERS:])
+    assert bodies[-1] == published.table_json(clusters[-1], str(clusters[-1]))  # computed again, the same answer
+    assert published.table(clusters[0]) is published.table(clusters[0])  # a cached cluster's table is kept
