@@ -33,6 +33,7 @@ from .cluster import Cluster
 from .errors import ValidationError
 from .observations import Observation
 from .table import GoodputTable
+from .validation import check_job_name
 
 __all__ = ["Client", "ServiceError", "ServiceValidationError", "UnknownJobError", "NotReadyError",
            "ServiceUnavailableError", "observation_records"]
@@ -78,6 +79,12 @@ class NotReadyError(ServiceError):
 
 class ServiceUnavailableError(OSError):
     """The service could not be reached (refused, timed out, connection dropped)."""
+
+
+def _job_path(job: str, *rest: str) -> str:
+    """``/v1/jobs/{job}[/rest]`` for a name the service takes (else ValidationError here: '#', '?' or '/' in
+    a name would reach another URL, another job's)."""
+    return "/".join(("/v1/jobs", check_job_name(job), *rest))
 
 
 def observation_records(observations: Iterable[Observation | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -172,11 +179,11 @@ class Client:
                                         if isinstance(local_bsz_bounds, Mapping) else list(local_bsz_bounds))
         if gpu_types is not None:
             body["gpu_types"] = list(gpu_types)
-        return self.request("PUT", f"/v1/jobs/{job}", json=body)
+        return self.request("PUT", _job_path(job), json=body)
 
     def post_observations(self, job: str, observations: Iterable[Observation | Mapping[str, Any]]) -> dict[str, int]:
         """Store observations (``Observation`` objects, or record dicts with an optional ``id``): ``{accepted, total}``."""
-        return self.request("POST", f"/v1/jobs/{job}/observations",
+        return self.request("POST", _job_path(job, "observations"),
                             json={"observations": observation_records(observations)})
 
     def jobs(self) -> list[str]:
@@ -184,22 +191,22 @@ class Client:
 
     def job(self, job: str) -> dict[str, Any]:
         """Settings, observations stored, GPU types, the model's state and diagnostics."""
-        return self.request("GET", f"/v1/jobs/{job}")
+        return self.request("GET", _job_path(job))
 
     def stored(self, job: str, after: int = 0, limit: int = 10_000) -> dict[str, Any]:
         """One page of the stored records: ``{"records": [{row, id, received, observation}], "next_after"}``."""
-        return self.request("GET", f"/v1/jobs/{job}/observations", params={"after": after, "limit": limit})
+        return self.request("GET", _job_path(job, "observations"), params={"after": after, "limit": limit})
 
     # ------------------------------------------------------------------ queries
     def goodput(self, job: str, gpu_type: str, num_nodes: int = 1, num_gpus: int = 1) -> dict[str, Any]:
         """The best configuration: ``goodput``, ``batch_size``, ``local_bsz``, ``accum_steps``, ``std``, …"""
-        return self.request("GET", f"/v1/jobs/{job}/goodput",
+        return self.request("GET", _job_path(job, "goodput"),
                             params={"gpu_type": gpu_type, "num_nodes": num_nodes, "num_gpus": num_gpus})
 
     def table_dict(self, job: str, cluster: str | Cluster | None = None) -> dict[str, Any]:
         """The job's goodput table as the service sends it (rows, model version)."""
         params = {} if cluster is None else {"cluster": str(cluster)}
-        return self.request("GET", f"/v1/jobs/{job}/table", params=params)
+        return self.request("GET", _job_path(job, "table"), params=params)
 
     def table(self, job: str, cluster: str | Cluster | None = None) -> GoodputTable:
         """The job's goodput table over ``cluster`` (default: the server's)."""

@@ -16,6 +16,7 @@ from typing import Any
 from .errors import ValidationError
 
 _GPU_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # the service's job names: safe in URLs, file names, labels
 
 
 def check_int(field: str, value: Any, minimum: int | None = None) -> int:
@@ -114,3 +115,12 @@ def check_sizes(field: str, sizes: Any, *, allow_unknown: bool = False) -> dict[
     if not isinstance(sizes, Mapping):
         raise ValidationError(field, sizes, "expected a mapping {job: trainable parameters}")
     return {str(k): check_float(f"{field}[{k!r}]", v, positive=True) for k, v in sizes.items() if not (allow_unknown and v is None)}
+
+
+def check_job_name(value: Any, field: str = "job") -> str:
+    """A job name the service takes (:data:`JOB_NAME_PATTERN`: a letter or digit, then letters, digits,
+    '.', '_' or '-', 128 at most), so it reaches the service as one path segment."""
+    if not isinstance(value, str) or not re.match(JOB_NAME_PATTERN, value):
+        raise ValidationError(field, value, "job names are a letter or digit, then letters, digits, '.', '_' or '-' "
+                                            "(128 at most)")
+    return value

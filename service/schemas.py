@@ -23,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from goodput import Observation
 from goodput.errors import ValidationError
 from goodput.hybrid import check_num_stages
-from goodput.validation import check_bounds, check_float, check_int, normalize_gpu_type
+from goodput.validation import JOB_NAME_PATTERN, check_bounds, check_float, check_int, normalize_gpu_type
 
 __all__ = ["JOB_PATTERN", "RECORD_ID_PATTERN", "ObservationRecord", "ObservationBatch", "ObservationsAccepted",
            "JobSettings", "JobOut", "GoodputOut", "TableOut", "AllocateIn", "StoredRecord", "StoredRecords",
            "validation_detail", "MAX_RECORDS", "json_bytes", "json_safe"]
 
-JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # job names: safe in URLs, file names and label values
+JOB_PATTERN = JOB_NAME_PATTERN  # job names: safe in URLs, file names and label values
 RECORD_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_RECORDS = 100_000  # records per POST (the body limit usually bites first)
 

@@ -11,6 +11,7 @@ import pytest
 
 from goodput import Cluster, JobModel, allocate
 from goodput.client import Client, NotReadyError, ServiceError, ServiceValidationError, UnknownJobError
+from goodput.errors import ValidationError
 from service import create_app
 from service.registry import Registry
 from service.server import BackgroundServer
@@ -66,6 +67,13 @@ def test_put_job_registers_and_refuses_bad_settings(server):
     for name in ("-starts-with-dash", "has space", "x" * 129):
         response = httpx.put(f"{url}/v1/jobs/{name}", json={"init_batch_size": 1}, headers={"Authorization": f"Bearer {TOKEN}"})
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["path", "job"], name
+    # the client refuses them itself: '#', '?', '/' or '..' would send the request to another URL, another job's
+    for name in ("bert#2", "a?b=1", "a/b", "..", "", "x" * 129, 7):
+        for call in (lambda: client.put_job(name, 8), lambda: client.goodput(name, "cpu"), lambda: client.job(name)):
+            with pytest.raises(ValidationError) as caught:
+                call()
+            assert caught.value.field == "job" and caught.value.value == name
+    assert not {"bert", "a", "v1"} & set(client.jobs())
 
 
 def test_writes_need_the_token_reads_and_the_extender_do_not(server):
