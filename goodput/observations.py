@@ -281,6 +281,11 @@ class Profile:
         }
         if not isinstance(self.metadata, Mapping):
             raise ValidationError("metadata", self.metadata, "expected a mapping")
+        try:  # it is saved as JSON: refused here, not by a save that has opened the file
+            json.dumps(self.metadata, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError("metadata", self.metadata, f"must be JSON (strings, finite numbers, booleans, "
+                                                             f"None, lists and mappings of them): {exc}") from None
         self.metadata = dict(self.metadata)
         self.job_meta = _check_job_meta(self.job_meta)
 
@@ -652,15 +657,20 @@ class ProfileWriter:
                     os.fsync(f.fileno())
         records, _ = _read_jsonl(self.path)
         for line_no, record in records:
-            self.existing_records.append(_canonical(record))
+            key = _canonical(record)
             if record.get("record") == "meta":
                 self.existing_meta.append({k: v for k, v in record.items() if k != "record"})
             elif record.get("record", "observation") == "observation":
                 body = {k: v for k, v in record.items() if k != "record"}
                 try:
-                    self.existing.append(Observation.from_dict(body))
+                    observation = Observation.from_dict(body)
                 except ValidationError as exc:
                     raise DataFormatError(self.path, line_no, exc.field, exc.value, exc.reason) from None
+                self.existing.append(observation)
+                # as this writer would write it: a record written by hand (no "record" key, "T4", a step
+                # time of 1) is the same observation as the one it loads as
+                key = _canonical({"record": "observation", **observation.to_dict()})
+            self.existing_records.append(key)
 
     def _append(self, record: dict[str, Any]) -> None:
         self._file.write(_canonical(record).encode() + b"\n")
@@ -682,7 +692,8 @@ class ProfileWriter:
         if unknown:
             name = sorted(unknown)[0]
             raise ValidationError(name, meta[name], f"unknown profile field (known: {', '.join(_META_KEYS)})")
-        self._append({"record": "meta", **meta})
+        checked = Profile([], **meta)  # the values as a Profile checks them: a bad one would make the file unloadable
+        self._append({"record": "meta", **{key: getattr(checked, key) for key in meta}})
 
     def close(self) -> None:
         if not self._file.closed:

@@ -6,6 +6,7 @@ import json
 import math
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -188,6 +189,37 @@ def test_saving_a_profile_whose_meta_is_split_over_records_back_to_its_file_adds
     changed.max_local_bsz["v100"] = 128
     changed.save(path)
     assert Profile.load(path).max_local_bsz == {"t4": 256, "v100": 128}
+
+
+def test_saving_a_hand_written_file_s_profile_back_to_it_adds_nothing(tmp_path):
+    path = tmp_path / "hand.jsonl"
+    lines = [{"record": "meta", "job": "a", "init_batch_size": 32},
+             {"job": "a", "gpu_type": "t4", "num_nodes": 1, "num_replicas": 1, "local_bsz": 32, "step_time": 0.1},
+             {"record": "observation", "job": "a", "gpu_type": "T4", "num_nodes": 1, "num_replicas": 2, "local_bsz": 32,
+              "step_time": 0.2},
+             {"record": "observation", "job": "a", "gpu_type": "t4", "num_nodes": 1, "num_replicas": 1, "local_bsz": 64,
+              "step_time": 1, "accum_steps": 0}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first = path.read_bytes()
+    Profile.load(path).save(path)
+    assert path.read_bytes() == first and len(Profile.load(path)) == 3
+
+
+def test_meta_values_are_checked_before_anything_is_written(tmp_path):
+    path = tmp_path / "p.jsonl"
+    with ProfileWriter(path) as writer:
+        writer.write_meta(job="j", init_batch_size=64)
+        for bad, field in (({"max_local_bsz": {"t4": 0}}, "max_local_bsz['t4']"), ({"init_batch_size": float("nan")},
+                           "init_batch_size"), ({"metadata": {"loss": float("nan")}}, "metadata")):
+            with pytest.raises(ValidationError) as caught:
+                writer.write_meta(**bad)
+            assert caught.value.field == field
+        writer.write_meta(max_local_bsz={"T4": 256})
+    assert Profile.load(path).max_local_bsz == {"t4": 256}
+    for metadata in ({"num_parameters": np.int64(7)}, {"loss": float("inf")}, {"ok": [1, {"x": object()}]}):
+        with pytest.raises(ValidationError) as caught:
+            Profile([], job="j", metadata=metadata)
+        assert caught.value.field == "metadata"
 
 
 @given(cut=st.integers(2, 200))
