@@ -512,7 +512,7 @@ class JobModel:
         values evaluate the continuous model (an optimiser's candidates).
         """
         name = self._known(gpu_type)
-        nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)
+        nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps, self._stages.of(name))
         mean, log_std = self._mean_and_log_std(name, nodes, replicas, bsz, accum)
         std = lognormal_std(mean, log_std)
         throughput = replicas * bsz * (accum + 1.0) / mean
@@ -555,7 +555,8 @@ class JobModel:
         def step_time(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._step_time_mean(gpu_type, n, r, b, a)
 
-        choices = optimize_goodput(step_time, self.efficiency, num_nodes, num_replicas, self.limits(gpu_type))
+        choices = optimize_goodput(step_time, self.efficiency, num_nodes, num_replicas, self.limits(gpu_type),
+                                   num_stages=self._stages.of(gpu_type))
         ok = choices.feasible
         _, log_std = self._mean_and_log_std(
             gpu_type,

@@ -211,13 +211,15 @@ def goodput_candidates(
     num_replicas: Any,
     limits: BatchLimits,
     num_candidates: int = 50,
+    num_stages: int = 1,
 ) -> GoodputCandidates:
     """The candidates of :func:`optimize_goodput` and their step times and throughputs (see :class:`GoodputCandidates`)."""
     nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
     replicas = np.atleast_1d(np.asarray(num_replicas, dtype=float))
     nodes, replicas = np.broadcast_arrays(nodes, replicas)
-    if np.any(nodes < 1) or np.any(replicas < nodes):
-        raise ValidationError("num_replicas", num_replicas, "need 1 <= num_nodes <= num_replicas")
+    if np.any(nodes < 1) or np.any(replicas < 1) or np.any(replicas * num_stages < nodes):
+        raise ValidationError("num_replicas", num_replicas, "need num_nodes >= 1, num_replicas >= 1 and "
+                              f"num_replicas x {num_stages} stage(s) >= num_nodes")
     batch, micro, accum, valid = candidate_batches(replicas, limits, num_candidates)
     shape = batch.shape
     times = np.asarray(
@@ -278,6 +280,7 @@ def optimize_goodput(
     num_replicas: Any,
     limits: BatchLimits,
     num_candidates: int = 50,
+    num_stages: int = 1,
 ) -> GoodputChoices:
     """Maximise goodput over batch configurations for each allocation.
 
@@ -289,8 +292,10 @@ def optimize_goodput(
         num_nodes, num_replicas: allocations, broadcast to shape (K,).
         limits: the job's :class:`BatchLimits`.
         num_candidates: total batch sizes tried per allocation.
+        num_stages: GPUs per replica (:mod:`goodput.hybrid`): a replica's pipeline may span nodes.
 
     Returns:
         :class:`GoodputChoices` with one entry per allocation.
     """
-    return best_goodput(goodput_candidates(step_time, num_nodes, num_replicas, limits, num_candidates), efficiency)
+    return best_goodput(goodput_candidates(step_time, num_nodes, num_replicas, limits, num_candidates, num_stages),
+                        efficiency)

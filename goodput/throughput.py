@@ -130,10 +130,13 @@ class ThroughputParams:
 # ====================================================================== prediction
 
 
-def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps: Any) -> tuple[np.ndarray, ...]:
+def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps: Any,
+                  num_stages: int = 1) -> tuple[np.ndarray, ...]:
     """Validate and broadcast configuration arrays (floats, so candidates may be fractional).
 
     Numbers only: booleans and strings are refused (``True`` is not a replica count).
+    ``num_stages``: GPUs per replica (:mod:`goodput.hybrid`); every node holds a GPU, so
+    ``num_replicas · num_stages >= num_nodes`` (a pipeline may span nodes).
     """
     arrays = []
     for name, value in (
@@ -156,8 +159,9 @@ def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps
         raise ValidationError("num_nodes, num_replicas, local_bsz, accum_steps", shapes, "shapes do not broadcast together") from None
     if np.any(nodes < 1):
         raise ValidationError("num_nodes", num_nodes, "must be >= 1")
-    if np.any(replicas < nodes):
-        raise ValidationError("num_replicas", num_replicas, "must be >= num_nodes")
+    if np.any(replicas * num_stages < nodes):
+        raise ValidationError("num_replicas", num_replicas, "must be >= num_nodes" if num_stages == 1 else
+                              f"x {num_stages} stages must be >= num_nodes: every node holds a GPU")
     if np.any(bsz <= 0):
         raise ValidationError("local_bsz", local_bsz, "must be > 0")
     if np.any(accum < 0):
@@ -242,15 +246,16 @@ def predict_step_time(
     local_bsz: Any,
     accum_steps: Any = 0,
     sync_shape: SyncShapeFn | None = None,
+    num_stages: int = 1,
 ) -> np.ndarray:
     """Seconds of one optimizer step, ``T_iter`` (the quantity ``Observation.step_time`` measures).
 
     Broadcasts over numpy arrays; returns an array (0-d for scalar inputs).
     ``sync_shape`` multiplies the inter-node sync per configuration (see
-    :func:`predict_sync_time`).
+    :func:`predict_sync_time`); ``num_stages``: GPUs per replica (a pipeline may span nodes).
     """
     params = _check_params(params)
-    nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps)
+    nodes, replicas, bsz, accum = config_arrays(num_nodes, num_replicas, local_bsz, accum_steps, num_stages)
     return _step_time(params.as_array(), nodes, replicas, bsz, accum, sync_shape)
 
 

@@ -129,6 +129,27 @@ def test_goodput_by_gpu_count_maps_to_pipelines_and_refuses_partial_ones():
         JobModel("gpt", 16, min_replicas=0)
 
 
+@pytest.mark.parametrize("bayesian", [False, True])
+def test_a_pipeline_longer_than_a_node_is_predicted_and_tabled(bayesian):
+    truth = TRUTH["a100"]
+    obs = [Observation("long", "a100", nodes, replicas, bsz, float(predict_step_time(truth, nodes, replicas, bsz, num_stages=8)),
+                       grad_sqr=1.0, grad_var=4.0, num_stages=8)
+           for nodes, replicas in ((2, 1), (4, 2)) for bsz in (1, 2, 4, 8)]
+    model = JobModel("long", 8, max_batch_size=64, num_stages=8, bayesian=bayesian).observe(obs)
+    cluster = Cluster.parse("a100:4x4")  # 4 GPUs a node: one 8-stage pipeline spans 2 nodes
+    assert cluster.configurations(num_stages=8) == [("a100", 2, 8), ("a100", 4, 16)]
+    step = model.predict("a100", 4, 2, 4).step_time
+    assert step == pytest.approx(float(predict_step_time(truth, 4, 2, 4, num_stages=8)), rel=0.05)
+    frame = model.table(cluster).frame
+    assert frame[["num_nodes", "num_replicas"]].values.tolist() == [[2, 1], [4, 2]] and (frame.goodput > 0).all()
+    assert model.goodput("a100", 2, num_gpus=8).goodput == pytest.approx(frame.goodput.iloc[0])
+    with pytest.raises(ValidationError, match="num_replicas"):
+        model.predict("a100", 9, 1, 4)  # one pipeline's 8 GPUs cannot span 9 nodes
+    data_parallel = JobModel("dp", 8, bayesian=False).observe([Observation("dp", "a100", 1, 1, 4, 0.1)])
+    with pytest.raises(ValidationError, match="num_replicas"):
+        data_parallel.predict("a100", 2, 1, 4)  # every node holds a replica
+
+
 def test_observations_must_match_the_jobs_stage_count():
     model = JobModel("gpt", 16, num_stages={"a100": 2})
     with pytest.raises(ValidationError, match=r"observations\[0\].num_stages"):
