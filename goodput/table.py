@@ -47,7 +47,7 @@ OPTIONAL_COLUMNS = ("batch_size", "local_bsz", "accum_steps", "throughput", "eff
                     "num_replicas")
 _INT_COLUMNS = ("num_nodes", "num_gpus", "batch_size", "local_bsz", "accum_steps", "num_replicas")
 _MAX_COUNT = 2.0**53  # largest integer a float64 holds exactly; larger counts would not survive validation
-_TEXT_COLUMNS = ("job", "gpu_type")  # read from CSV as text: '007', '1e3', 'nan' are names, not numbers
+_TEXT_COLUMNS = ("job", "gpu_type", "missing_gpu_types")  # read from CSV as text: '007', '1e3', 'nan' are names
 
 
 class GoodputTable:
@@ -85,7 +85,7 @@ class GoodputTable:
                 raise ValidationError("frame", frame, "expected a DataFrame or a list of row dicts") from None
         self._arrays = self._validated({column: frame[column] for column in frame.columns})
         self._frame_cache: pd.DataFrame | None = None
-        self.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
+        self.missing_gpu_types = _missing_types(missing_gpu_types)
 
     @classmethod
     def from_columns(cls, job: str, columns: Mapping[str, Any], missing_gpu_types: Iterable[str] = (),
@@ -127,7 +127,7 @@ class GoodputTable:
         else:
             table._arrays = table._validated(columns)
         table._frame_cache = None
-        table.missing_gpu_types = tuple(normalize_gpu_type(t, "missing_gpu_types") for t in missing_gpu_types)
+        table.missing_gpu_types = _missing_types(missing_gpu_types)
         return table
 
     # ------------------------------------------------------------------ validation
@@ -346,6 +346,8 @@ class GoodputTable:
     def from_dict(cls, data: Mapping[str, Any]) -> GoodputTable:
         if not isinstance(data, Mapping) or "job" not in data or "rows" not in data:
             raise ValidationError("table", data, "expected {'job': ..., 'rows': [...]}")
+        if not isinstance(data["rows"], list) or not all(isinstance(row, Mapping) for row in data["rows"]):
+            raise ValidationError("rows", data["rows"], "expected a list of row mappings")
         return cls(data["job"], pd.DataFrame(list(data["rows"]), columns=_columns_of(data["rows"])),
                    data.get("missing_gpu_types", ()), data.get("quantile", 0.5))
 
@@ -361,13 +363,16 @@ class GoodputTable:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """CSV with a ``job`` column first (one table per file), and ``quantile`` when not 0.5."""
+        """CSV with a ``job`` column first (one table per file), ``quantile`` when not 0.5, and
+        ``missing_gpu_types`` (space-separated) when the table could not cover some types."""
         frame = self._frame.drop(columns=["normalized_goodput"])
         frame.insert(0, "job", self.job)
         if frame.empty:  # one row with only the job's name, so that an empty table reads back
             frame = pd.DataFrame([{"job": self.job}], columns=frame.columns)
         if self.quantile != 0.5:
             frame.insert(1, "quantile", self.quantile)
+        if self.missing_gpu_types:
+            frame.insert(1, "missing_gpu_types", " ".join(self.missing_gpu_types))
         return atomic_write_text(path, frame.to_csv(index=False))
 
     @classmethod
@@ -382,13 +387,25 @@ class GoodputTable:
             if frame["quantile"].nunique() != 1:
                 raise DataFormatError(path, None, "quantile", list(frame["quantile"]), "expected one quantile per CSV")
             quantile = frame["quantile"].iloc[0]
-        rows = frame.drop(columns=["job", "quantile"], errors="ignore")
+        missing: list[str] = []
+        if "missing_gpu_types" in frame.columns:
+            if frame["missing_gpu_types"].nunique() != 1:
+                raise DataFormatError(path, None, "missing_gpu_types", list(frame["missing_gpu_types"]),
+                                      "expected one list per CSV")
+            missing = str(frame["missing_gpu_types"].iloc[0]).split()
+        rows = frame.drop(columns=["job", "quantile", "missing_gpu_types"], errors="ignore")
         if len(rows) == 1 and (rows.iloc[0] == "").all():
             rows = rows.iloc[:0]  # only the job's name: an empty table (see to_csv)
         try:
-            return cls(job, rows, quantile=quantile)
+            return cls(job, rows, missing, quantile=quantile)
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+
+def _missing_types(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):  # "a100" is one name, not four
+        raise ValidationError("missing_gpu_types", value, "expected a list of GPU type names")
+    return tuple(normalize_gpu_type(t, "missing_gpu_types") for t in value)
 
 
 def _columns_of(rows: Iterable[Mapping[str, Any]]) -> list[str] | None:

@@ -97,6 +97,23 @@ def test_empty_table_round_trips_through_csv(tmp_path, quantile):
     assert back.job == "a" and len(back) == 0 and back.quantile == quantile
 
 
+@pytest.mark.parametrize("rows, quantile", [([], 0.5), ([ROW], 0.5), ([ROW], 0.1)])
+def test_missing_gpu_types_round_trip_through_csv_and_json(tmp_path, rows, quantile):
+    table = GoodputTable("a", rows, missing_gpu_types=["a100", "1080"], quantile=quantile)
+    for back in (GoodputTable.from_csv(table.to_csv(tmp_path / "t.csv")), GoodputTable.from_json(table.to_json(tmp_path / "t.json"))):
+        assert back.missing_gpu_types == ("a100", "1080") and back.quantile == quantile and len(back) == len(rows)
+    assert GoodputTable.from_csv(GoodputTable("a", [ROW]).to_csv(tmp_path / "n.csv")).missing_gpu_types == ()
+
+
+def test_a_table_s_odd_missing_types_and_rows_are_refused():
+    with pytest.raises(ValidationError, match="missing_gpu_types"):
+        GoodputTable("a", [], missing_gpu_types="a100")  # one name, not the letters of one
+    for rows in (None, "rows", [1, 2]):
+        with pytest.raises(ValidationError) as caught:
+            GoodputTable.from_dict({"job": "a", "rows": rows})
+        assert caught.value.field == "rows"
+
+
 @pytest.mark.parametrize("column", ["num_nodes", "num_gpus", "batch_size"])
 def test_counts_too_large_for_an_integer_are_rejected(column):
     row = dict(ROW, **{column: 1e30})
