@@ -438,6 +438,11 @@ def test_current_round_trip_and_unchanged_jobs_keep_gpus(tmp_path):
     assert list(frame["job"]) == list(tables) and (frame["num_gpus"] >= 0).all()
     assert "sia" in repr(second)
     check_invariants(second, tables, cluster)
+    data = first.to_dict()
+    for info, field in (({**data["info"], "colour": 1}, "info.colour"), ({"policy": "sia"}, "info.solver"), ([1], "info")):
+        with pytest.raises(ValidationError) as caught:
+            Allocation.from_dict({**data, "info": info})
+        assert caught.value.field == field
 
 
 def test_current_entries_of_finished_jobs_are_ignored():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -247,8 +247,14 @@ class Allocation(Mapping):
                 allocations[job] = None if value is None else JobAllocation.from_dict(value)
             except ValidationError as exc:
                 raise ValidationError(f"allocations[{job}].{exc.field}", exc.value, exc.reason) from None
-        info_data = dict(data.get("info") or {"policy": "unknown", "solver": "unknown", "status": "unknown"})
-        info_data["notes"] = tuple(info_data.get("notes", ()))
+        info = data.get("info") or {"policy": "unknown", "solver": "unknown", "status": "unknown"}
+        if not isinstance(info, Mapping):
+            raise ValidationError("info", info, "expected a mapping of SolverInfo's fields")
+        known = {f.name for f in fields(SolverInfo)}
+        if set(info) - known or {"policy", "solver", "status"} - set(info):
+            odd = sorted(set(info) - known) or sorted({"policy", "solver", "status"} - set(info))
+            raise ValidationError(f"info.{odd[0]}", info.get(odd[0]), f"unknown or missing (fields: {sorted(known)})")
+        info_data = {**info, "notes": tuple(info.get("notes", ()))}
         return cls(allocations, data.get("unallocated", {}), SolverInfo(**info_data), data.get("details"))
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
