@@ -65,7 +65,7 @@ from typing import Any
 
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
-from goodput.validation import check_float, check_int, check_str
+from goodput.validation import check_float, check_int, check_job_name, normalize_gpu_type
 
 __all__ = ["GoodputReporter", "default_buffer_dir"]
 
@@ -147,8 +147,12 @@ class GoodputReporter:
                  transport: Any = None) -> None:
         from goodput.client import Client
 
-        self.job = check_str("job", job)
+        self.job = check_job_name(job)
         self.init_batch_size = None if init_batch_size is None else check_int("init_batch_size", init_batch_size, minimum=1)
+        if init_batch_size is not None:  # the settings as the service's model will check them, checked here and now
+            from goodput import JobModel
+
+            JobModel(self.job, self.init_batch_size, max_batch_size, local_bsz_bounds, bayesian=False)
         self._settings = None if init_batch_size is None else {
             "init_batch_size": self.init_batch_size, "max_batch_size": max_batch_size, "local_bsz_bounds": local_bsz_bounds,
             "model_size": None if model_size is None else check_float("model_size", model_size, positive=True)}
@@ -156,7 +160,7 @@ class GoodputReporter:
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
         self.device = _default_device() if device is None else device
         self.cuda = str(self.device).startswith("cuda")
-        self.gpu_type = _device_type(self.device) if gpu_type is None else gpu_type
+        self.gpu_type = _device_type(self.device) if gpu_type is None else normalize_gpu_type(gpu_type)
         self.rank = _rank() if rank is None else check_int("rank", rank, minimum=0)
         self.active = self.rank == check_int("report_rank", report_rank, minimum=0)
         replicas, nodes = _world()
@@ -368,22 +372,28 @@ class GoodputReporter:
 
     # ------------------------------------------------------------------ the buffer and the service
     def _read_buffer(self) -> list[dict[str, Any]]:
-        """Records a previous run left unsent (a torn last line, from a crash mid-write, is skipped)."""
+        """Records a previous run left unsent. A torn last line, from a crash mid-write, is skipped and cut
+        from the file (appended to, the next record would be joined to it and lost with it)."""
         try:
-            lines = self.buffer_path.read_text(encoding="utf-8").splitlines()
+            text = self.buffer_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             self._fault("buffer", exc)
             return []
         records = []
-        for line in lines:
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(record, dict) and record.get("id"):
                 records.append(record)
+        if text and not text.endswith("\n"):
+            try:
+                atomic_write_text(self.buffer_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+            except OSError as exc:
+                self._fault("buffer", exc)
         return records
 
     def _append_buffer(self, records: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 
+from goodput.errors import ValidationError
 from service import create_app
 from service.server import BackgroundServer
 from profilers.reporter import GoodputReporter
@@ -93,6 +94,35 @@ def test_the_training_loop_never_sees_the_reporters_faults(tmp_path, caplog):
     _train(reporter, 6, 8)
     reporter.close()
     assert reporter.faults["aggregate"] >= 1
+
+
+def test_a_torn_buffer_line_is_cut_so_the_next_records_survive(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every run buffers
+    first = GoodputReporter("mlp-torn", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=0.3)
+    _train(first, 10, 8)
+    assert first.close() == 1
+    buffer = tmp_path / "mlp-torn.rank0.jsonl"
+    buffer.write_text(buffer.read_text() + '{"accum_steps":0,"gpu_ty')  # a crash in the middle of an append
+    second = GoodputReporter("mlp-torn", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=0.3)
+    _train(second, 10, 16)
+    assert second.close() == 2
+    records = [json.loads(line) for line in buffer.read_text().splitlines()]  # every line whole
+    assert sorted(r["local_bsz"] for r in records) == [8, 16]
+
+
+def test_settings_the_service_would_refuse_are_refused_at_once(tmp_path):
+    url = "http://127.0.0.1:9"
+    for kwargs, field in (({"gpu_type": "A100 80GB"}, "gpu_type"), ({"init_batch_size": 64, "max_batch_size": 32}, "max_batch_size"),
+                          ({"init_batch_size": 8, "local_bsz_bounds": (9, 3)}, "local_bsz_bounds")):
+        with pytest.raises(ValidationError) as caught:
+            GoodputReporter("mlp-args", url, buffer_dir=tmp_path, **kwargs)
+        assert caught.value.field == field, caught.value
+    with pytest.raises(ValidationError) as caught:
+        GoodputReporter("bert#2", url, buffer_dir=tmp_path)
+    assert caught.value.field == "job"
+    reporter = GoodputReporter("mlp-args", url, gpu_type="A100", buffer_dir=tmp_path, flush_interval=60, timeout=0.3)
+    assert reporter.gpu_type == "a100"
+    assert reporter.close() == 0
 
 
 @pytest.mark.cuda
