@@ -104,7 +104,16 @@ class DeviceType:
     @property
     def count(self) -> int:
         """Devices of this type (replicas possible on this machine)."""
-        return len(self.devices) if self.is_cuda else (os.cpu_count() or 1)
+        return len(self.devices) if self.is_cuda else usable_cpus()
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on: its affinity (Slurm's --cpus-per-task, a container's cpuset,
+    taskset), not every core of the host; ``os.cpu_count()`` where the platform has no affinity."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def cuda_device_types() -> list[DeviceType]:

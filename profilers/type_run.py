@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any, NamedTuple
 
 from goodput.observations import Observation, ProfileWriter
 
-from .devices import DeviceType
+from .devices import DeviceType, usable_cpus
 from .errors import ModelFailureError
 from .memory import CpuStepMemory, cuda_peak, is_out_of_memory, release_cuda_memory, reset_cuda_peak
 from .noise import GradientStats, gradient_noise
@@ -225,7 +224,7 @@ class TypeRun:
         if dtype.is_cuda:
             self.threads = None
         else:
-            self.threads = cpu_threads or max(1, (os.cpu_count() or 1) // max([1, *replicas]))
+            self.threads = cpu_threads or max(1, usable_cpus() // max([1, *replicas]))
         self.report = TypeReport(self.gpu, list(dtype.devices), list(dtype.names), list(grid), threads=self.threads,
                                  resumed=len(existing))
         self.stats: GradientStats | None = None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,8 @@ from profilers import timing
 from profilers.timing import StepClock, summarize, time_steps
 from profilers.type_run import _sync_sizes
 from tests.profiler_jobs import tiny_mlp, wide_mlp
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -85,6 +91,15 @@ def test_resolve_devices_on_this_host():
             resolve_devices("cuda")
     with pytest.raises(ValidationError, match="devices"):
         resolve_devices(["tpu"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_the_cpu_type_counts_the_cores_this_process_may_use():
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from profilers.devices import cpu_device_type; print(cpu_device_type().count)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "1"  # one core allowed (taskset, a cpuset), whatever the host has
+    assert cpu_device_type().count == len(os.sched_getaffinity(0))
 
 
 # ---------------------------------------------------------------------------- timing
