@@ -143,7 +143,8 @@ def _worker(
         initial = {name: value.detach() for name, value in model.state_dict().items()}
         model = model.to(device) if device.type == "cuda" else copy.deepcopy(model)
         model.train()
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      find_unused_parameters=bool(settings["find_unused_parameters"]))
         _run_sizes(rank, ddp, optimizer_factory, initial, loss_fn, make_batch, device, sizes, settings, results, dist)
         dist.barrier()
         dist.destroy_process_group()
@@ -331,6 +332,7 @@ def profile_sync(
     on_result: Callable[[SyncResult], None] | None = None,
     estimates: dict[int, float] | None = None,
     grace_s: float = 20.0,
+    find_unused_parameters: bool = False,
 ) -> SyncOutcome:
     """Measure synchronised steps of ``num_replicas`` DDP processes at each local batch size.
 
@@ -351,6 +353,8 @@ def profile_sync(
             size whose warm-up and minimum steps would end past ``deadline`` is
             not started (the run stops there, ``"time_budget"``).
         grace_s: processes still running this long past ``deadline`` are killed.
+        find_unused_parameters: DDP's option of that name, for a model some of whose trainable
+            parameters get no gradient (without it, DDP fails at the second step).
 
     Raises:
         ModelFailureError: a replica failed (names the device type and batch size).
@@ -374,6 +378,7 @@ def profile_sync(
         "target_seconds": float(target_seconds),
         "collective_timeout_s": 120.0,
         "estimates": {int(k): float(v) for k, v in (estimates or {}).items()},
+        "find_unused_parameters": bool(find_unused_parameters),
     }
     outcome = SyncOutcome()
     started = time.perf_counter()

@@ -228,6 +228,7 @@ class TypeRun:
         self.report = TypeReport(self.gpu, list(dtype.devices), list(dtype.names), list(grid), threads=self.threads,
                                  resumed=len(existing))
         self.stats: GradientStats | None = None
+        self.unused_parameters = False  # some trainable parameter gets no gradient (seen at the warm-up step)
         self.measured_points: list[tuple[int, float, int | None]] = []
         self._advanced = 0
 
@@ -282,12 +283,14 @@ class TypeRun:
         it is the noise phase's whole share of a 20 s budget and left the noise 2 rounds of 8), and CUDA
         loads its context, libraries and kernels at their first use. Here they fall in the type's budget
         but before the noise phase's share starts, and in no timed step. A failure is left to the phases
-        after it, which name it.
+        after it, which name it. A trainable parameter the step leaves without a gradient (a spare head)
+        makes the replicas' DDP look for unused parameters, as training such a model under DDP must.
         """
         self.bar.update(self.task, description="warm-up step")
         with contextlib.suppress(Exception):
             model, optimizer = self._fresh()
             self.loss_fn(model, self.make_batch(min(self.grid), self.device)).backward()
+            self.unused_parameters = any(p.requires_grad and p.grad is None for p in model.parameters())
             optimizer.step()
             del model, optimizer
         if self.dtype.is_cuda:
@@ -490,7 +493,7 @@ class TypeRun:
                 pieces, self.dtype.devices, r, todo, gpu_type=self.gpu, deadline=deadline, threads=self.threads or 1,
                 warmup=self.settings["warmup"], min_steps=self.settings["min_steps"], max_steps=self.settings["max_steps"],
                 target_seconds=target, on_result=on_result,
-                estimates={b: t for b, t, _ in self.measured_points},
+                estimates={b: t for b, t, _ in self.measured_points}, find_unused_parameters=self.unused_parameters,
             )
             entry.update(stopped=outcome.stopped, measured=[x.local_bsz for x in outcome.results],
                          seconds=round(outcome.seconds, 3),

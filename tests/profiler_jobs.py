@@ -110,6 +110,19 @@ class BufferedClassifier(nn.Module):
         return self.net(self.norm(x))
 
 
+class SpareHead(nn.Module):
+    """The tiny MLP's shape with a second head its forward never uses: a trainable parameter without a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 32)
+        self.head = nn.Linear(32, 4)
+        self.spare = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
 def vector_loss(model: nn.Module, batch) -> torch.Tensor:
     """A broken loss function: per-sample losses, not their mean."""
     x, y = batch

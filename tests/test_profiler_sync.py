@@ -11,7 +11,7 @@ from goodput import Cluster, JobModel
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job
 from profilers.sync import profile_sync
-from tests.profiler_jobs import BufferedClassifier, NanAfterTraining, NanFromBatch, tiny_mlp
+from tests.profiler_jobs import BufferedClassifier, NanAfterTraining, NanFromBatch, SpareHead, tiny_mlp
 
 
 def test_two_gloo_replicas_record_sync_time(tmp_path):
@@ -44,6 +44,16 @@ def test_two_gloo_replicas_record_sync_time(tmp_path):
     assert again.observations == profile.observations
     added = out.read_text()[size:].splitlines()
     assert len(added) == 1 and '"record":"meta"' in added[0]  # this run's settings, no observation
+
+
+def test_a_model_with_a_parameter_without_gradient_is_synchronised(tmp_path):
+    """DDP must look for unused parameters then (a spare head), or its second step fails."""
+    work = tiny_mlp(init_batch_size=16)
+    args = {**work.profile_args(), "model": SpareHead()}
+    profile = profile_job(**args, batch_sizes=[4, 16], replicas=[2], cpu_threads=1, sync_sizes=1, time_budget_s=20,
+                          out=tmp_path / "spare.jsonl", progress=False, min_steps=3, max_steps=5)
+    multi = [o for o in profile.observations if o.num_replicas == 2]
+    assert len(multi) == 1 and 0 < multi[0].sync_time <= multi[0].step_time
 
 
 def test_a_replica_failure_names_device_batch_and_replicas():
