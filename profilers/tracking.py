@@ -71,7 +71,9 @@ def log_profile(
     budget. Metrics: throughput (samples/s) and step time (s) per observation,
     sync time where measured, seconds spent per type. Artifacts: the JSON Lines
     file (``path``, or the profile saved to one) and ``throughput.png``.
-    Inside an active MLflow run (and ``nested=False``) it logs into that run.
+    Inside an active MLflow run (and ``nested=False``) it logs into that run, unless the run holds a
+    profile already (say, ``profile_job`` called twice under it): MLflow's parameters cannot change,
+    so the second goes into a run nested in it.
     """
     import mlflow
 
@@ -79,6 +81,8 @@ def log_profile(
 
     settings = profile.metadata.get("profiler", {})
     active = mlflow.active_run()
+    if active is not None and not nested and "job" in mlflow.get_run(active.info.run_id).data.params:
+        nested = True  # a profile logged there already
     if active is not None and not nested:
         opened: Any = contextlib.nullcontext(active)  # log into the caller's run
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from goodput import Profile
+from goodput import Profile, tracking
 from cli import main
 from profilers import log_profile, profile_job
 from profilers.tracking import metric_key
@@ -43,6 +43,20 @@ def test_log_profile_without_a_file_saves_one(tmp_path):
     assert Profile.load(local).observations == profile.observations
     png = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="throughput.png", dst_path=str(tmp_path))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profiles_logged_under_one_active_run_go_to_it_then_to_nested_runs(tmp_path):
+    first = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4], replicas=[], cpu_threads=1, time_budget_s=5,
+                        progress=False)
+    second = profile_job(**tiny_mlp(init_batch_size=8).profile_args(), batch_sizes=[8], replicas=[], cpu_threads=1,
+                         time_budget_s=5, progress=False)
+    with tracking.start_run("profiles-active") as outer:  # the caller's own run, on the test's store
+        assert log_profile(first, tmp_path / "a.jsonl") == outer.info.run_id  # the caller's run
+        inner = log_profile(second, tmp_path / "b.jsonl")  # its params are set: a nested run of its own
+    assert inner != outer.info.run_id
+    run = mlflow.get_run(inner)
+    assert run.data.tags["mlflow.parentRunId"] == outer.info.run_id and run.data.params["init_batch_size"] == "8"
+    assert mlflow.get_run(outer.info.run_id).data.params["init_batch_size"] == "16"
 
 
 def test_cli_profile_zoo_and_factory(tmp_path, capsys):
