@@ -358,6 +358,9 @@ def profile_job(
                 )
                 run.report.signature = signature
                 report = run.run()
+                earlier = previous.metadata.get(f"profiler.{dtype.gpu_type}")
+                if report.grad is None and isinstance(earlier, dict) and earlier.get("grad"):
+                    report.grad = earlier["grad"]  # resumed: the noise measured before still stands
                 reports[dtype.gpu_type] = report
                 limit = _max_local_bsz(previous.max_local_bsz.get(dtype.gpu_type), report)
                 sink.meta(

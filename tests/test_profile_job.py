@@ -92,6 +92,17 @@ def test_a_tighter_memory_cap_on_a_rerun_also_stops_at_sizes_already_measured(tm
     assert rerun.max_local_bsz == {"cpu": 16} and JobModel.from_profile(rerun).limits("cpu").max_local_bsz == 16
 
 
+def test_a_resumed_type_keeps_the_noise_measured_before(tmp_path):
+    out = tmp_path / "resume.jsonl"
+    first = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4, 16], time_budget_s=10, out=out, **QUICK)
+    grad = first.metadata["profiler.cpu"]["grad"]
+    assert grad["rounds"] >= 2 and grad["noise_scale"] > 0
+    again = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4, 8, 16], time_budget_s=10, out=out, **QUICK)
+    report = again.metadata["profiler.cpu"]
+    assert 8 in report["measured"] and report["resumed"] == len(first.observations)  # it did resume, and measure
+    assert report["grad"] == grad and Profile.load(out).metadata["profiler.cpu"]["grad"] == grad
+
+
 def test_running_out_of_host_memory_ends_the_sweep_like_a_cuda_oom(tmp_path):
     work = tiny_mlp()
     profile = profile_job(HostOomFromBatch(threshold=64), work.optimizer_factory, work.loss_fn, work.make_batch, job="oom",
