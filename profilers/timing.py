@@ -107,7 +107,8 @@ def time_steps(
         device: ``"cpu"`` or a CUDA device (``"cuda:0"``): picks the clock.
         warmup: steps run first and discarded (allocator, cuDNN autotuning, caches).
         min_steps, max_steps: bounds on the timed steps.
-        target_seconds: how long the timed steps should take in total.
+        target_seconds: how long the timed steps should take in total (planned from the last
+            warm-up step; without one, steps stop once that much time has passed).
         deadline: a ``time.perf_counter()`` value; no timed step starts after
             it once ``min_steps`` are done.
 
@@ -142,6 +143,9 @@ def time_steps(
     # The last warm-up step is the best guess of a step's cost (the first pays for allocation).
     estimate = warm_seconds[-1] if warm_seconds else 0.0
     planned = max_steps if estimate <= 0 else int(min(max_steps, max(min_steps, math.ceil(target_seconds / estimate))))
+    if estimate <= 0:  # no warm-up step to plan from: the timed steps stop once target_seconds have passed
+        until = _clock() + target_seconds
+        deadline = until if deadline is None else min(deadline, until)
 
     if cuda:
         return summarize(_chained_cuda_steps(step, device, planned, min_steps, deadline, outputs), warmup), outputs

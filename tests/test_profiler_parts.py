@@ -148,6 +148,8 @@ def test_time_steps_adapts_to_target_and_deadline(monkeypatch):
     assert result.steps == 10  # steps start until the deadline passes (the warm-up used one tick of it)
     result, _ = time_steps(step, "cpu", warmup=1, min_steps=3, max_steps=1000, target_seconds=10, deadline=clock.now - 1)
     assert result.steps == 3  # past the deadline: the minimum only
+    result, _ = time_steps(step, "cpu", warmup=0, min_steps=2, max_steps=1000, target_seconds=50.5 * tick)
+    assert result.steps == 51  # no warm-up step to plan from: steps start until the target's time has passed
 
 
 def test_time_steps_on_the_real_clock():
