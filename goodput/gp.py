@@ -61,7 +61,7 @@ import math
 import numbers
 import warnings
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -736,8 +736,11 @@ def fit_hyperparameters(
     extra_noise: np.ndarray | None = None,
     max_iter: int = 60,
     hyper_prior: HyperPrior | None = None,
+    restarts: Sequence[tuple[GPHyperparameters, int]] = (),
 ) -> GPHyperparameters:
-    """Maximise the exact marginal likelihood plus the hyperparameters' log prior by L-BFGS, from ``init``.
+    """Maximise the exact marginal likelihood plus the hyperparameters' log prior by L-BFGS, from ``init``
+    (at most ``max_iter`` iterations) and from each further ``(start, max_iter)`` of ``restarts``; the best
+    optimum wins.
 
     The objective is gpytorch's ``ExactMarginalLogLikelihood`` of the Hadamard model
     (:func:`_torch_model`) with its priors, in gpytorch's raw coordinates, with its analytic gradient
@@ -747,7 +750,7 @@ def fit_hyperparameters(
     marginal likelihood alone overfits (short length scales, noise at the floor, overconfident
     intervals), with many the data decide. Without one: a Gamma(2, ½) prior on the length scales and a
     weak one on the noise. L-BFGS-B (scipy; Byrd et al., 1995) walks the raw coordinates, at most
-    ``max_iter`` iterations. Returns ``init`` unchanged when the optimisation fails numerically.
+    ``max_iter`` iterations. Returns ``init`` unchanged when the optimisation fails numerically from every start.
     """
     y = np.asarray(y, dtype=float).ravel()
     x = np.asarray(x, dtype=float).reshape(y.size, -1)
@@ -755,17 +758,19 @@ def fit_hyperparameters(
     s = np.asarray(s, dtype=float).reshape(y.size, -1)
     data = _FitData((x[:, None, :] - x[None, :, :]) ** 2, np.eye(init.num_tasks)[t], s @ s.T,
                     np.zeros(y.size) if extra_noise is None else np.asarray(extra_noise, dtype=float).ravel(), y, np.unique(t))
-    try:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            found = scipy.optimize.minimize(_negative_log_posterior, _raw_from_hyper(init), args=(data, hyper_prior), jac=True,
-                                            method="L-BFGS-B", options={"maxiter": max_iter})
-        result, _ = _hyper_from_raw(found.x, x.shape[1], init.task_names)
-    except Exception:  # noqa: BLE001 - any numerical failure keeps the previous hyperparameters
-        return init
-    values = np.concatenate([result.lengthscale, result.task_factor, result.task_var, [result.noise]])
-    if not np.all(np.isfinite(values)):
-        return init
-    return result
+    best, best_value = init, math.inf
+    for start, iterations in ((init, max_iter), *restarts):
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                found = scipy.optimize.minimize(_negative_log_posterior, _raw_from_hyper(start), args=(data, hyper_prior),
+                                                jac=True, method="L-BFGS-B", options={"maxiter": iterations})
+            result, _ = _hyper_from_raw(found.x, x.shape[1], init.task_names)
+        except Exception:  # noqa: BLE001 - a numerical failure from this start: the others may do
+            continue
+        values = np.concatenate([result.lengthscale, result.task_factor, result.task_var, [result.noise]])
+        if np.all(np.isfinite(values)) and np.isfinite(found.fun) and found.fun < best_value:
+            best, best_value = result, float(found.fun)
+    return best
 
 
 def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_points: int = 128, max_iter: int = 60,

@@ -425,6 +425,7 @@ def build_posterior(
                                 previous.noise_std if same else residual_std, previous.u_hat if same else None,
                                 residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
+    started_elsewhere = start is not None  # not from the prior's medians
     start = (start or hyper_prior.initial(len(types))).for_types(types)
     state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof)
     design, y = state.rows_of(_window(observations, max_points))
@@ -443,9 +444,14 @@ def build_posterior(
             idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
         warm = previous is not None and previous.hyper.num_tasks == len(types)
         at_map = y[idx] + design.log_mean[idx] - design.log_map[idx]
+        # A warm start alone would keep a refit near the optimum of the fewer points an earlier fit saw (the
+        # model would depend on when it was asked, and a rebuilt one differ from the one updated online):
+        # the cold start from the prior's medians runs too, and the better optimum wins.
+        cold = hyper_prior.initial(len(types)).for_types(types)
         state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map, start,
                                           max_iter=WARM_REFIT_ITERATIONS if warm else COLD_FIT_ITERATIONS,
-                                          hyper_prior=hyper_prior)
+                                          hyper_prior=hyper_prior,
+                                          restarts=[(cold, COLD_FIT_ITERATIONS)] if started_elsewhere else [])
     try:
         state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y)
     except GPNumericalError as exc:

@@ -418,9 +418,9 @@ def fit_throughput(
             (see the module docstring).
         gamma: hold γ at this value instead of fitting it (sync costs of
             fits that share γ are comparable across jobs and GPU types).
-        initial: a previous fit of (most of) the same data: L-BFGS-B starts
-            from it and from the data-driven guess instead of from three
-            overlaps γ (an online refit after a few new observations).
+        initial: a previous fit of (most of) the same data: L-BFGS-B also
+            starts from it (an online refit after a few new observations);
+            the best optimum of all starts wins.
         sync_shape: the cluster's factor on inter-node sync per
             configuration (:class:`goodput.sync_shape.SyncShape`, learned
             from other jobs): α_n, β_n are then the sync before that factor.
@@ -577,18 +577,22 @@ def _to_internal(theta: np.ndarray) -> np.ndarray:
 
 
 def _minimize(problem: _Problem, z0: np.ndarray, warm: np.ndarray | None = None) -> np.ndarray:
-    """L-BFGS-B from a few starting overlaps γ (or from a warm start and the data-driven guess); keep the best."""
+    """L-BFGS-B from the data-driven guess at a few overlaps γ, and from a warm start when given; keep the best
+    (the cold starts always run: a warm start alone kept a refit in the optimum of the fewer points fitted
+    first, so the fit depended on when it had been asked for)."""
     free = problem.free
     is_log = free != _G
     lower = np.where(is_log, math.log(_TINY), 1.0)
     upper = np.where(is_log, math.log(_HUGE), _GAMMA_MAX)
     bounds = list(zip(lower, upper))
-    starts = [z0] if warm is None else [warm, z0]
-    if _G in free and warm is None:
+    starts = [z0]
+    if _G in free:
         for gamma in (1.05, 4.0):
             alt = z0.copy()
             alt[_G] = gamma
             starts.append(alt)
+    if warm is not None:
+        starts.append(warm)
     best_u, best_loss = None, math.inf
     for start in starts:
         u0 = start[free].copy()
