@@ -233,6 +233,8 @@ def test_granularity():
     result = allocate(tables, cluster, jobs={"a": JobSpec(granularity=4)})
     assert result["a"] is None or result["a"].num_gpus % 4 == 0
     assert result.info.objective >= free.info.objective  # a constraint never helps a minimisation
+    with pytest.raises(UnknownGPUTypeError, match=r"jobs\[a\]\.granularity"):  # a typo: not silently 1 per replica
+        allocate(tables, cluster, jobs={"a": JobSpec(granularity={"t-4": 4})})
 
 
 @pytest.mark.parametrize("policy", ["sia", "unaware", "gavel", "fifo"])
@@ -439,10 +441,14 @@ def test_current_round_trip_and_unchanged_jobs_keep_gpus(tmp_path):
     assert "sia" in repr(second)
     check_invariants(second, tables, cluster)
     data = first.to_dict()
-    for info, field in (({**data["info"], "colour": 1}, "info.colour"), ({"policy": "sia"}, "info.solver"), ([1], "info")):
+    for info, field in (({**data["info"], "colour": 1}, "info.colour"), ({"policy": "sia"}, "info.solver"), ([1], "info"),
+                        ({**data["info"], "prices": [1.0]}, "info.prices"), ({**data["info"], "prices": {"t4": None}}, "info.prices[t4]"),
+                        ({**data["info"], "notes": 5}, "info.notes")):
         with pytest.raises(ValidationError) as caught:
             Allocation.from_dict({**data, "info": info})
         assert caught.value.field == field
+    with pytest.raises(ValidationError, match="unallocated"):
+        Allocation.from_dict({**data, "unallocated": [1]})
 
 
 def test_current_entries_of_finished_jobs_are_ignored():

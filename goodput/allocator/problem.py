@@ -234,6 +234,10 @@ def prepare(
                 if t not in type_index:
                     raise UnknownGPUTypeError(t, gpu_types, field=f"jobs[{names[i]}].gpu_types")
             allowed_types[i] = [t in spec.gpu_types for t in gpu_types]
+        if not isinstance(spec.granularity, int):  # as with gpu_types: a name the cluster lacks is a typo's
+            for t in spec.granularity:
+                if t not in type_index:
+                    raise UnknownGPUTypeError(t, gpu_types, field=f"jobs[{names[i]}].granularity")
 
     if current is not None and not isinstance(current, Mapping):
         raise ValidationError("current", type(current).__name__, "expected {job: JobAllocation or None}")

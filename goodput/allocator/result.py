@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import DataFormatError, ValidationError
 from ..io import atomic_write_text
-from ..validation import check_int, check_str, normalize_gpu_type
+from ..validation import check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobAllocation", "SolverInfo", "Allocation"]
 
@@ -254,8 +254,17 @@ class Allocation(Mapping):
         if set(info) - known or {"policy", "solver", "status"} - set(info):
             odd = sorted(set(info) - known) or sorted({"policy", "solver", "status"} - set(info))
             raise ValidationError(f"info.{odd[0]}", info.get(odd[0]), f"unknown or missing (fields: {sorted(known)})")
-        info_data = {**info, "notes": tuple(info.get("notes", ()))}
-        return cls(allocations, data.get("unallocated", {}), SolverInfo(**info_data), data.get("details"))
+        notes, prices, unallocated = info.get("notes", ()), info.get("prices"), data.get("unallocated", {})
+        if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
+            raise ValidationError("info.notes", notes, "expected a list of strings")
+        if prices is not None:
+            if not isinstance(prices, Mapping):
+                raise ValidationError("info.prices", prices, "expected {gpu_type: price per GPU}")
+            prices = {check_str("info.prices", t): check_float(f"info.prices[{t}]", v) for t, v in prices.items()}
+        if not isinstance(unallocated, Mapping):
+            raise ValidationError("unallocated", unallocated, "expected {job: reason}")
+        info_data = {**info, "notes": tuple(notes), "prices": prices}
+        return cls(allocations, unallocated, SolverInfo(**info_data), data.get("details"))
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (the ``--current`` input of ``goodput allocate``)."""
