@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goodput import Cluster, ValidationError, allocate
+from goodput import Cluster, GoodputTable, ValidationError, allocate
 from goodput.allocator import POLICIES, JobAllocation, JobSpec
 from goodput.allocator.placement import place
 from tests.allocator_cases import check_invariants, random_tables
@@ -54,6 +54,29 @@ def test_fragmentation_evicts_the_smallest_single_node_jobs_and_retries():
     result = place(cluster, {**{k: ("t4", 1, 1) for k in current}, "x": ("t4", 1, 4)}, current)
     assert not result.failed and result.placements["x"] in ({"t4-0": 4}, {"t4-1": 4})
     assert max(_per_node(result).values()) == 4
+
+
+def test_a_running_job_is_moved_for_a_newcomer_only_where_it_fits_elsewhere():
+    cluster = Cluster.parse("t4:2x4")
+    # a runs 2 GPUs on t4-0; c and d want 3 each: evicting a would give d its node and leave a nowhere
+    current = {"a": JobAllocation("t4", 1, 2, {"t4-0": 2})}
+    result = place(cluster, {"a": ("t4", 1, 2), "c": ("t4", 1, 3), "d": ("t4", 1, 3)}, current)
+    assert result.placements["a"] == {"t4-0": 2} and not result.moved
+    assert set(result.failed) == {"d"} and max(_per_node(result).values()) <= 4
+    fifo = allocate({job: _rows(job, {("t4", 1, g): 1.0}) for job, g in (("a", 2), ("c", 3), ("d", 3))}, cluster,
+                    current=current, policy="fifo", jobs={"a": JobSpec(arrival=0), "c": JobSpec(arrival=1), "d": JobSpec(arrival=2)})
+    assert fifo["a"] == current["a"]  # FIFO does not preempt a running job
+    # a whole-node job that cannot get its nodes moves nobody
+    cluster = Cluster.parse("t4:4x4")
+    current = {"p": JobAllocation("t4", 1, 1, {"t4-0": 1}), "q": JobAllocation("t4", 1, 1, {"t4-1": 1}),
+               "a": JobAllocation("t4", 1, 1, {"t4-2": 1})}
+    result = place(cluster, {"p": ("t4", 1, 1), "q": ("t4", 1, 1), "a": ("t4", 1, 1), "w": ("t4", 3, 12)}, current,
+                   pinned={"p", "q"})
+    assert set(result.failed) == {"w"} and not result.moved and result.placements["a"] == {"t4-2": 1}
+
+
+def _rows(job: str, goodput: dict) -> GoodputTable:
+    return GoodputTable(job, [{"gpu_type": t, "num_nodes": n, "num_gpus": g, "goodput": v} for (t, n, g), v in goodput.items()])
 
 
 def test_unplaceable_jobs_fail_rather_than_split():

@@ -187,22 +187,32 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
     queue = [(-gpus, job) for job, _nodes, gpus in sub]
     heapq.heapify(queue)
 
-    def requeue(job: str) -> None:
-        release(job)
-        evictable.discard(job)
-        result.moved.add(job)
-        heapq.heappush(queue, (-size[job], job))
+    def rehome(victims: list[str], trial: list[int]) -> bool:
+        """Move ``victims`` (kept sub-node jobs) to nodes of their own, given the free GPUs ``trial`` once the
+        job they make room for is placed; False (nothing moved) where they would not all fit: a running
+        job is not evicted for a newcomer only to lose its GPUs."""
+        homes = _best_fit_all([size[v] for v in victims], trial)
+        if homes is None:
+            return False
+        for victim in victims:
+            release(victim)
+        for victim, home in zip(victims, homes):
+            occupy(victim, {home: size[victim]})
+            evictable.discard(victim)  # moved once this round
+            result.moved.add(victim)
+        return True
 
-    # 2. whole-node allocations take whole free nodes, from the last node down
+    # 2. whole-node allocations take whole free nodes, from the last node down; kept sub-node jobs move off
+    #    the nodes needed (the fullest first) where they fit elsewhere, and only if enough nodes come free
     for job, nodes, _gpus in sorted(whole, key=lambda item: (-item[2], item[0])):
-        while nodes_free.n_empty < nodes:
-            candidates = [n for n in range(count) if free[n] < gpn and occupants[n]
-                          and all(o in evictable for o in occupants[n])]
-            if not candidates:
-                break
-            node = max(candidates, key=lambda n: (free[n], n))
-            for other in sorted(occupants[node]):
-                requeue(other)
+        need = nodes - nodes_free.n_empty
+        if need > 0:
+            candidates = sorted((n for n in range(count) if free[n] < gpn and occupants[n]
+                                 and all(o in evictable for o in occupants[n])), key=lambda n: (free[n], n), reverse=True)
+            if len(candidates) >= need:
+                emptied = set(candidates[:need]) | {n for n in range(count) if free[n] == gpn}
+                victims = sorted((o for n in candidates[:need] for o in occupants[n]), key=lambda o: (-size[o], o))
+                rehome(victims, [0 if n in emptied else free[n] for n in range(count)])
         if nodes_free.n_empty < nodes:
             result.failed[job] = f"fragmentation: {nodes} whole {pool.gpu_type} nodes are not free"
             continue
@@ -232,11 +242,17 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
                     if best is None or deficit < best[0]:
                         best = (deficit, n, smaller)
             if best is not None:
-                _, node, smaller = best
-                for _g, other in smaller:
-                    if free[node] >= gpus:
+                _, target, smaller = best
+                victims, room = [], free[target]
+                for g, other in smaller:
+                    if room >= gpus:
                         break
-                    requeue(other)
+                    victims.append(other)
+                    room += g
+                trial = list(free)
+                trial[target] = room - gpus
+                if rehome(sorted(victims, key=lambda o: (-size[o], o)), trial):
+                    node = nodes_free.best_fit(gpus)
         if node is None:
             result.failed[job] = f"fragmentation: no {pool.gpu_type} node has {gpus} free GPUs"
             continue
@@ -244,6 +260,21 @@ def _place_pool(pool: NodePool, jobs: list[tuple[str, int, int]], current: Mappi
         if job in kept:
             evictable.add(job)
     result.moved -= {job for job in result.moved if job not in result.placements}
+
+
+def _best_fit_all(sizes: list[int], free: list[int]) -> list[int] | None:
+    """A node for each of ``sizes`` (largest first, each on the node with the fewest free GPUs that holds it,
+    the lowest index on ties), or ``None`` if they do not all fit in ``free``."""
+    left = list(free)
+    homes: list[int] = []
+    for gpus in sizes:
+        fitting = [n for n in range(len(left)) if left[n] >= gpus]
+        if not fitting:
+            return None
+        node = min(fitting, key=lambda n: (left[n], n))
+        left[node] -= gpus
+        homes.append(node)
+    return homes
 
 
 def _spread(free: list[int], nodes: int, gpus: int) -> dict[int, int] | None:
