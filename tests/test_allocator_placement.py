@@ -103,6 +103,10 @@ def test_sia_resolves_when_a_placement_fails():
     check_invariants(result, tables, cluster)
     assert len(result.allocated) == 3
     assert result.info.attempts == 2 and "placement failed" in result.info.notes[0]
+    # the retries share the time limit: with none left after the first solve, no second one
+    hurried = allocate(tables, cluster, lam=3.0, time_limit=1e-6)
+    assert hurried.info.attempts == 1 and "no time left" in hurried.info.notes[0]
+    check_invariants(hurried, tables, cluster)
 
 
 # ---------------------------------------------------------------------------- properties

@@ -397,6 +397,9 @@ def test_other_bad_inputs():
         allocate({"a": tab}, "t4:1x4")
     with pytest.raises(ValidationError, match="p=0"):
         allocate({"a": tab}, cluster, p=0)
+    steep = table("s", {("t4", 1, 1): 1.0, ("t4", 1, 4): 1e4})
+    with pytest.raises(ValidationError, match="p=80.*overflow"):  # (1e4)^80: every cost inf, pruning meaningless
+        allocate({"s": steep}, cluster, p=80)
     with pytest.raises(ValidationError, match="colour"):
         allocate({"a": tab}, cluster, colour=1)
     with pytest.raises(ValidationError, match="policy"):

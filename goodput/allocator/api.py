@@ -58,7 +58,8 @@ def allocate(
             preemptible, age 0);
             ``lam``: λ, the penalty per unallocated job (1.1);
             ``solver``: ``"auto"``, ``"milp"`` or ``"lagrangian"``;
-            ``time_limit`` (s, MILP), ``mip_rel_gap`` (1e-6), ``presolve``
+            ``time_limit`` (s, the solver's over a call, its placement retries
+            included), ``mip_rel_gap`` (1e-6), ``presolve``
             (False), ``exact_limit`` (binaries up to which ``"auto"`` falls
             back to the MILP when the fast path's certified gap exceeds
             ``mip_rel_gap``; 20,000), ``placement_retries`` (2);

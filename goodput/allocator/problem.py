@@ -384,8 +384,10 @@ def _why(prep: Prepared, i: int, stages: tuple[np.ndarray, ...]) -> str:
 def sia_costs(norm: np.ndarray, factor: np.ndarray, p: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """Utility ``U = (factor·norm)^p`` and the cost to minimise (see the module docstring)."""
     effective = norm * factor
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         utility = np.where(effective > 0, np.power(np.where(effective > 0, effective, 1.0), p), np.inf if p < 0 else 0.0)
+    if not np.all(np.isfinite(utility[effective > 0])):  # the costs and their pruning would be meaningless
+        raise ValidationError("p", p, "the utilities (normalized goodput)^p overflow a float: use a p of smaller magnitude")
     cost = utility - lam if p < 0 else -(utility + lam)
     return utility, cost
 

@@ -241,8 +241,9 @@ def allocate_sia(
     pinned = set(prep.pinned)
     while True:
         attempts += 1
-        solution, more = solve(problem, solver=solver, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
-                               presolve=presolve, exact_limit=exact_limit, start_prices=start)
+        # the placement retries share the time limit: each solve gets what the ones before left
+        solution, more = solve(problem, solver=solver, time_limit=max(time_limit - solve_seconds, 1e-3),
+                               mip_rel_gap=mip_rel_gap, presolve=presolve, exact_limit=exact_limit, start_prices=start)
         notes.extend(more)
         solve_seconds += solution.seconds
         assignments = {job: alloc.configuration for job, alloc in prep.pinned.items()}
@@ -254,6 +255,9 @@ def allocate_sia(
         placed = place(prep.cluster, assignments, prep.current, pinned)
         retry = [option_of[job] for job in placed.failed if job in option_of]
         if not retry or attempts > placement_retries:
+            break
+        if solve_seconds >= time_limit:
+            notes.append(f"placement failed for {sorted(placed.failed)}; no time left to solve again")
             break
         notes.append(f"placement failed for {sorted(placed.failed)}; excluded those configurations and solved again")
         problem = problem.without(np.array(retry, dtype=np.int64))
