@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from goodput.client import ServiceError
 from goodput.errors import ValidationError
 from profilers.rayutil import RayNotInstalledError
 
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_out(args)
         return int(args.func(args) or 0)
-    except (ValidationError, OSError, RayNotInstalledError) as exc:
+    except (ValidationError, OSError, RayNotInstalledError, ServiceError) as exc:  # ServiceError: a service's refusal
         print(f"goodput {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -134,17 +134,18 @@ def run(args: argparse.Namespace) -> int:
     options = dict(batch_sizes=args.batch_sizes, time_budget_s=args.time_budget, replicas=replicas, out=out,
                    progress=not args.no_progress, memory_cap_bytes=args.memory_cap, mlflow=args.mlflow,
                    cpu_threads=args.cpu_threads)
-    if args.server is not None:
-        from goodput.client import Client
-
-        Client(args.server, args.token).close()  # a bad URL or token is refused before the profiling
     if not use_ray:
-        profile = profile_job(**kwargs, devices=args.devices, **options)
         if args.server is not None:
             from goodput.client import Client
+            from profilers.profile import trainable_parameters
 
+            # registered first: an unreachable server or a refused token stops the run before the profiling
             with Client(args.server, args.token) as client:
-                client.put_job(kwargs["job"], init_batch_size=kwargs["init_batch_size"], max_batch_size=kwargs.get("max_batch_size"))
+                client.put_job(kwargs["job"], init_batch_size=kwargs["init_batch_size"], max_batch_size=kwargs.get("max_batch_size"),
+                               model_size=trainable_parameters(kwargs["model"]) or None)
+        profile = profile_job(**kwargs, devices=args.devices, **options)
+        if args.server is not None:
+            with Client(args.server, args.token) as client:
                 answer = client.post_observations(kwargs["job"], profile.observations)
             print(f"posted to {args.server}: {answer['accepted']} new of {len(profile.observations)} observations "
                   f"({answer['total']} stored for {kwargs['job']})")

@@ -200,7 +200,8 @@ def profile_cluster(
         console = _console()
 
     if client is not None:
-        on_observations = _posting(client, job, init_batch_size, max_batch_size, previous, on_observations)
+        on_observations = _posting(client, job, init_batch_size, max_batch_size, trainable_parameters(model), previous,
+                                   on_observations)
     with connected(address, "profile_cluster") as ray:
         types = discover_types(gpu_types)
         plans = [(t, _replicas(t, options)) for t in types]
@@ -232,11 +233,12 @@ def profile_cluster(
     return profile
 
 
-def _posting(client: Any, job: str, init_batch_size: int, max_batch_size: int | None, previous: Profile,
+def _posting(client: Any, job: str, init_batch_size: int, max_batch_size: int | None, model_size: int, previous: Profile,
              then: Callable[[str, list[Observation]], None] | None) -> Callable[[str, list[Observation]], None]:
-    """Register ``job`` with the service, post what ``out`` already held, and return the callback that posts each
-    type's observations as they arrive (then calls ``then``)."""
-    client.put_job(job, init_batch_size=init_batch_size, max_batch_size=max_batch_size)
+    """Register ``job`` with the service (with its trainable parameters: a cluster prior's size slopes place its
+    sync), post what ``out`` already held, and return the callback that posts each type's observations as they
+    arrive (then calls ``then``)."""
+    client.put_job(job, init_batch_size=init_batch_size, max_batch_size=max_batch_size, model_size=model_size or None)
     earlier = [o for o in previous.observations if o.job == job]
     if earlier:
         client.post_observations(job, earlier)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from cli import main
-from goodput import GoodputTable
+from goodput import GoodputTable, Profile
 from profilers import zoo
 from tests.service_helpers import live_server, profile, wait_for
 
@@ -57,6 +57,26 @@ def test_table_errors_are_one_line(server, capsys):
     assert "ConnectError" in capsys.readouterr().err
     assert main(["table", "--server", "ftp://x", "--job", "zoo-mlp"]) == 2
     assert "url=" in capsys.readouterr().err
+
+
+def test_profile_server_registers_the_job_with_its_size_first_and_a_refusal_is_one_line(tmp_path, capsys):
+    from service.app import create_app
+    from service.server import BackgroundServer
+    from goodput.client import Client
+
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("tok-0123456789abcdef0123\n")
+    args = ["profile", "--zoo", "mlp", "--batch-sizes", "8", "--replicas", "0", "--time-budget", "3", "--no-progress"]
+    with BackgroundServer(create_app(f"sqlite:///{tmp_path / 'g.db'}", token_file=tokens,
+                                     model_options={"bayesian": False})) as server:
+        out = tmp_path / "refused.jsonl"
+        assert main([*args, "--out", str(out), "--server", server.url, "--token", "wrong-token-0123456789"]) == 2
+        err = capsys.readouterr().err
+        assert "HTTP 401" in err and "Traceback" not in err and not out.exists()  # refused before any profiling
+        out = tmp_path / "mlp.jsonl"
+        assert main([*args, "--out", str(out), "--server", server.url, "--token", "tok-0123456789abcdef0123"]) == 0
+        settings = Client(server.url).job("zoo-mlp")["settings"]
+        assert settings["model_size"] == Profile.load(out).metadata["num_parameters"] > 0  # the size a prior scales by
 
 
 def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):

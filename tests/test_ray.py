@@ -215,6 +215,7 @@ def test_observations_reach_the_goodput_service_as_they_arrive_and_a_rerun_posts
         with Client(server.url) as client:
             record = client.job("tiny")
             assert record["observations"] == len(profile.observations) == 4 and record["settings"]["init_batch_size"] == 16
+            assert record["settings"]["model_size"] == profile.metadata["num_parameters"]  # the size the prior scales by
             assert sorted(set(seen)) == list(TYPES)  # the caller's callback still runs after each post
             # a rerun resends what out holds (the service stores each record once) and measures nothing new
             profile_cluster(work.model, work.optimizer_factory, work.loss_fn, work.make_batch, server=server.url,
