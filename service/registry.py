@@ -55,6 +55,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -288,6 +289,13 @@ class Registry:
         self.store = store
         self.cluster = cluster
         self.export_dir = Path(export_dir) if export_dir is not None else None
+        if self.export_dir is not None:  # a path that is a file, or a folder it may not write, fails now, not per job
+            try:
+                self.export_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ValidationError("export_dir", str(export_dir), f"cannot be made a folder: {exc.strerror}") from None
+            if not os.access(self.export_dir, os.W_OK | os.X_OK):
+                raise ValidationError("export_dir", str(export_dir), "is not a folder this server may write")
         self.metrics = metrics or Metrics()
         self.model_options = dict(model_options or {})
         if "cluster_prior" in self.model_options:

@@ -218,7 +218,13 @@ class Store:
         self._write_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue: list[_Request] = []
-        metadata.create_all(self.engine)
+        try:
+            metadata.create_all(self.engine)
+        except sa.exc.SQLAlchemyError as exc:  # a file that is no database, a folder that is missing, a server down
+            self.engine.dispose()
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise ValidationError("store", self.url.render_as_string(hide_password=True),
+                                  f"cannot be opened: {type(getattr(exc, 'orig', None) or exc).__name__}: {reason}") from None
 
     def __repr__(self) -> str:
         return f"Store({self.url.render_as_string(hide_password=True)!r})"

@@ -89,6 +89,14 @@ def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):
     assert "cannot be read" in capsys.readouterr().err
     assert main(["serve", "--export-dir", str(tmp_path), "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
     assert "needs a cluster" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("not a database " * 100)
+    assert main(["serve", "--port", "0", "--cluster", "cpu:1x2", "--export-dir", str(tmp_path / "a-file"),
+                 "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
+    assert "export_dir" in capsys.readouterr().err
+    for store in (f"sqlite:///{tmp_path}/missing/g.db", f"sqlite:///{tmp_path / 'a-file'}"):  # no folder; no database
+        assert main(["serve", "--port", "0", "--store", store]) == 2
+        err = capsys.readouterr().err
+        assert "cannot be opened" in err and "Traceback" not in err
 
 
 def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):

@@ -131,6 +131,11 @@ def test_store_arguments_are_checked(tmp_path):
         Store(f"sqlite:///{tmp_path / 'a.db'}", sqlite_synchronous="OFF")
     with pytest.raises(ValidationError, match="not a SQLAlchemy URL"):
         Store("no url at all")
+    (tmp_path / "notadb.json").write_text('{"not": "a database"}' * 100)
+    for where, error in ((tmp_path / "missing" / "g.db", "OperationalError"), (tmp_path, "OperationalError"),
+                         (tmp_path / "notadb.json", "DatabaseError")):
+        with pytest.raises(ValidationError, match=f"store=.*cannot be opened: {error}"):
+            Store(f"sqlite:///{where}")
     with Store(f"sqlite:///{tmp_path / 'default.db'}").engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: a commit survives a power cut
     store = Store(f"sqlite:///{tmp_path / 'b.db'}", sqlite_synchronous="normal")
