@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    if args.store and args.model_sizes != "auto":
+        raise ValidationError("model_sizes", args.model_sizes, "applies to a directory; with --store, a job's size is "
+                                                              "its model_size setting (goodput profile --server sets it)")
     status = Console(stderr=True).status("reading the jobs' observations")  # on a terminal only
     with status:
         observations, sizes, source = (_from_store(args.store) if args.store
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  GPU types: {', '.join(description['types'])}")
     print(f"  parameter counts: {len(sized)} of {len(observations)} jobs"
           + ("" if len(sized) >= 2 else " (no size slopes: without them a prior placed new jobs' multi-GPU steps "
-                                          "worse than none; give jobs a model_size setting, or --model-sizes)"))
+                                          "worse than none; give jobs a model_size setting"
+                                          + ("" if args.store else ", or --model-sizes") + ")"))
     return 0
 
 

@@ -160,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"goodput profile: rerun the same command to redo {', '.join(exc.failures)} (the rest is kept)", file=sys.stderr)
             return 1
     _print_result(profile, out)
+    if not profile.observations:  # e.g. the smallest batch over --memory-cap, or out of memory at it
+        stops = {k.split(".", 1)[1]: v.get("sweep_stopped") for k, v in profile.metadata.items()
+                 if k.startswith("profiler.") and isinstance(v, dict)}
+        why = ", ".join(f"{t}: {s}" for t, s in stops.items() if s) or "no device type measured a step"
+        print(f"goodput profile: error: nothing measured ({why})", file=sys.stderr)
+        return 1
     return 0
 
 

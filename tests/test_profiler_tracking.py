@@ -76,6 +76,12 @@ def test_cli_profile_zoo_and_factory(tmp_path, capsys):
     assert Profile.load(out2).init_batch_size == 8
 
 
+def test_cli_profile_that_measures_nothing_says_why_and_fails(tmp_path, capsys):
+    out = tmp_path / "empty.jsonl"
+    assert main(["profile", "--zoo", "mlp", "--memory-cap", "1K", "--time-budget", "3", "--no-progress", "--out", str(out)]) == 1
+    assert "nothing measured (cpu: memory_cap)" in capsys.readouterr().err
+
+
 def test_cli_profile_errors_are_clean(capsys):
     assert main(["profile", "no_such_module:f", "--no-progress"]) == 2
     assert "cannot import" in capsys.readouterr().err

@@ -134,6 +134,8 @@ def test_goodput_prior_refuses_what_it_cannot_learn_from(tmp_path, capsys):
     assert "holds no job with observations" in capsys.readouterr().err
     assert main(["prior", "--store", f"sqlite:///{tmp_path / 'missing.db'}", "--out", str(tmp_path / "p.json")]) == 2
     assert "no such SQLite file" in capsys.readouterr().err
+    assert main(["prior", "--store", empty, "--model-sizes", "sizes.json", "--out", str(tmp_path / "p.json")]) == 2
+    assert "model_sizes='sizes.json': applies to a directory" in capsys.readouterr().err  # not silently ignored
     assert not (tmp_path / "p.json").exists()
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
