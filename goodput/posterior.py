@@ -67,8 +67,7 @@ from .tails import gaussian_t_cdf, split_std
 __all__ = ["JobPosterior", "build_posterior", "prior_cholesky", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
 
 FALLBACK_LOG_STD = 0.5  # std of log step time when the GP is unusable: a factor 2.3 at 90%
-COLD_FIT_ITERATIONS = 60  # L-BFGS iterations of a first hyperparameter fit
-WARM_REFIT_ITERATIONS = 15  # ... and of a refit warm-started from the previous hyperparameters
+FIT_ITERATIONS = 60  # L-BFGS iterations of a hyperparameter fit
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many observations (random subset)
 NOISE_PRIOR_WEIGHT = 5.0  # pseudo-observations of the cluster's residual std in the MAP's noise
 NOISE_RANGE = (0.005, 0.5)
@@ -414,7 +413,9 @@ def build_posterior(
     the Gaussian prior as given). ``hyper_prior``: what a job's residual GP typically looks like on this
     cluster (:attr:`goodput.hierarchy.ClusterPrior.gp_prior`, else weak defaults): the prior of the GP's
     hyperparameters and, through its variance, of the MAP's noise; few observations cannot estimate them.
-    ``hyper``: hyperparameters to start from (else the previous refit's, else the prior's medians).
+    ``hyper``: hyperparameters (another job's) that a fit also starts from, and that stand until one (else the
+    previous refit's, else the prior's medians). A fit always starts from the prior's medians, so the
+    hyperparameters are a function of the observations, not of when the model was asked.
     """
     types = list(observations)
     ref_bsz = reference_bsz([o for t in types for o in observations[t]])
@@ -424,9 +425,9 @@ def build_posterior(
     fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes,
                                 previous.noise_std if same else residual_std, previous.u_hat if same else None,
                                 residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
+    cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
-    started_elsewhere = start is not None  # not from the prior's medians
-    start = (start or hyper_prior.initial(len(types))).for_types(types)
+    start = cold if start is None else start.for_types(types)  # kept as they are when not fitted now
     state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof)
     design, y = state.rows_of(_window(observations, max_points))
     state.n_fit = y.size
@@ -442,16 +443,14 @@ def build_posterior(
         idx = np.arange(y.size)
         if idx.size > MAX_FIT_POINTS:
             idx = np.sort(np.random.default_rng(seed).choice(idx, MAX_FIT_POINTS, replace=False))
-        warm = previous is not None and previous.hyper.num_tasks == len(types)
         at_map = y[idx] + design.log_mean[idx] - design.log_map[idx]
-        # A warm start alone would keep a refit near the optimum of the fewer points an earlier fit saw (the
-        # model would depend on when it was asked, and a rebuilt one differ from the one updated online):
-        # the cold start from the prior's medians runs too, and the better optimum wins.
-        cold = hyper_prior.initial(len(types)).for_types(types)
-        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map, start,
-                                          max_iter=WARM_REFIT_ITERATIONS if warm else COLD_FIT_ITERATIONS,
-                                          hyper_prior=hyper_prior,
-                                          restarts=[(cold, COLD_FIT_ITERATIONS)] if started_elsewhere else [])
+        # Fitted from the prior's medians every time, not from the previous refit's optimum: a warm start
+        # kept a refit near the optimum of the fewer points an earlier fit saw, so the model depended on when
+        # it had been asked (3.4-26% apart on the same observations) and a service's model rebuilt after a
+        # restart differed from the one it had updated online. Given ``hyper`` (another job's), both start.
+        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map,
+                                          cold if hyper is None else start, max_iter=FIT_ITERATIONS, hyper_prior=hyper_prior,
+                                          restarts=[] if hyper is None else [(cold, FIT_ITERATIONS)])
     try:
         state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y)
     except GPNumericalError as exc:
