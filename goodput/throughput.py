@@ -159,6 +159,8 @@ def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps
         raise ValidationError("num_nodes, num_replicas, local_bsz, accum_steps", shapes, "shapes do not broadcast together") from None
     if np.any(nodes < 1):
         raise ValidationError("num_nodes", num_nodes, "must be >= 1")
+    if np.any(replicas < 1):
+        raise ValidationError("num_replicas", num_replicas, "must be >= 1")
     if np.any(replicas * num_stages < nodes):
         raise ValidationError("num_replicas", num_replicas, "must be >= num_nodes" if num_stages == 1 else
                               f"x {num_stages} stages must be >= num_nodes: every node holds a GPU")

@@ -145,6 +145,8 @@ def test_a_pipeline_longer_than_a_node_is_predicted_and_tabled(bayesian):
     assert model.goodput("a100", 2, num_gpus=8).goodput == pytest.approx(frame.goodput.iloc[0])
     with pytest.raises(ValidationError, match="num_replicas"):
         model.predict("a100", 9, 1, 4)  # one pipeline's 8 GPUs cannot span 9 nodes
+    with pytest.raises(ValidationError, match="num_replicas"):
+        model.predict("a100", 1, 0.5, 4)  # half a pipeline
     data_parallel = JobModel("dp", 8, bayesian=False).observe([Observation("dp", "a100", 1, 1, 4, 0.1)])
     with pytest.raises(ValidationError, match="num_replicas"):
         data_parallel.predict("a100", 2, 1, 4)  # every node holds a replica
