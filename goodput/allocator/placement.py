@@ -11,10 +11,13 @@ Per GPU type, given each job's configuration (num_nodes, num_gpus):
    with the most free GPUs, split as evenly as their free GPUs allow;
 4. sub-node allocations go on one node, never split: largest first, each on
    the fullest node that still holds it (best fit), counted from the front;
-5. on fragmentation, single-node jobs that kept their GPUs are evicted —
-   for a whole-node job, every job on the emptiest node; for a sub-node job,
-   the smallest jobs (each smaller than the one being placed) on the node
-   needing the fewest GPUs freed — and placed again.
+5. on fragmentation, single-node jobs that kept their GPUs are moved —
+   for a whole-node job, every job on the emptiest nodes it needs; for a
+   sub-node job, the smallest jobs (each smaller than the one being placed)
+   on the node needing the fewest GPUs freed — but only where they all fit
+   elsewhere at once (best fit, largest first), and for a whole-node job only
+   if enough nodes come free: a running job is never evicted for a newcomer
+   only to lose its GPUs.
 
 A job that still cannot be placed is reported as failed, never half-placed.
 Every node's capacity is respected by construction.
