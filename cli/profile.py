@@ -115,7 +115,9 @@ def job_arguments(pieces: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from goodput.client import Client
     from profilers import ClusterProfileError, profile_cluster, profile_job, zoo
+    from profilers.profile import trainable_parameters
     from profilers.rayutil import ray_option
 
     use_ray, address = ray_option(args)
@@ -136,9 +138,6 @@ def run(args: argparse.Namespace) -> int:
                    cpu_threads=args.cpu_threads)
     if not use_ray:
         if args.server is not None:
-            from goodput.client import Client
-            from profilers.profile import trainable_parameters
-
             # registered first: an unreachable server or a refused token stops the run before the profiling
             with Client(args.server, args.token) as client:
                 client.put_job(kwargs["job"], init_batch_size=kwargs["init_batch_size"], max_batch_size=kwargs.get("max_batch_size"),

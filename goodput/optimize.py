@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ValidationError
-from .validation import check_int
+from .validation import check_allocations, check_int
 
 __all__ = ["BatchLimits", "GoodputCandidates", "GoodputChoices", "best_goodput", "best_goodput_each", "candidate_batches",
            "goodput_candidates", "optimize_goodput"]
@@ -217,9 +217,7 @@ def goodput_candidates(
     nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
     replicas = np.atleast_1d(np.asarray(num_replicas, dtype=float))
     nodes, replicas = np.broadcast_arrays(nodes, replicas)
-    if np.any(nodes < 1) or np.any(replicas < 1) or np.any(replicas * num_stages < nodes):
-        raise ValidationError("num_replicas", num_replicas, "need num_nodes >= 1, num_replicas >= 1 and "
-                              f"num_replicas x {num_stages} stage(s) >= num_nodes")
+    check_allocations(nodes, replicas, num_stages, num_nodes, num_replicas)
     batch, micro, accum, valid = candidate_batches(replicas, limits, num_candidates)
     shape = batch.shape
     times = np.asarray(

@@ -379,20 +379,11 @@ class GoodputTable:
     def from_csv(cls, path: str | os.PathLike[str]) -> GoodputTable:
         """Read a table written by :meth:`to_csv` (``job`` and ``gpu_type`` are read as text)."""
         frame = pd.read_csv(path, dtype={c: str for c in _TEXT_COLUMNS}, keep_default_na=False)
-        if "job" not in frame.columns or frame["job"].nunique() != 1:
-            raise DataFormatError(path, None, "job", list(frame.get("job", [])), "expected one job per CSV")
-        job = str(frame["job"].iloc[0])
-        quantile = 0.5
-        if "quantile" in frame.columns:
-            if frame["quantile"].nunique() != 1:
-                raise DataFormatError(path, None, "quantile", list(frame["quantile"]), "expected one quantile per CSV")
-            quantile = frame["quantile"].iloc[0]
-        missing: list[str] = []
-        if "missing_gpu_types" in frame.columns:
-            if frame["missing_gpu_types"].nunique() != 1:
-                raise DataFormatError(path, None, "missing_gpu_types", list(frame["missing_gpu_types"]),
-                                      "expected one list per CSV")
-            missing = str(frame["missing_gpu_types"].iloc[0]).split()
+        if "job" not in frame.columns:
+            raise DataFormatError(path, None, "job", [], "expected one job per CSV")
+        job = str(_one_per_csv(frame, "job", path))
+        quantile = _one_per_csv(frame, "quantile", path, 0.5)
+        missing = str(_one_per_csv(frame, "missing_gpu_types", path, "")).split()
         rows = frame.drop(columns=["job", "quantile", "missing_gpu_types"], errors="ignore")
         if len(rows) == 1 and (rows.iloc[0] == "").all():
             rows = rows.iloc[:0]  # only the job's name: an empty table (see to_csv)
@@ -400,6 +391,15 @@ class GoodputTable:
             return cls(job, rows, missing, quantile=quantile)
         except ValidationError as exc:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
+
+
+def _one_per_csv(frame: pd.DataFrame, column: str, path: Any, default: Any = None) -> Any:
+    """The value a table's CSV repeats on every row of ``column`` (``default`` without the column)."""
+    if column not in frame.columns:
+        return default
+    if frame[column].nunique() != 1:
+        raise DataFormatError(path, None, column, list(frame[column]), f"expected one {column} per CSV")
+    return frame[column].iloc[0]
 
 
 def _missing_types(value: Any) -> tuple[str, ...]:

@@ -47,7 +47,7 @@ import scipy.optimize
 
 from .errors import ValidationError
 from .observations import Observation
-from .validation import check_float
+from .validation import check_allocations, check_float
 
 __all__ = [
     "PARAM_NAMES",
@@ -157,13 +157,7 @@ def config_arrays(num_nodes: Any, num_replicas: Any, local_bsz: Any, accum_steps
     except ValueError:
         shapes = ", ".join(f"{n} {a.shape}" for n, a in zip(("num_nodes", "num_replicas", "local_bsz", "accum_steps"), arrays))
         raise ValidationError("num_nodes, num_replicas, local_bsz, accum_steps", shapes, "shapes do not broadcast together") from None
-    if np.any(nodes < 1):
-        raise ValidationError("num_nodes", num_nodes, "must be >= 1")
-    if np.any(replicas < 1):
-        raise ValidationError("num_replicas", num_replicas, "must be >= 1")
-    if np.any(replicas * num_stages < nodes):
-        raise ValidationError("num_replicas", num_replicas, "must be >= num_nodes" if num_stages == 1 else
-                              f"x {num_stages} stages must be >= num_nodes: every node holds a GPU")
+    check_allocations(nodes, replicas, num_stages, num_nodes, num_replicas)
     if np.any(bsz <= 0):
         raise ValidationError("local_bsz", local_bsz, "must be > 0")
     if np.any(accum < 0):

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from .errors import ValidationError
 
 _GPU_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -124,3 +126,16 @@ def check_job_name(value: Any, field: str = "job") -> str:
         raise ValidationError(field, value, "job names are a letter or digit, then letters, digits, '.', '_' or '-' "
                                             "(128 at most)")
     return value
+
+
+def check_allocations(nodes: np.ndarray, replicas: np.ndarray, num_stages: int, given_nodes: Any, given_replicas: Any) -> None:
+    """Every node holds a GPU: ``num_nodes >= 1``, ``num_replicas >= 1`` and ``num_replicas × num_stages >= num_nodes``
+    (``num_stages``: GPUs per replica, :mod:`goodput.hybrid`; a pipeline may span nodes), over arrays of
+    allocations; the errors name the values as given."""
+    if np.any(nodes < 1):
+        raise ValidationError("num_nodes", given_nodes, "must be >= 1")
+    if np.any(replicas < 1):
+        raise ValidationError("num_replicas", given_replicas, "must be >= 1")
+    if np.any(replicas * num_stages < nodes):
+        raise ValidationError("num_replicas", given_replicas, "must be >= num_nodes: every node holds a replica"
+                              if num_stages == 1 else f"x {num_stages} stages must be >= num_nodes: every node holds a GPU")

@@ -391,7 +391,7 @@ class GoodputReporter:
                 records.append(record)
         if text and not text.endswith("\n"):
             try:
-                atomic_write_text(self.buffer_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+                self._rewrite_buffer(records)
             except OSError as exc:
                 self._fault("buffer", exc)
         return records
@@ -404,9 +404,10 @@ class GoodputReporter:
             f.flush()
             os.fsync(f.fileno())
 
-    def _rewrite_buffer(self) -> None:
-        if self._unsent:
-            atomic_write_text(self.buffer_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self._unsent))
+    def _rewrite_buffer(self, records: list[dict[str, Any]]) -> None:
+        """Make the buffer hold exactly ``records`` (atomically; no file when there are none)."""
+        if records:
+            atomic_write_text(self.buffer_path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
         else:
             try:
                 self.buffer_path.unlink()
@@ -437,7 +438,7 @@ class GoodputReporter:
                 changed = True
         finally:
             if changed:
-                self._rewrite_buffer()
+                self._rewrite_buffer(self._unsent)
 
     def _register(self) -> None:
         settings = {k: v for k, v in (self._settings or {}).items() if v is not None}

@@ -222,9 +222,9 @@ class Store:
             metadata.create_all(self.engine)
         except sa.exc.SQLAlchemyError as exc:  # a file that is no database, a folder that is missing, a server down
             self.engine.dispose()
-            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            cause = getattr(exc, "orig", None) or exc  # the driver's error, without SQLAlchemy's statement
             raise ValidationError("store", self.url.render_as_string(hide_password=True),
-                                  f"cannot be opened: {type(getattr(exc, 'orig', None) or exc).__name__}: {reason}") from None
+                                  f"cannot be opened: {type(cause).__name__}: {str(cause).splitlines()[0]}") from None
 
     def __repr__(self) -> str:
         return f"Store({self.url.render_as_string(hide_password=True)!r})"

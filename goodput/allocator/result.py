@@ -251,8 +251,8 @@ class Allocation(Mapping):
         if not isinstance(info, Mapping):
             raise ValidationError("info", info, "expected a mapping of SolverInfo's fields")
         known = {f.name for f in fields(SolverInfo)}
-        if set(info) - known or {"policy", "solver", "status"} - set(info):
-            odd = sorted(set(info) - known) or sorted({"policy", "solver", "status"} - set(info))
+        odd = sorted(set(info) - known) or sorted({"policy", "solver", "status"} - set(info))  # unknown, else missing
+        if odd:
             raise ValidationError(f"info.{odd[0]}", info.get(odd[0]), f"unknown or missing (fields: {sorted(known)})")
         notes, prices, unallocated = info.get("notes", ()), info.get("prices"), data.get("unallocated", {})
         if not isinstance(notes, (list, tuple)) or not all(isinstance(n, str) for n in notes):
