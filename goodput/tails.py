@@ -127,7 +127,10 @@ def _ratio_quantiles(dof: float, q: float) -> np.ndarray:
         elif rho >= 1.0:
             out[k] = ndtri(q)
         else:
-            out[k] = brentq(lambda x, r=rho: float(_standard_cdf(x, r, dof)) - q, 0.0, 100.0, xtol=1e-12)
+            # ρZ + (1 − ρ)T ≤ max(Z, T), and P(max(Z, T) > a) ≤ 1 − q at a = both (1 + q)/2-quantiles' larger
+            tail = (1.0 + q) / 2.0
+            high = max(float(stdtrit(dof, tail)), float(ndtri(tail)))
+            out[k] = brentq(lambda x, r=rho: float(_standard_cdf(x, r, dof)) - q, 0.0, high, xtol=1e-12)
     return out
 
 

@@ -44,6 +44,17 @@ def test_the_quantile_of_the_sum_matches_sampling():
         np.testing.assert_array_equal(gaussian_t_cdf(np.array([-1.0, 0.0, 1.0]), 0.0, 0.0, dof), [0.0, 1.0, 1.0])
 
 
+def test_far_quantiles_of_heavy_tails_are_found():
+    """A bracket of [0, 100] for the standardised quantile had failed with scipy's 'f(a) and f(b) must have
+    different signs' at the fitted dof's lower bound (2.5) and levels near 1, and at dof 1."""
+    for dof, q in ((2.5, 0.99999), (1.0, 0.999)):
+        x = gaussian_t_quantile(0.01, 1.0, dof, q)
+        assert x > 50 and gaussian_t_cdf(x, 0.01, 1.0, dof) == pytest.approx(q, abs=1e-6)
+    low, high = Prediction(step_time=1.0, std=1.0, throughput=1.0, log_std=0.2, noise_log_std=0.2,
+                           noise_dof=2.5).interval(0.99999)
+    assert 0 < low < 1 < high and low * high == pytest.approx(1.0)
+
+
 def test_the_quantile_rejects_bad_input():
     with pytest.raises(ValueError, match="gaussian_std"):
         gaussian_t_quantile(-0.1, 0.1, 3.0, 0.9)
