@@ -435,9 +435,10 @@ def _first_duplicate(types: np.ndarray, nodes: np.ndarray, gpus: np.ndarray) -> 
         return None
     codes: dict[str, int] = {}
     code = np.fromiter((codes.setdefault(t, len(codes)) for t in types), dtype=np.int64, count=len(types))
-    key = (code * (int(nodes.max()) + 1) + nodes) * (int(gpus.max()) + 1) + gpus
-    order = np.argsort(key, kind="stable")  # equal keys stay in row order
-    same = key[order][1:] == key[order][:-1]
+    columns = np.stack([code, np.asarray(nodes, dtype=np.int64), np.asarray(gpus, dtype=np.int64)])
+    order = np.lexsort(columns[::-1])  # stable: equal configurations stay in row order
+    ordered = columns[:, order]
+    same = (ordered[:, 1:] == ordered[:, :-1]).all(axis=0)
     if not same.any():
         return None
     return int(order[1:][same].min())  # the earliest row that repeats an earlier one

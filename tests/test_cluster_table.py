@@ -108,6 +108,16 @@ def test_duplicates_and_missing_columns_raise():
         GoodputTable("job", pd.DataFrame(rows()).drop(columns="goodput"))
 
 
+def test_large_counts_are_not_taken_for_duplicates():
+    """Duplicates had been found by packing (type, nodes, gpus) into one int64, which wrapped at counts that
+    validation accepts: distinct rows were refused as 'appears twice'."""
+    big = [{"gpu_type": t, "num_nodes": n, "num_gpus": g, "goodput": 1.0}
+           for t, n, g in (("t4", 1, 8), ("a100", 1, 8), ("t4", 2**31 - 1, 2**33 - 1))]
+    assert len(GoodputTable("job", big).frame) == 3
+    with pytest.raises(ValidationError, match="twice"):
+        GoodputTable("job", big + [dict(big[2])])
+
+
 def test_json_csv_and_multi_table_round_trips(tmp_path):
     table = GoodputTable("job", rows(), missing_gpu_types=["v100"])
     back = GoodputTable.from_json(table.to_json(tmp_path / "t.json"))
