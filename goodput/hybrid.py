@@ -74,8 +74,13 @@ class Stages:
         return cls(checked, {})
 
     def of(self, gpu_type: str) -> int:
-        """GPUs per replica on ``gpu_type``."""
-        return self.by_type.get(gpu_type, self.default) if self.by_type else self.default
+        """GPUs per replica on ``gpu_type`` (any spelling :func:`~goodput.validation.normalize_gpu_type` reads)."""
+        if not self.by_type:
+            return self.default
+        stages = self.by_type.get(gpu_type)
+        if stages is None:  # the keys are normalized (parse): so is the name asked for
+            stages = self.by_type.get(normalize_gpu_type(gpu_type, "gpu_type"), self.default)
+        return stages
 
     @property
     def hybrid(self) -> bool:

@@ -10,7 +10,7 @@ import pytest
 from goodput import Cluster, GoodputTable, JobModel, Observation, Profile
 from goodput.cluster import NodePool
 from goodput.errors import ValidationError
-from goodput.hybrid import Stages, stages_of
+from goodput.hybrid import Stages, replicas_of, stages_of
 from goodput.throughput import ThroughputParams, predict_step_time
 
 # The truth of a synthetic pipelined job: Pollux's model with replicas = pipelines (one pipeline's
@@ -192,3 +192,12 @@ def test_a_data_parallel_model_is_unchanged():
     assert "num_replicas" not in frame and len(frame) == len(cluster.configurations())
     assert model.goodput("t4", 1, num_gpus=3) == model.goodput("t4", 1, 3)
     assert np.isclose(model.goodput("t4", 2, num_gpus=8).goodput, frame[frame.num_gpus == 8].goodput.iloc[0])
+
+
+def test_stage_counts_are_looked_up_by_any_spelling_of_the_type():
+    """parse stores normalized keys; of('A100') had looked the raw name up and fallen back to 1 stage."""
+    stages = Stages.parse({"A100": 2})
+    assert stages.of("A100") == stages.of("a100") == 2
+    assert stages.replicas("A100", 8) == 4 and not stages.valid("A100", 7)
+    assert replicas_of(stages, "A100", 1, num_gpus=8) == 4
+    assert stages.of("t4") == 1
