@@ -144,7 +144,9 @@ class JobModel:
         init_batch_size: the reference batch M0 at which the job's learning
             rate and hyperparameters were tuned, samples.
         max_batch_size: the largest total batch the job tolerates (``None``:
-            M0, no batch scaling).
+            M0, no batch scaling). Where no batch up to it splits evenly over
+            the replicas, the micro-batch is rounded up as Pollux does (M0 =
+            128 on 3 GPUs runs 3 × 43 = 129; :class:`~goodput.optimize.BatchLimits`).
         local_bsz_bounds: ``(min, max)`` per-replica micro-batch, or a mapping
             ``{gpu_type: (min, max)}`` (memory differs by GPU type); ``None``:
             no limit beyond ``max_batch_size``.

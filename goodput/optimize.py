@@ -42,7 +42,10 @@ class BatchLimits:
 
     Attributes:
         init_batch_size: the reference batch M0; the smallest total batch.
-        max_batch_size: the largest total batch (``None``: M0, i.e. strong scaling).
+        max_batch_size: the largest total batch (``None``: M0, i.e. strong scaling). Where no batch in
+            [M0, max_batch_size] splits evenly into ``num_replicas × (accum_steps + 1)`` micro-batches
+            (M0 = 128 on 3 GPUs), the micro-batch is rounded up as Pollux does (129): the batch then
+            exceeds the maximum by fewer samples than that product, and the allocation stays usable.
         min_local_bsz: smallest per-replica micro-batch.
         max_local_bsz: largest per-replica micro-batch (memory); ``None``: no limit.
         accumulation: whether gradient accumulation may stretch the batch
@@ -77,7 +80,9 @@ class BatchLimits:
 class GoodputChoices:
     """The best configuration for each allocation (arrays of one shape).
 
-    ``goodput`` is 0 (and the sizes 0) where no batch within the limits fits.
+    ``goodput`` is 0 (and the sizes 0) where no batch within the limits fits: micro-batches within
+    [min_local_bsz, max_local_bsz], a total batch from M0 up to ``max_batch_size`` (rounded up to whole
+    micro-batches where none splits evenly: :class:`BatchLimits`).
     """
 
     goodput: np.ndarray  # samples/s × efficiency
