@@ -54,6 +54,23 @@ def test_rigid_policies_serve_a_request_larger_than_any_gpu_type_at_the_largest_
     assert result.rounds["gpus_t4"].max() == 8
 
 
+@pytest.mark.parametrize("name", ["gavel", "fifo"])
+def test_rigid_policies_refuse_a_job_whose_batch_cannot_run_on_its_gpus(name):
+    """cifar10's micro-batches hold at least 32 samples: batch 16 on 1 GPU, or 64 on 4, had never been placed
+    and the simulation had spun to max_hours with the job unfinished."""
+    families = load_catalog()
+    assert families["cifar10"].min_local_bsz == 32
+    for gpus, batch in ((1, 16), (4, 64)):
+        jobs = [WorkloadJob("small-batch", 0.0, "cifar10", gpus, batch), *small_workload(1)]
+        with pytest.raises(ValidationError, match="small-batch.batch_size"):
+            Simulator(jobs, families, SimConfig(cluster=CLUSTER), make_policy(name))
+    Simulator([WorkloadJob("ok", 0.0, "cifar10", 2, 64)], families, SimConfig(cluster=CLUSTER), make_policy(name))
+    # an adaptive policy picks its own batch: the same job runs
+    result = Simulator([WorkloadJob("small-batch", 0.0, "cifar10", 4, 64)], families,
+                       SimConfig(cluster=CLUSTER), make_policy("sia-oracle")).run()
+    assert result.summary["finished"] == 1
+
+
 def test_unknown_policy_is_refused():
     with pytest.raises(ValidationError, match="policy"):
         make_policy("lottery")
@@ -102,6 +119,13 @@ def test_compare_pools_a_policy_only_over_runs_with_the_same_settings(tmp_path):
     assert "round_s" not in frame  # the same everywhere: not a column
     assert frame.loc["t4:2x4", "runs"] == 2 and frame.loc["t4:2x4", "avg_jct_s_mean"] == pytest.approx(200.0)
     assert frame.loc["t4:16x4", "runs"] == 1 and frame.loc["t4:16x4", "avg_jct_s_mean"] == pytest.approx(50.0)
+    mlflow.set_experiment("restarts")  # goodput simulate --restart-cost: had been pooled into one row
+    for cost, jct in (("1.0", 100.0), ("3000.0", 900.0), ("per application", 400.0)):
+        with mlflow.start_run():
+            mlflow.log_params({"policy": "fifo", "cluster": "t4:2x4", "restart_cost_s": cost})
+            mlflow.log_metric("avg_jct_s", jct)
+    frame = compare_runs("restarts", uri=uri).set_index("restart_cost_s")
+    assert frame["runs"].tolist() == [1, 1, 1] and frame.loc["3000.0", "avg_jct_s_mean"] == pytest.approx(900.0)
 
 
 def test_compare_on_a_missing_experiment_is_a_clean_error(capsys):

@@ -304,6 +304,8 @@ class Simulator:
                                       f"has no measurements on any GPU type of the cluster {self.cluster}")
             if family.hybrid:
                 _check_hybrid(spec, family, self.cluster, pooled=bool(getattr(policy, "pooled_model", False)))
+            if not getattr(policy, "adaptive_batch", True):
+                _check_rigid(spec, family, self.cluster)
             cost = config.restart_cost_s if config.restart_cost_s is not None else family.restart_cost_s
             self.jobs.append(SimJob(spec, family, restart_cost_s=cost))
         if not self.jobs:
@@ -754,6 +756,27 @@ class Simulator:
         summary = summarize(jobs, rounds, self.jobs, self.cluster, round_s)
         summary["wall_seconds"] = _time.perf_counter() - start_wall
         return SimResult(jobs, rounds, summary, settings)
+
+
+def rigid_gpus(requested: int, cluster: Cluster) -> int:
+    """The GPUs a rigid policy (Gavel, FIFO) gives a job that asked for ``requested``: the request, capped at the
+    largest GPU type's count (it runs on one type; without the cap a larger request would wait forever)."""
+    return min(requested, max(cluster.capacity(t) for t in cluster.gpu_types))
+
+
+def _check_rigid(spec: WorkloadJob, family: Family, cluster: Cluster) -> None:
+    """A rigid policy runs a job at its requested batch on its requested GPUs (:func:`rigid_gpus`): that must
+    be a valid configuration on some GPU type of the cluster (micro-batches of at least the application's
+    smallest), else the job would wait to the end of the simulation."""
+    gpus = rigid_gpus(spec.num_replicas, cluster)
+    for gpu_type in cluster.gpu_types:
+        if family.supports(gpu_type) and cluster.capacity(gpu_type) >= gpus:
+            if family.best_config(gpu_type, 1, gpus, 0.0, fixed_batch=spec.batch_size).goodput[0] > 0:
+                return
+    raise ValidationError(f"{spec.name}.batch_size", spec.batch_size,
+                          f"cannot run on the {gpus} GPU{'s' if gpus > 1 else ''} a rigid policy gives it on any GPU type of the cluster "
+                          f"{cluster} ({spec.application}'s micro-batches hold at least {family.min_local_bsz} "
+                          "samples): ask for a larger batch or fewer GPUs, or use an adaptive policy (sia)")
 
 
 def _check_hybrid(spec: WorkloadJob, family: Family, cluster: Cluster, *, pooled: bool) -> None:

@@ -38,7 +38,7 @@ from goodput.cluster import Cluster
 from goodput.errors import ValidationError
 from goodput.validation import check_float, check_quantile
 
-from .engine import JobView
+from .engine import JobView, rigid_gpus
 
 __all__ = ["AllocatorPolicy", "make_policy", "POLICY_NAMES"]
 
@@ -61,11 +61,9 @@ class AllocatorPolicy:
     def decide(self, now: float, cluster: Cluster, jobs: list[JobView]) -> Mapping[str, Any]:
         tables = {j.name: (j.table if self.adaptive_batch else j.throughput) for j in jobs}
         current = {j.name: self._allocation(j) for j in jobs if j.current is not None}
-        # A rigid policy runs a job on one GPU type: a request larger than the largest type
-        # (Pollux's workloads ask for up to 32 GPUs of a 64-T4 cluster) is served at that size
-        # instead of waiting forever.
-        largest = max(cluster.capacity(t) for t in cluster.gpu_types)
-        specs = {j.name: self._spec(j, largest) for j in jobs}
+        # a rigid policy's request is capped at the largest GPU type's count (rigid_gpus: Pollux's workloads
+        # ask for up to 32 GPUs of a 64-T4 cluster; a larger request would wait forever)
+        specs = {j.name: self._spec(j, cluster) for j in jobs}
         self._seen = {j.name: self._seen[j.name] for j in jobs if j.name in self._seen}  # forget finished jobs
         if self.last_info is not None and self.last_info.prices is not None:
             # the last round's GPU prices start this round's fast path (only its time depends on them)
@@ -84,7 +82,7 @@ class AllocatorPolicy:
             self._seen[job.name] = {**seen, "current": kept}
         return kept[1]
 
-    def _spec(self, job: JobView, largest: int) -> JobSpec:
+    def _spec(self, job: JobView, cluster: Cluster) -> JobSpec:
         """The job's JobSpec this round: its fixed fields checked once (the first round), then a copy with this
         round's age, restarts and attained seconds (valid by construction: age >= attained >= 0)."""
         seen = self._seen.get(job.name, {})
@@ -92,7 +90,7 @@ class AllocatorPolicy:
         if template is None:
             template = JobSpec(age=job.age_s, restarts=job.restarts, restart_cost=job.restart_cost_s,
                                attained=job.attained_s,
-                               requested_gpus=None if job.requested_gpus is None else min(job.requested_gpus, largest),
+                               requested_gpus=None if job.requested_gpus is None else rigid_gpus(job.requested_gpus, cluster),
                                arrival=job.arrival, gpu_types=job.gpu_types,
                                granularity=dict(getattr(job, "num_stages", None) or {}) or 1)
             self._seen[job.name] = {**seen, "spec": template}
