@@ -155,6 +155,22 @@ def test_unfinished_jobs_count_in_jct_with_their_time_so_far():
     assert summary["makespan_s"] == pytest.approx(end)
 
 
+def test_jobs_arriving_after_the_time_limit_count_in_no_per_job_figure():
+    """Three jobs arriving at 50 h of a 0.5 h simulation had counted with a JCT of 0, which lowered the mean."""
+    family = constant_noise_family(work=2_000_000.0)
+    cluster = Cluster.parse("t4:1x4")
+    jobs = [WorkloadJob("a", 0.0, "toy", 4, 64)] + [WorkloadJob(f"late{i}", 50 * 3600.0, "toy", 4, 64) for i in range(3)]
+    summary = Simulator(jobs, {"toy": family}, SimConfig(cluster=cluster, max_hours=0.5), FixedPolicy("t4", 4)).run().summary
+    alone = Simulator(jobs[:1], {"toy": family}, SimConfig(cluster=cluster, max_hours=0.5), FixedPolicy("t4", 4)).run().summary
+    assert summary["not_arrived"] == 3 and summary["unfinished"] == 1 and summary["jobs"] == 4
+    for key in ("avg_jct_s", "median_jct_s", "makespan_s", "gpu_hours_per_job", "restarts_per_job"):
+        assert summary[key] == pytest.approx(alone[key]), key
+    # a limit that ends before the first job arrives: nothing to average
+    none = Simulator([WorkloadJob("c", 30.0, "toy", 4, 64)], {"toy": family}, SimConfig(cluster=cluster, max_hours=0.005),
+                     FixedPolicy("t4", 4)).run().summary
+    assert none["not_arrived"] == 1 and "avg_jct_s" not in none and "makespan_s" not in none
+
+
 def test_a_flat_restart_cost_overrides_the_applications():
     family = constant_noise_family(work=200_000.0, restart=80.0)
     cluster = Cluster.parse("t4:1x4,a100:1x4")
@@ -254,9 +270,9 @@ def test_policy_specs_and_allocations_kept_between_rounds_equal_fresh_ones():
     view = JobView(name="a", application="cifar10", arrival=10.0, age_s=50.0, attained_s=20.0, restarts=1,
                    restart_cost_s=30.0, requested_gpus=64, requested_batch=128, current=here, table=None,
                    throughput=None, gpu_types=("t4",))
-    first = policy._spec(view, 16)
+    first = policy._spec(view, Cluster.parse("t4:2x8"))  # its largest type: 16 GPUs
     later = JobView(**{**view.__dict__, "age_s": 110.0, "attained_s": 80.0, "restarts": 2})
-    spec = policy._spec(later, 16)
+    spec = policy._spec(later, Cluster.parse("t4:2x8"))
     assert first == JobSpec(age=50.0, restarts=1, restart_cost=30.0, attained=20.0, requested_gpus=16, arrival=10.0,
                             gpu_types=("t4",))
     assert spec == JobSpec(age=110.0, restarts=2, restart_cost=30.0, attained=80.0, requested_gpus=16, arrival=10.0,

@@ -83,33 +83,37 @@ def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, rou
     figures, the makespan and the finish-time fairness (``unfair_fraction``,
     ``ftf_rho_median``) with their time so far, a lower bound, so that a policy
     leaving jobs behind (or never running them) never looks better for it;
-    ``jct_censored`` says so.
+    ``jct_censored`` says so. Jobs that arrive after it stopped never entered it:
+    ``not_arrived`` counts them, and no per-job figure does (their JCT so far would
+    be 0); with none arrived the JCT figures and the makespan are left out.
     """
+    last_round = float(rounds["time_s"].max()) if len(rounds) else -np.inf
+    end = float(last_round + round_s) if len(rounds) else float(jobs["arrival_s"].max())
+    arrived = jobs[jobs["arrival_s"].to_numpy(dtype=float) <= last_round] if len(jobs) else jobs
     done = jobs[jobs["jct_s"].notna()]
-    unfinished = int(len(jobs) - len(done))
-    jct = jobs["jct_s"].to_numpy(dtype=float)
-    finish = jobs["finish_s"].to_numpy(dtype=float)
-    end = float(rounds["time_s"].max() + round_s) if len(rounds) else float(jobs["arrival_s"].max())
+    unfinished = int(len(arrived) - len(done))
+    jct = arrived["jct_s"].to_numpy(dtype=float)
+    finish = arrived["finish_s"].to_numpy(dtype=float)
     if unfinished:
-        arrival = jobs["arrival_s"].to_numpy(dtype=float)
-        jct = np.where(np.isnan(jct), np.maximum(end - arrival, 0.0), jct)
+        jct = np.where(np.isnan(jct), end - arrived["arrival_s"].to_numpy(dtype=float), jct)
         finish = np.where(np.isnan(finish), end, finish)
     summary: dict[str, Any] = {
         "jobs": int(len(jobs)),
         "finished": int(len(done)),
         "unfinished": unfinished,
+        "not_arrived": int(len(jobs) - len(arrived)),
         "jct_censored": bool(unfinished),
     }
-    if len(jobs):
+    if len(arrived):
         summary.update({
             "avg_jct_s": float(np.mean(jct)),
             "median_jct_s": float(np.median(jct)),
             "p99_jct_s": float(np.percentile(jct, 99)),
             "avg_jct_h": float(np.mean(jct) / 3600.0),
-            "makespan_s": float(np.max(finish) - jobs["arrival_s"].min()),
+            "makespan_s": float(np.max(finish) - arrived["arrival_s"].min()),
         })
-    summary["gpu_hours_per_job"] = float(jobs["gpu_hours"].mean())
-    summary["restarts_per_job"] = float(jobs["restarts"].mean())
+    summary["gpu_hours_per_job"] = float(arrived["gpu_hours"].mean()) if len(arrived) else 0.0
+    summary["restarts_per_job"] = float(arrived["restarts"].mean()) if len(arrived) else 0.0
     if len(rounds):
         summary["contention_mean"] = float(rounds["queued"].mean())
         summary["contention_max"] = int(rounds["queued"].max())
