@@ -59,13 +59,14 @@ def run(args: argparse.Namespace) -> int:
     from profilers.rayutil import ray_option
 
     cluster = Cluster.parse(args.cluster)
-    policies = list(POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",") if p.strip()]
+    policies = list(POLICIES) if args.policy == "all" else list(dict.fromkeys(p.strip() for p in args.policy.split(",") if p.strip()))
     if not policies:
         raise ValidationError("policy", args.policy, f"expected one or more policies ({', '.join(POLICIES)}) or all")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValidationError("policy", unknown[0], f"unknown policy (known: {', '.join(POLICIES)}, all)")
     quantiles = _quantiles(args.goodput_quantile)
+    check_int("seed", args.seed, minimum=0)
     if args.synthetic is not None:
         check_int("synthetic", args.synthetic, minimum=1)
     if args.processes is not None:

@@ -215,6 +215,7 @@ def test_simulate_refuses_a_file_that_is_not_a_catalog(tmp_path, capsys):
     ("--processes", "-1", "processes=-1: must be >= 1"),
     ("--round", "0", "round_s=0.0: must be > 0"),
     ("--max-hours", "-1", "max_hours=-1.0: must be > 0"),
+    ("--seed", "-1", "seed=-1: must be >= 0"),  # had been numpy's traceback
 ])
 def test_simulate_refuses_bad_options_before_simulating(monkeypatch, capsys, option, value, message):
     from experiments.simulator import runner

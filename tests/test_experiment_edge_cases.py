@@ -120,6 +120,14 @@ def test_observation_bias_keys_must_be_cluster_types():
     assert SimConfig(cluster=Cluster.parse("t4:1x4"), observation_bias={"t4": 2.0}).observation_bias == {"t4": 2.0}
 
 
+@pytest.mark.parametrize("field, value", [("seed", -1), ("seed", 1.5), ("bootstrap_batches", 2.5), ("report_every", "3"),
+                                          ("report_every", 0)])
+def test_sim_config_integers_are_checked(field, value):
+    """These had reached numpy or a comparison as a TypeError (seed=1.5: 'SeedSequence expects int')."""
+    with pytest.raises(ValidationError, match=f"{field}="):
+        SimConfig(cluster=Cluster.parse("t4:1x4"), **{field: value})
+
+
 def test_settings_that_change_results_are_recorded():
     result = _toy_run(lambda j: Assignment("t4", 1, 1, (("t4-0", 1),)), [WorkloadJob("a", 0.0, "toy", 1, 32)],
                       max_hours=2.0, bootstrap_batches=3, table_refresh=0.1, observation_bias={"t4": 1.5})

@@ -80,7 +80,7 @@ def test_sweep_runs_are_logged_and_found_by_compare(tmp_path, capsys):
     folder = tmp_path / "workloads"
     for i in (1, 2):
         write_workload(small_workload(4, gap=200.0 + 50 * i), folder / f"workload-{i}.csv")
-    code = main(["simulate", "--workload", str(folder), "--policy", "sia-oracle,fifo", "--cluster", "t4:2x4,a100:1x4",
+    code = main(["simulate", "--workload", str(folder), "--policy", "sia-oracle,fifo,fifo", "--cluster", "t4:2x4,a100:1x4",
                  "--processes", "2", "--out", str(tmp_path / "out"), "--experiment", "sweep-test"])
     assert code == 0
     summary = json.loads((tmp_path / "out" / "workload-1" / "fifo" / "summary.json").read_text())
@@ -100,7 +100,7 @@ def test_sweep_runs_are_logged_and_found_by_compare(tmp_path, capsys):
 
     runs = mlflow.search_runs(experiment_names=["sweep-test"])
     children = runs[runs["tags.mlflow.parentRunId"].notna()]
-    assert len(children) == 4  # 2 workloads x 2 policies, under one parent sweep run
+    assert len(children) == 4  # 2 workloads x 2 policies (fifo named twice runs once), under one parent sweep run
 
 
 def test_compare_pools_a_policy_only_over_runs_with_the_same_settings(tmp_path):

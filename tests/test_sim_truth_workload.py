@@ -81,6 +81,10 @@ def test_read_workload_and_round_trip(tmp_path):
     assert [j.name for j in jobs] == ["a", "b"]  # sorted by arrival
     write_workload(jobs, tmp_path / "again.csv")
     assert read_workload(tmp_path / "again.csv") == jobs
+    # arrival times to the last bit (":g" had written 1234567.0 as 1.23457e+06), names and categories quoted
+    odd = [WorkloadJob("x,1", 123456.7, "cifar10", 1, 128, "small, fast"), WorkloadJob("y", 1234567.0, "ncf", 2, 256)]
+    write_workload(odd, tmp_path / "odd.csv")
+    assert read_workload(tmp_path / "odd.csv") == odd
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from goodput.model import JobModel
 from goodput.observations import Observation
 from goodput.optimize import GoodputCandidates, best_goodput, best_goodput_each
 from goodput.table import GoodputTable
-from goodput.validation import check_float
+from goodput.validation import check_float, check_int
 
 from .truth import Family, check_cluster_types
 from .workload import WorkloadJob
@@ -135,8 +135,9 @@ class SimConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValidationError(name, value, "must be in [0, 1)")
-        if self.report_every < 1:
-            raise ValidationError("report_every", self.report_every, "must be >= 1")
+        self.seed = check_int("seed", self.seed, minimum=0)
+        self.report_every = check_int("report_every", self.report_every, minimum=1)
+        self.bootstrap_batches = check_int("bootstrap_batches", self.bootstrap_batches, minimum=1)
         self.max_hours = check_float("max_hours", self.max_hours, positive=True)
         self.table_refresh = check_float("table_refresh", self.table_refresh, nonnegative=True)
         if self.restart_cost_s is not None:
@@ -146,8 +147,6 @@ class SimConfig:
                 raise ValidationError(f"observation_bias[{gpu_type!r}]", gpu_type,
                                       f"not a GPU type of the cluster ({', '.join(self.cluster.gpu_types)})")
             check_float(f"observation_bias[{gpu_type!r}]", factor, positive=True)
-        if self.bootstrap_batches < 1:
-            raise ValidationError("bootstrap_batches", self.bootstrap_batches, "must be >= 1")
 
 
 @dataclass

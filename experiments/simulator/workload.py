@@ -131,8 +131,14 @@ def synthetic_workload(
 
 def write_workload(jobs: list[WorkloadJob], path: str | os.PathLike[str]) -> Path:
     """Write jobs in the CSV format :func:`read_workload` reads (atomically)."""
+    import csv
+    import io
+
     from goodput.io import atomic_write_text
 
-    lines = ["name,time,application,num_replicas,batch_size,category"]
-    lines += [f"{j.name},{j.time:g},{j.application},{j.num_replicas},{j.batch_size},{j.category or ''}" for j in jobs]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")  # quotes a name or category holding a comma
+    writer.writerow(["name", "time", "application", "num_replicas", "batch_size", "category"])
+    writer.writerows([j.name, repr(float(j.time)), j.application, j.num_replicas, j.batch_size, j.category or ""]
+                     for j in jobs)  # repr: the arrival time to the last bit (":g" had kept 6 digits)
+    return atomic_write_text(path, text.getvalue())
