@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--no-split", dest="split", action="store_false", help="skip the time split of one sia simulation")
     args = p.parse_args(argv)
+    for name in ("seeds", "jobs", "processes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)}: must be >= 1")
     cluster = Cluster.parse(DEFAULT_CLUSTER)
     families = load_catalog(gpu_types=cluster.gpu_types)
     source, loads = workloads(args, families)

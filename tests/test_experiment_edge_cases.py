@@ -195,3 +195,17 @@ def test_notebooks_save_is_atomic(tmp_path, monkeypatch):
     assert notebooks.main(["demo.ipynb", "--save"]) == 0
     assert nbformat.read(path, as_version=4).cells[0].source == "1 + 1"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("experiments.simulator.build_catalog", ["--gpu-types", "t4,h100", "--data-dir", "."], "unknown h100"),
+    ("experiments.bench_simulator", ["--synthetic", "--seeds", "0"], "--seeds 0: must be >= 1"),
+    ("experiments.bench_simulator", ["--synthetic", "--jobs", "0"], "--jobs 0: must be >= 1"),
+])
+def test_developer_tools_refuse_bad_options_in_one_line(module, argv, message, capsys):
+    """These had ended in a KeyError, statistics.StatisticsError or ValidationError traceback."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -274,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = args.data_dir or default_data_dir()
     if data_dir is None:
         parser.error("no data directory: pass --data-dir")
-    catalog = build(data_dir, [g.strip() for g in args.gpu_types.split(",")])
+    gpu_types = [g.strip() for g in args.gpu_types.split(",") if g.strip()]
+    unknown = [g for g in gpu_types if g not in GPU_SPECS or g not in NODE_SPECS]
+    if not gpu_types or unknown:
+        parser.error(f"--gpu-types {args.gpu_types!r}: {'unknown ' + ', '.join(unknown) if unknown else 'none given'} "
+                     f"(with specs: {', '.join(sorted(set(GPU_SPECS) & set(NODE_SPECS)))})")
+    catalog = build(data_dir, gpu_types)
     atomic_write_text(args.out, json.dumps(catalog, indent=1) + "\n")
     print(f"catalog written to {args.out}")
     return 0
