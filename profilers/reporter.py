@@ -28,7 +28,9 @@ Guarantees:
   service is down the buffer grows; it is sent when the service is back, also
   by a later run of the job (same ``job``, ``rank`` and ``buffer_dir``). Every
   record has a UUID, so one sent twice is stored once. Records the service
-  refuses as invalid (422) go to ``<buffer>.rejected.jsonl``.
+  refuses as invalid (422) go to ``<buffer>.rejected.jsonl``. Where the buffer
+  cannot be written (a read-only or full disk: a ``buffer`` fault), records are
+  still sent from memory; only their survival of a crash is lost.
 
 Only one replica reports (``report_rank``, rank 0 by default): data-parallel
 replicas run the same steps. ``num_nodes``/``num_replicas`` come from
@@ -313,13 +315,17 @@ class GoodputReporter:
                 self._fold_gradients()
             except Exception as exc:  # noqa: BLE001 - e.g. M0 not known yet and the service down: steps still go on
                 self._fault("gradients", exc)
+            records = []
             try:
                 records = self._aggregate(final)
-                if records:
-                    self._append_buffer(records)
-                    self._unsent.extend(records)
             except Exception as exc:  # noqa: BLE001
                 self._fault("aggregate", exc)
+            if records:
+                self._unsent.extend(records)  # sent from memory even when the buffer cannot keep them
+                try:
+                    self._append_buffer(records)
+                except Exception as exc:  # noqa: BLE001 - a read-only or full disk: durability lost, not the records
+                    self._fault("buffer", exc)
             try:
                 self._send()
             except Exception as exc:  # noqa: BLE001

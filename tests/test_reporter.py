@@ -92,8 +92,18 @@ def test_the_training_loop_never_sees_the_reporters_faults(tmp_path, caplog):
     assert not reporter._samples
     (tmp_path / "mlp-faults.rank0.jsonl").mkdir()  # the buffer cannot be written: still nothing raised
     _train(reporter, 6, 8)
-    reporter.close()
-    assert reporter.faults["aggregate"] >= 1
+    assert reporter.close() == 1  # the service is down too: the record is counted unsent
+    assert reporter.faults["buffer"] >= 1
+
+
+def test_records_reach_a_live_server_when_the_buffer_cannot_be_written(tmp_path):
+    """A failed buffer append had dropped the records before they were queued: none sent, close() said 0 unsent."""
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        (tmp_path / "mlp-ro.rank0.jsonl").mkdir()  # stands for a read-only cache folder
+        reporter = GoodputReporter("mlp-ro", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60)
+        _train(reporter, 6, 8)
+        assert reporter.close() == 0 and reporter.sent == 1 and reporter.faults["buffer"] >= 1
+        assert [o["local_bsz"] for o in _stored(client, "mlp-ro")] == [8]
 
 
 def test_a_torn_buffer_line_is_cut_so_the_next_records_survive(tmp_path):
