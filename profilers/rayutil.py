@@ -36,7 +36,9 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +113,28 @@ def ray_option(args: argparse.Namespace) -> tuple[bool, str | None]:
     return True, None if value is True else check_address(value)
 
 
+CONNECT_TIMEOUT_S = 5.0  # how long a cluster's address may take to accept a TCP connection
+
+
+def _check_reachable(address: str | None) -> None:
+    """Raise :class:`RayConnectionError` at once when nothing accepts TCP connections at a ``host:port`` or
+    ``ray://host[:port]`` address: ``ray.init`` retries a silent ``host:port`` for many minutes (20 tries of
+    its GCS client), printing only warnings."""
+    if address is None or address in ("auto", "local"):
+        return
+    parts = urllib.parse.urlsplit("//" + address.removeprefix("ray://"))
+    try:
+        host, port = parts.hostname or "127.0.0.1", parts.port or 10001  # Ray client's default port
+    except ValueError:  # a port beyond 65535: Ray's own message says so
+        return
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise RayConnectionError(f"no Ray cluster at address={address!r}: nothing accepts connections at "
+                                 f"{host}:{port} within {CONNECT_TIMEOUT_S:g} s ({exc})") from None
+
+
 @contextlib.contextmanager
 def connected(address: str | None = None, what: str = "this") -> Iterator[Any]:
     """Yield the ``ray`` module connected to a cluster; disconnect afterwards if this call connected.
@@ -138,6 +162,7 @@ def connected(address: str | None = None, what: str = "this") -> Iterator[Any]:
                                   "pass address=None to use that connection, or call ray.shutdown() first")
         yield ray
         return
+    _check_reachable(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except ConnectionError as exc:

@@ -79,6 +79,20 @@ def test_bad_arguments_are_refused_before_ray_is_touched():
         check_address("/data/measurements")
 
 
+def test_an_address_where_nothing_listens_is_refused_at_once():
+    """ray.init had retried a silent host:port for many minutes (20 tries of its GCS client) without an error."""
+    from profilers.rayutil import connected
+    from tests.service_helpers import free_port
+
+    port = free_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        started = time.monotonic()
+        with pytest.raises(RayConnectionError, match=f"nothing accepts connections at 127.0.0.1:{port}"):
+            with connected(address):
+                pass
+        assert time.monotonic() - started < 10
+
+
 def test_missing_ray_says_how_to_install(monkeypatch, tmp_path, capsys):
     from experiments.simulator.runner import Task, run_sweep
 
