@@ -46,6 +46,7 @@ import os
 import pickle
 import queue as queue_module
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -316,6 +317,33 @@ def _payload(pieces: tuple[Any, Any, Any, Any]) -> tuple[Any, bytes]:
     return model, packed
 
 
+def _death(rank: int, code: int) -> str:
+    """Why replica ``rank`` ended with exit code ``code``, in words."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"replica {rank} died (killed by {name}: the host's OOM killer, or a signal from outside)"
+    return (f"replica {rank} died (exit code {code}); see its output above. A script that calls profile_job must do "
+            "so under `if __name__ == \"__main__\":` (replicas are spawned)")
+
+
+def _killed_replica(procs: Sequence[Any], wait_s: float = 1.0) -> tuple[int, int] | None:
+    """(rank, exit code) of a replica killed by a signal, waiting up to ``wait_s`` for one to show; ``None``.
+
+    A replica whose model raised reports it and exits by itself (exit code 0 or 1): only a signal says
+    that the process was ended from outside."""
+    end = time.monotonic() + wait_s
+    while True:
+        for rank, proc in enumerate(procs):
+            if proc.exitcode is not None and proc.exitcode < 0:
+                return rank, proc.exitcode
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.05)
+
+
 def profile_sync(
     pieces: tuple[Any, Any, Any, Any],
     devices: Sequence[str],
@@ -404,14 +432,9 @@ def profile_sync(
                 if time.time() > deadline + grace_s:
                     outcome.stopped = "time_budget"
                     break
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                dead = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if dead and results.empty():
-                    raise ModelFailureError(
-                        gpu_type, int(sizes[0]),
-                        f"a replica process died (exit code {dead[0].exitcode}); see its output above. A script that "
-                        "calls profile_job must do so under `if __name__ == \"__main__\":` (replicas are spawned)",
-                        num_replicas,
-                    )
+                    raise ModelFailureError(gpu_type, int(sizes[0]), _death(*dead[0]), num_replicas)
                 if all(p.exitcode == 0 for p in procs) and results.empty():
                     break
                 continue
@@ -428,8 +451,13 @@ def profile_sync(
                 break
             elif kind == "error":
                 _, bsz, text, trace = message
-                error = ModelFailureError(gpu_type, int(bsz or sizes[0]), text, num_replicas)
-                error.__notes__ = [f"in a spawned replica:\n{trace}"]
+                killed = _killed_replica(procs)
+                if killed is not None:  # the peers of a replica killed (the OOM killer) fail in their collective
+                    error = ModelFailureError(gpu_type, int(bsz or sizes[0]), _death(*killed), num_replicas)
+                    error.__notes__ = [f"another replica then failed in its collective: {text}"]
+                else:
+                    error = ModelFailureError(gpu_type, int(bsz or sizes[0]), text, num_replicas)
+                    error.__notes__ = [f"in a spawned replica:\n{trace}"]
                 raise error
             elif kind == "done":
                 finished = True

@@ -46,6 +46,24 @@ class ShapeMismatch(nn.Module):
         return self.second(self.first(x))
 
 
+class KilledReplica:
+    """A ``make_batch`` whose replica of rank 1 kills its own process (SIGKILL, as the OOM killer would) from
+    ``threshold`` samples on; the tiny MLP's batches otherwise."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+
+    def __call__(self, bsz: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        if bsz >= self.threshold and dist.is_initialized() and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return tiny_mlp().make_batch(bsz, device)
+
+
 class NanFromBatch(nn.Module):
     """Finite outputs below ``threshold`` samples, NaN from there on (a numerically broken model at large batches)."""
 

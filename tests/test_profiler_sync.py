@@ -11,7 +11,7 @@ from goodput import Cluster, JobModel
 from goodput.errors import ValidationError
 from profilers import ModelFailureError, profile_job
 from profilers.sync import profile_sync
-from tests.profiler_jobs import BufferedClassifier, NanAfterTraining, NanFromBatch, SpareHead, tiny_mlp
+from tests.profiler_jobs import BufferedClassifier, KilledReplica, NanAfterTraining, NanFromBatch, SpareHead, tiny_mlp
 
 
 def test_two_gloo_replicas_record_sync_time(tmp_path):
@@ -65,6 +65,16 @@ def test_a_replica_failure_names_device_batch_and_replicas():
                      min_steps=2, max_steps=3, target_seconds=0.01, on_result=seen.append)
     assert info.value.num_replicas == 2 and info.value.local_bsz == 16
     assert [r.local_bsz for r in seen] == [4]  # what was measured before the failure was delivered
+
+
+def test_a_replica_killed_from_outside_is_named_not_blamed_on_the_model():
+    """Rank 0's collective fails first ('Connection reset by peer'): that had been raised as the model's failure."""
+    work = tiny_mlp()
+    pieces = (work.model, work.optimizer_factory, work.loss_fn, KilledReplica(threshold=16))
+    with pytest.raises(ModelFailureError, match=r"replica 1 died \(killed by SIGKILL") as info:
+        profile_sync(pieces, ["cpu"], 2, [4, 16], gpu_type="cpu", deadline=time.time() + 30, threads=1,
+                     min_steps=2, max_steps=3, target_seconds=0.01)
+    assert info.value.local_bsz == 16
 
 
 def test_lambdas_reach_the_replicas_and_what_does_not_pickle_is_refused_before_spawning():
