@@ -33,7 +33,7 @@ run the forward pass by calling the model it is given.
 
 Example::
 
-    results = profile_sync(pieces, device_type, num_replicas=2, sizes=[8, 32],
+    outcome = profile_sync(pieces, ["cpu"], num_replicas=2, sizes=[8, 32], gpu_type="cpu",
                            deadline=time.time() + 10, threads=1, on_result=print)
 """
 
@@ -386,12 +386,22 @@ def profile_sync(
 
     Raises:
         ModelFailureError: a replica failed (names the device type and batch size).
+        ValidationError: ``devices`` is not a list of device names (a bare ``"cpu"``), holds fewer CUDA
+            devices than replicas, or ``num_replicas`` is below 2.
     """
     import torch.multiprocessing as mp
 
+    from goodput.errors import ValidationError
+    from goodput.validation import check_int
+
     from .errors import ModelFailureError
 
+    num_replicas = check_int("num_replicas", num_replicas, minimum=2)
+    if isinstance(devices, str) or not devices or not all(isinstance(d, str) for d in devices):
+        raise ValidationError("devices", devices, 'expected a list of device names: ["cpu"] or CUDA devices, one per replica')
     cpu = devices[0] == "cpu"
+    if not cpu and len(devices) < num_replicas:
+        raise ValidationError("devices", list(devices), f"{num_replicas} replicas need as many CUDA devices")
     if cpu:
         backend, replica_devices = "gloo", ["cpu"] * num_replicas
     else:

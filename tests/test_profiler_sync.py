@@ -91,6 +91,17 @@ def test_lambdas_reach_the_replicas_and_what_does_not_pickle_is_refused_before_s
         profile_sync(pieces, ["cpu"], 2, [4], gpu_type="cpu", deadline=time.time() + 10)
 
 
+def test_a_bare_device_name_is_refused_naming_devices():
+    """'cpu' as a string had been read a character at a time, and blamed on the model ('device string: p')."""
+    work = tiny_mlp()
+    pieces = (work.model, work.optimizer_factory, work.loss_fn, work.make_batch)
+    for devices, replicas in (("cpu", 2), ([], 2), (["cuda:0"], 2)):
+        with pytest.raises(ValidationError, match="devices"):
+            profile_sync(pieces, devices, replicas, [4], gpu_type="cpu", deadline=time.time() + 10)
+    with pytest.raises(ValidationError, match="num_replicas"):
+        profile_sync(pieces, ["cpu"], 1, [4], gpu_type="cpu", deadline=time.time() + 10)
+
+
 def test_replicas_measure_the_first_size_then_stop_at_the_deadline():
     work = tiny_mlp()
     pieces = (work.model, work.optimizer_factory, work.loss_fn, work.make_batch)
