@@ -177,40 +177,55 @@ def read_csv_rows(
     optional = dict(optional or {})
     if skip is not None and skipped is None:
         raise TypeError("skip needs a skipped list to report the rows it leaves out")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise DataFormatError(path, 1, "header", "", "empty file") from None
-        missing = [c for c in schema if c not in header]
-        if missing:
-            raise DataFormatError(path, 1, "header", header, f"missing column(s) {missing}")
-        index = {name: header.index(name) for name in list(schema) + [c for c in optional if c in header]}
-        for line_no, raw in enumerate(reader, start=2):
-            if not raw or all(not cell.strip() for cell in raw):
-                continue
-            if len(raw) != len(header):
-                raise DataFormatError(path, line_no, "row", raw, f"has {len(raw)} fields, header has {len(header)}")
-            if skip is not None:
-                reason = skip({name: raw[col].strip() for name, col in index.items()})
-                if reason is not None:
-                    skipped.append((f"{path.name}:{line_no}", reason))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise DataFormatError(path, 1, "header", "", "empty file") from None
+            missing = [c for c in schema if c not in header]
+            if missing:
+                raise DataFormatError(path, 1, "header", header, f"missing column(s) {missing}")
+            index = {name: header.index(name) for name in list(schema) + [c for c in optional if c in header]}
+            for line_no, raw in enumerate(reader, start=2):
+                if not raw or all(not cell.strip() for cell in raw):
                     continue
-            row: dict[str, Any] = {}
-            for name, col in index.items():
-                cell = raw[col].strip()
-                kind = schema.get(name) or optional[name]
-                if name in optional and not cell:
-                    row[name] = None
-                    continue
-                try:
-                    row[name] = PARSERS[kind](cell)
-                except (ValueError, TypeError) as exc:
-                    raise DataFormatError(path, line_no, name, cell, str(exc) or f"expected {kind}") from None
-            for name in optional:
-                row.setdefault(name, None)  # absent from the header
-            yield line_no, row
+                if len(raw) != len(header):
+                    raise DataFormatError(path, line_no, "row", raw, f"has {len(raw)} fields, header has {len(header)}")
+                if skip is not None:
+                    reason = skip({name: raw[col].strip() for name, col in index.items()})
+                    if reason is not None:
+                        skipped.append((f"{path.name}:{line_no}", reason))
+                        continue
+                row: dict[str, Any] = {}
+                for name, col in index.items():
+                    cell = raw[col].strip()
+                    kind = schema.get(name) or optional[name]
+                    if name in optional and not cell:
+                        row[name] = None
+                        continue
+                    try:
+                        row[name] = PARSERS[kind](cell)
+                    except (ValueError, TypeError) as exc:
+                        raise DataFormatError(path, line_no, name, cell, str(exc) or f"expected {kind}") from None
+                for name in optional:
+                    row.setdefault(name, None)  # absent from the header
+                yield line_no, row
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> DataFormatError:
+    """The error for a file that is not UTF-8 text (a spreadsheet's cp1252 export, say)."""
+    return DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text: save the file as UTF-8")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
 
 
 def _observation(path: Path, line_no: int | None, **values: Any) -> Observation:
@@ -384,7 +399,7 @@ def read_gavel_throughputs(
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
     if not isinstance(data, Mapping):
@@ -661,7 +676,7 @@ def read_model_sizes(path: str | os.PathLike[str]) -> dict[str, float]:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, "model sizes", exc.msg, "not valid JSON") from exc
     if not isinstance(data, dict) or not data:

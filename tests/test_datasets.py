@@ -120,6 +120,19 @@ def test_measurement_directories(tmp_path):
     assert sorted(data.models) == ["bert", "ncf"] and not any("notes.csv" in n for n in data.notes)
 
 
+def test_a_file_that_is_not_utf8_is_a_data_format_error(tmp_path):
+    """A spreadsheet's cp1252 export had ended in a UnicodeDecodeError traceback."""
+    path = tmp_path / "placements.csv"
+    path.write_bytes("placement,local_bsz,step_time\n1,32,0.1\xe9\n".encode("latin-1"))
+    with pytest.raises(DataFormatError, match="not UTF-8") as info:
+        read_placements(path, "j", "t4")
+    assert info.value.field == "encoding"
+    gavel = tmp_path / "g.json"
+    gavel.write_bytes('{"v100": {"caf\xe9": 1}}'.encode("latin-1"))
+    with pytest.raises(DataFormatError, match="not UTF-8"):
+        read_gavel_throughputs(gavel)
+
+
 def test_gavel_reader(tmp_path):
     path = tmp_path / "g.json"
     path.write_text(
