@@ -88,7 +88,7 @@ from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.accuracy_report import P4_STEPS, evidence_check, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
-from experiments.accuracy_args import METHODS, P4_SEEDS, PROTOCOLS
+from experiments.accuracy_args import METHODS, P4_SEEDS, PROTOCOLS, checked_subset
 from goodput.hierarchy import ClusterPrior
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
@@ -111,6 +111,15 @@ LEVEL = 0.9  # of the intervals the harness scores
 # the rows the harness writes: one per (split, method, test observation); step times in seconds
 ROW_COLUMNS = ["model", "protocol", "split", "stage", "method", "gpu_type", "num_nodes", "num_replicas", "local_bsz",
                "accum_steps", "actual", "predicted", "low", "high"]
+
+
+TEXT_COLUMNS = ROW_COLUMNS[:6]  # model, protocol, split, stage, method, gpu_type
+
+
+def _read_rows(path: Path) -> Any:
+    """A model's rows as written: its names as text (pandas had read a model "0001" back as 1, "NA" as NaN)."""
+    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                       na_values={c: ["", "nan", "NaN"] for c in ROW_COLUMNS[6:]})
 
 
 # ====================================================================== our model
@@ -389,6 +398,7 @@ def run(
         raise ValidationError("backend", backend, "expected 'local' or 'ray'")
     seeds = check_int("seeds", seeds, minimum=1)
     p4_max_test = check_int("p4_max_test", p4_max_test, minimum=1)
+    protocols, methods = checked_subset("protocols", protocols, PROTOCOLS), checked_subset("methods", methods, METHODS)
     if Path(data_dir).is_file() and Path(data_dir).suffix != ".jsonl":
         raise ValidationError("data_dir", str(data_dir), "is a file, not a directory (expected a folder of "
                               "measurements or a *.jsonl profile)")
@@ -430,7 +440,7 @@ def run(
 
         for name in names:
             if name in done:
-                evaluated[name] = pd.read_csv(out / f"rows-{name}.csv")
+                evaluated[name] = _read_rows(out / f"rows-{name}.csv")
                 bar.advance(task)
         todo = [name for name in names if name not in done]
         if backend == "ray":
@@ -455,10 +465,12 @@ def run(
         warnings.simplefilter("ignore")
         ref_errors = reference_errors({n: data.models[n] for n in names})
     reference, ref_by_model = summarize_reference(ref_errors), reference_by_model(ref_errors)
-    notes = list(data.notes) + [
-        f"bayes: cross-job prior from the other {len(data.models) - 1} model(s) of the directory (leave-one-model-out); "
-        "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
-        f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint",
+    notes = list(data.notes) + [note for note, wanted in (
+        (f"bayes: cross-job prior from the other {len(data.models) - 1} model(s) of the directory (leave-one-model-out); "
+         "bayes-noprior: without it" if full_prior is not None else "bayes: a single model, no cross-job prior",
+         any(m.startswith("bayes") for m in methods)),
+        (f"P4: {seeds} random order(s) per type; at most {p4_max_test} of the rest evaluated per checkpoint", "P4" in protocols),
+    ) if wanted] + [
         f"model sizes (trainable parameters) known for {len(sizes)} of {len(data.models)} model(s)"
         + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else "")
         + f" (--model-sizes {given.source}" + (f"; {len(data.sizes)} recorded by the profiles" if data.sizes else "") + ")",
@@ -522,15 +534,6 @@ def build_parser() -> argparse.ArgumentParser:
                                              formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
-def _subset(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        reason = f"unknown {', '.join(bad)}" if bad else "none given"
-        raise ValidationError(what, text, f"{reason}; choose from {', '.join(allowed)}")
-    return values
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     from experiments.benchutil import console
     from profilers.rayutil import ray_option
@@ -540,8 +543,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     summary = run(
         args.data_dir, args.out,
         models=[m.strip() for m in args.models.split(",")] if args.models else None,
-        protocols=_subset(args.protocols, PROTOCOLS, "protocols"),
-        methods=_subset(args.methods, METHODS, "methods"),
+        protocols=args.protocols,
+        methods=args.methods,
         seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
         mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
         model_sizes=args.model_sizes, backend="ray" if use_ray else "local", address=address,
@@ -559,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return run_from_args(args)
-    except (ValidationError, RayNotInstalledError, RayConnectionError) as exc:
+    except (ValidationError, OSError, RayNotInstalledError, RayConnectionError) as exc:  # OSError: a missing folder
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 

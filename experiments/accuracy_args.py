@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 PROTOCOLS = ("P1", "P2", "P3", "P4", "P5")
 METHODS = ("bayes", "bayes-noprior", "pollux", "linear", "sia")
@@ -38,17 +40,34 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def checked_subset(field: str, values: Any, allowed: Sequence[str]) -> list[str]:
+    """``values`` (comma-separated text, or a sequence of names) as a non-empty list of ``allowed`` names,
+    in order, each once (a repeat would evaluate, count and log everything twice).
+
+    Raises:
+        ValidationError: a name not in ``allowed``, or none given.
+    """
+    from goodput.errors import ValidationError
+
+    given = values.split(",") if isinstance(values, str) else list(values)
+    names = list(dict.fromkeys(v.strip() if isinstance(v, str) else v for v in given))
+    names = [v for v in names if v != ""]
+    bad = [str(v) for v in names if v not in allowed]
+    if bad or not names:
+        what = f"unknown {', '.join(bad)}" if bad else "none given"
+        raise ValidationError(field, values, f"{what}; choose from {', '.join(allowed)}")
+    return names
+
+
 def subset_arg(field: str, allowed: tuple[str, ...]):
     """argparse type for a comma-separated, non-empty subset of ``allowed`` (given back as text)."""
 
     def parse(text: str) -> str:
         from goodput.errors import ValidationError
 
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in allowed]
-        if bad or not values:
-            what = f"unknown {', '.join(bad)}" if bad else "none given"
-            raise argparse.ArgumentTypeError(str(ValidationError(field, text, f"{what}; choose from {', '.join(allowed)}")))
-        return ",".join(values)
+        try:
+            return ",".join(checked_subset(field, text, allowed))
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse

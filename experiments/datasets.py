@@ -589,6 +589,8 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir()):
         name = model_dir.resolve().name if model_dir == root else model_dir.name
         observations = read_model_tables(model_dir, name, default_gpu_type, notes)
+        if not observations and any(_TYPED_FILE.match(p.name) for p in model_dir.glob("*.csv")):
+            notes.append(f"{name}: no measured rows in its tables, left out")
         if observations:
             if name in models:
                 raise DataFormatError(model_dir, None, "model", name, "tables both in the directory and in a sub-folder of that name")
@@ -638,7 +640,10 @@ def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu
             notes.append(f"{where}: no GPU type in the name, read as {gpu!r}")
         reader = read_placements if match.group("kind") == "placements" else read_scalability
         skipped: list[tuple[str, str]] | None = None if strict else []
-        observations.extend(reader(csv_path, model, gpu, source=f"{match.group('kind')}:{csv_path.name}", skipped=skipped))
+        read = reader(csv_path, model, gpu, source=f"{match.group('kind')}:{csv_path.name}", skipped=skipped)
+        observations.extend(read)
+        if not read and not skipped:
+            notes.append(f"{where}: no rows")
         if skipped:
             first = "; ".join(f"line {entry.rsplit(':', 1)[1]}: {reason}" for entry, reason in skipped[:3])
             more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""

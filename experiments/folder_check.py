@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.datasets import read_measurements
+from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 from goodput.observations import Observation
 
@@ -36,7 +37,12 @@ def run(argv: Sequence[str] | None, prog: str, description: str,
         if not Path(folder).is_dir():
             print(f"error: {folder}: not a directory", file=sys.stderr)
             return 2
-        results[folder] = figures_of(read_measurements(folder).models)
+        try:
+            models = read_measurements(folder).models
+        except (ValidationError, OSError) as exc:  # a malformed table (DataFormatError), a folder without data
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        results[folder] = figures_of(models)
         print(f"{folder}: {line_of(results[folder])}")
     if args.out:
         atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")

@@ -13,7 +13,7 @@ import pytest
 from experiments import accuracy
 from experiments.datasets import KNOWN_SIZES_DIR, read_measurements, read_model_sizes, read_zeus, resolve_model_sizes
 from cli import main
-from goodput.errors import DataFormatError
+from goodput.errors import DataFormatError, ValidationError
 from goodput.throughput import ThroughputParams, predict_compute_time, predict_step_time
 
 # Known parameters per GPU type of a synthetic "cluster" (fast a100 on 8-GPU nodes, t4 on 4-GPU
@@ -223,6 +223,27 @@ def test_harness_end_to_end_with_mlflow_and_resume(layout, tmp_path):
     (out / "settings.json").unlink()
     with pytest.raises(ValueError, match="settings.json"):
         accuracy.run(layout, out, models=["resnet", "small"], seeds=1, p4_max_test=30, progress=False, mlflow=False, resume=True)
+
+
+def test_resumed_rows_keep_names_that_look_like_numbers_and_repeats_run_once(layout, tmp_path):
+    """A resumed model '0001' had come back as 1 (pandas guessed the column's type); '--protocols P1,P1' had
+    evaluated and counted everything twice; the P4 and bayes notes had been written for runs without them."""
+    import shutil
+
+    shutil.move(layout / "small", layout / "0001")
+    out = tmp_path / "numeric"
+    kwargs = dict(models=["0001"], seeds=1, progress=False, mlflow=False, methods=["linear", "linear"])
+    first = accuracy.run(layout, out, protocols=["P1", "P1"], **kwargs)
+    assert first["n"].tolist() == [len(accuracy.splits_p1(read_measurements(layout).models["0001"])[0].test)]
+    fresh = (out / "accuracy.md").read_text()
+    assert "P4:" not in fresh and "bayes:" not in fresh
+    again = accuracy.run(layout, out, protocols=["P1"], resume=True, **kwargs)
+    pd.testing.assert_frame_equal(again, first)
+    resumed = (out / "accuracy.md").read_text()
+    assert "| 0001 | linear |" in resumed and "| 1 | linear |" not in resumed
+    with pytest.raises(ValidationError, match="protocols"):  # checked before anything is written
+        accuracy.run(layout, tmp_path / "bad", protocols=["p1"], progress=False, mlflow=False)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_cli_accuracy(layout, tmp_path, capsys):

@@ -145,6 +145,11 @@ def test_the_evidence_check_compares_p2_with_p1_on_the_same_rows():
     assert check.loc["b", "P2"] == pytest.approx(30.0)
     text = markdown(summarize(rows, resamples=0), "t", evidence=evidence_check(rows))
     assert "Holds for 1 of 2 model(s) of bayes" in text and "| b | bayes | 1 | 10.0 | 30.0 | n/a | no |" in text
+    # without bayes, one count per method: 2 models × 2 methods had read "4 of 4 model(s) of linear"
+    others = pd.concat([rows.assign(method="linear"), rows.assign(method="pollux")], ignore_index=True)
+    text = markdown(summarize(others, resamples=0), "t", evidence=evidence_check(others))
+    assert ("Holds for 1 of 2 model(s) of linear, worse beyond the interval for 0; "
+            "1 of 2 model(s) of pollux, worse beyond the interval for 0") in text
     assert evidence_check(rows[rows["protocol"] == "P1"]).empty
     assert np.isnan(check.loc["a", "low"]) and not bool(check.loc["a", "worse"])  # one test type: no interval
 
@@ -172,7 +177,7 @@ def test_the_evidence_check_bounds_p2_minus_p1_by_resampling_the_test_types():
     assert not bool(check.loc["mixed", "worse"]) and check.loc["mixed", "low"] < 0.0 < check.loc["mixed", "high"]
     text = markdown(summarize(rows, resamples=0), "t", evidence=check.reset_index())
     assert "| worse | bayes | 8 | 10.5 | 21.0 |" in text and "| no, beyond the interval |" in text
-    assert "P2 is worse beyond the 95% interval of P2 − P1 (resampling the model's test types) for 1." in text
+    assert "Holds for 1 of 2 model(s) of bayes, worse beyond the interval for 1 (the 95% interval" in text
     same = np.arange(12.0)
     assert paired_median_difference(same, same, np.repeat(np.arange(4), 3)) == (0.0, 0.0)  # paired: shared rows cancel
     with pytest.raises(ValueError, match="second, units"):

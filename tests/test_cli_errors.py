@@ -190,11 +190,14 @@ def test_accuracy_on_a_file_says_it_is_not_a_directory(tmp_path, capsys):
 
 
 def test_accuracy_harness_refuses_bad_subsets_as_validation_errors():
-    from experiments.accuracy import _subset
+    from experiments.accuracy_args import checked_subset
     from goodput.errors import ValidationError
 
     with pytest.raises(ValidationError, match="protocols='P9'"):
-        _subset("P9", ("P1", "P2"), "protocols")
+        checked_subset("protocols", "P9", ("P1", "P2"))
+    with pytest.raises(ValidationError, match="none given"):
+        checked_subset("methods", " , ", ("bayes",))
+    assert checked_subset("protocols", "P2,P1,P2", ("P1", "P2")) == ["P2", "P1"]
 
 
 # ---------------------------------------------------------------- 5, 6, 9. simulate's arguments

@@ -118,6 +118,12 @@ def test_measurement_directories(tmp_path):
     (tmp_path / "notes.csv").write_text("a\n")  # the parent holds no tables: not a model, not noted
     data = read_measurements(tmp_path)
     assert sorted(data.models) == ["bert", "ncf"] and not any("notes.csv" in n for n in data.notes)
+    empty = tmp_path / "resnet"  # a header and no rows: had left the model out without a word
+    empty.mkdir()
+    (empty / "placements-v100.csv").write_text(header)
+    data = read_measurements(tmp_path)
+    assert sorted(data.models) == ["bert", "ncf"]
+    assert "resnet/placements-v100.csv: no rows" in data.notes and "resnet: no measured rows in its tables, left out" in data.notes
 
 
 def test_a_file_that_is_not_utf8_is_a_data_format_error(tmp_path):

@@ -209,3 +209,17 @@ def test_developer_tools_refuse_bad_options_in_one_line(module, argv, message, c
     with pytest.raises(SystemExit) as exit_info:
         importlib.import_module(module).main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_module_entry_points_print_one_line_errors_for_missing_or_malformed_data(tmp_path, capsys):
+    """A missing folder (OSError) and a malformed table (DataFormatError) had ended these in tracebacks."""
+    from experiments import accuracy, noise_floor
+
+    assert accuracy.main([str(tmp_path / "nothing-here"), "--no-mlflow", "--no-progress"]) == 2
+    assert "nothing-here" in capsys.readouterr().err
+    bad = tmp_path / "bad" / "m"
+    bad.mkdir(parents=True)
+    (bad / "placements-t4.csv").write_text("placement,local_bsz,step_time\n1,32,abc\n")
+    assert noise_floor.main([str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "placements-t4.csv:2" in err and "step_time" in err and "Traceback" not in err
