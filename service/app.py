@@ -234,7 +234,7 @@ def create_app(
     if tokens:
         app.add_middleware(TokenAuthMiddleware, tokens=tuple(tokens))
     app.add_middleware(CachedReads, registry=registry, fastapi_app=app)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     writes = [Security(_bearer)]
 
     # ------------------------------------------------------------------ errors

@@ -65,11 +65,16 @@ class Metrics:
 
 
 class MetricsMiddleware:
-    """ASGI middleware: count and time every HTTP request by its route template."""
+    """ASGI middleware: count and time every HTTP request by its route template.
 
-    def __init__(self, app: Any, metrics: Metrics) -> None:
+    A request answered before routing (a 401 from the token check, a 413 from the body limit) is
+    labelled with the template its path matches among ``routes`` (the app's), ``unmatched`` only
+    when none does (a 404)."""
+
+    def __init__(self, app: Any, metrics: Metrics, routes: Any = ()) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -86,8 +91,21 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            route = scope.get("route")
+            route = scope.get("route") or self._match(scope)
             template = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
             self.metrics.requests.labels(method, template, str(status["code"])).inc()
             self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
+
+    def _match(self, scope: dict[str, Any]) -> Any:
+        """The route whose path (and method, preferably) the request matches, or ``None``."""
+        from starlette.routing import Match
+
+        partial = None
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return route
+            if match == Match.PARTIAL and partial is None:
+                partial = route
+        return partial

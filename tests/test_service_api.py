@@ -92,6 +92,9 @@ def test_writes_need_the_token_reads_and_the_extender_do_not(server):
     with pytest.raises(ServiceError) as caught:
         Client(url).put_job("auth", 8)
     assert caught.value.status == 401
+    text = httpx.get(f"{url}/metrics").text  # refused before routing, still counted by route (had been "unmatched")
+    for method, route in (("PUT", "/v1/jobs/{job}"), ("POST", "/v1/jobs/{job}/observations"), ("POST", "/v1/allocate")):
+        assert f'goodput_requests_total{{method="{method}",route="{route}",status="401"}}' in text, route
 
 
 def test_observations_are_acknowledged_once_and_bad_records_named(server):
