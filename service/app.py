@@ -51,7 +51,7 @@ from goodput.hybrid import Stages
 from .auth import DEFAULT_MAX_BODY, BodyLimitMiddleware, TokenAuthMiddleware, read_tokens
 from .k8s import Extender
 from .metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
-from .registry import NotReadyError, Registry, build_model
+from .registry import NotReadyError, Registry, build_model, check_export_dir
 from .schemas import (
     JOB_PATTERN,
     AllocateIn,
@@ -193,6 +193,7 @@ def create_app(
         raise ValidationError("max_body_bytes", max_body_bytes, "must be at least 1024")
     if isinstance(cluster_prior, (str, Path)):  # before the store is opened: a bad file leaves nothing behind
         cluster_prior = ClusterPrior.load(cluster_prior)
+    check_export_dir(export_dir, cluster)  # likewise
     store = store if isinstance(store, Store) else Store(store)
     metrics = Metrics()
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,

@@ -74,7 +74,7 @@ from .metrics import Metrics
 from .schemas import json_bytes, json_safe
 from .store import AddResult, JobRecord, Store, UnknownJobError
 
-__all__ = ["Registry", "Published", "NotReadyError", "build_model", "read_observations", "StoredObservations"]
+__all__ = ["Registry", "Published", "NotReadyError", "build_model", "check_export_dir", "read_observations", "StoredObservations"]
 
 log = logging.getLogger("goodput.service")
 
@@ -248,6 +248,27 @@ class _Working:
     prior_version: int = 0  # the learned prior its model has (Registry._prior_version)
 
 
+def check_export_dir(export_dir: str | Path | None, cluster: Cluster | None) -> Path | None:
+    """``export_dir`` as a folder this server may write (made if missing), or ``None``; it needs a cluster.
+
+    Raises:
+        ValidationError: no cluster to tabulate, or a path that is a file or a folder it may not write
+            (they fail at start-up, not per job).
+    """
+    if export_dir is None:
+        return None
+    if cluster is None:
+        raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
+    path = Path(export_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValidationError("export_dir", str(export_dir), f"cannot be made a folder: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValidationError("export_dir", str(export_dir), "is not a folder this server may write")
+    return path
+
+
 class Registry:
     """The jobs' published models and the worker that keeps them current (see the module docstring).
 
@@ -284,18 +305,9 @@ class Registry:
                  cluster_prior: ClusterPrior | None = None, learn_prior: bool = False,
                  prior_interval_s: float = 600.0, prior_jobs: int = 64, coalesce_s: float = 0.05, min_interval_s: float = 1.0, yield_s: float = 0.05,
                  max_defer_s: float = 2.0) -> None:
-        if export_dir is not None and cluster is None:
-            raise ValidationError("export_dir", str(export_dir), "needs a cluster (--cluster) to tabulate")
         self.store = store
         self.cluster = cluster
-        self.export_dir = Path(export_dir) if export_dir is not None else None
-        if self.export_dir is not None:  # a path that is a file, or a folder it may not write, fails now, not per job
-            try:
-                self.export_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ValidationError("export_dir", str(export_dir), f"cannot be made a folder: {exc.strerror}") from None
-            if not os.access(self.export_dir, os.W_OK | os.X_OK):
-                raise ValidationError("export_dir", str(export_dir), "is not a folder this server may write")
+        self.export_dir = check_export_dir(export_dir, cluster)
         self.metrics = metrics or Metrics()
         self.model_options = dict(model_options or {})
         if "cluster_prior" in self.model_options:

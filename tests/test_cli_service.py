@@ -97,6 +97,11 @@ def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):
         assert main(["serve", "--port", "0", "--store", store]) == 2
         err = capsys.readouterr().err
         assert "cannot be opened" in err and "Traceback" not in err
+    # each refusal above came before the store was opened: no database was made (had been g.db, with its tables)
+    assert not (tmp_path / "g.db").exists()
+    assert main(["serve", "--port", "0", "--cluster-prior", str(tmp_path / "missing.json"),
+                 "--store", f"sqlite:///{tmp_path}/g.db"]) == 2
+    assert "cluster_prior=" in capsys.readouterr().err and not (tmp_path / "g.db").exists()
 
 
 def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):
