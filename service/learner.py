@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import signal
 import threading
 import time
 import traceback
@@ -61,8 +63,25 @@ def learn_prior(observations: Mapping[str, Sequence[Observation]], sizes: Mappin
     return prior
 
 
-def _child(conn: Any, observations: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float | None]) -> None:
-    """The child's work: learn, send ``("ok", prior)`` or ``("error", text)``."""
+def _exit_with(parent: int, every_s: float = 1.0) -> None:
+    """End this process once ``parent`` is gone (it was reparented): a server killed with ``kill -9`` (or
+    by the OOM killer) does not leave its learning running to the end, beside the restarted server's."""
+    while True:
+        time.sleep(every_s)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _child(conn: Any, observations: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float | None],
+           parent: int | None = None) -> None:
+    """The child's work: learn, send ``("ok", prior)`` or ``("error", text)``.
+
+    Ctrl-C in the server's terminal reaches the child too (one process group): it is ignored here, the
+    server ends the child itself (:meth:`PriorLearner.stop`); it had died with a traceback, reported as
+    a failed learning. The child also ends when ``parent`` does (:func:`_exit_with`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), name="goodput-parent-watch", daemon=True).start()
     try:
         message: tuple[str, Any] = ("ok", learn_prior(observations, sizes))
     except Exception as exc:  # noqa: BLE001 - the parent logs it; the service keeps the prior it had
@@ -99,7 +118,8 @@ class PriorLearner:
             if self._watcher is not None and self._watcher.is_alive():
                 raise RuntimeError("a cluster prior is being learned already")
             receive, send = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=_child, args=(send, {j: list(o) for j, o in observations.items()}, dict(sizes)),
+            process = ctx.Process(target=_child, args=(send, {j: list(o) for j, o in observations.items()}, dict(sizes),
+                                                       os.getpid()),
                                   name="goodput-prior-learner", daemon=True)
             try:
                 process.start()

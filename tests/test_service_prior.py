@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -410,6 +412,56 @@ def test_the_prior_learner_sends_back_the_prior_or_what_went_wrong():
     assert prior is None and "longer than 0.2 s" in error and not slow._process.is_alive()
     with pytest.raises(ValidationError, match="timeout_s"):
         PriorLearner(timeout_s=0)
+
+
+LEARNING_SERVER = """
+import sys, time
+if __name__ == "__main__":
+    from service.learner import PriorLearner
+    from tests.hierarchy_jobs import cluster
+    observations = cluster(60, 0)  # a learning of many seconds
+    learner = PriorLearner()
+    learner.start(observations, {job: None for job in observations}, lambda *result: print("done", flush=True))
+    print(learner._process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a process's signals and state in /proc")
+def test_the_learning_child_ignores_ctrl_c_and_ends_with_its_server(tmp_path):
+    """Ctrl-C (SIGINT to the process group) had killed the child with a traceback, reported as a failed learning;
+    after a kill -9 of the server the child had learned on to the end, beside a restarted server's learning."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "server.py").write_text(LEARNING_SERVER)
+    server = subprocess.Popen([sys.executable, str(tmp_path / "server.py")], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONPATH": "."})
+    try:
+        child = int(server.stdout.readline())
+        deadline = time.monotonic() + 120
+        while not int(_proc_status(child).get("SigIgn", "0"), 16) & (1 << (signal.SIGINT - 1)):  # in _child now
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.05)
+        os.kill(child, signal.SIGINT)
+        time.sleep(0.5)
+        assert _proc_status(child).get("State", "Z")[0] not in "ZX"  # still learning
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 10  # gone within seconds, long before its learning would have ended
+    while _proc_status(child).get("State", "Z")[0] not in "ZX":
+        assert time.monotonic() < deadline, "the learning child outlived its server"
+        time.sleep(0.1)
 
 
 def test_a_store_that_fails_to_say_what_changed_costs_a_relearning_at_restart(tmp_path, monkeypatch):
