@@ -377,6 +377,9 @@ def task_error(exc: BaseException) -> BaseException:
 # ---------------------------------------------------------------------------- a private local cluster
 
 
+LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes and drivers take 127.0.0.1 as their address
+
+
 @contextlib.contextmanager
 def local_cluster(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
     """Start a private Ray cluster of ``nodes`` on this machine, connect this process, yield the
@@ -386,7 +389,10 @@ def local_cluster(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
     {"accelerator_type:xeon-a": 1}}``. Private: its session files, and the address file that a
     plain ``ray.init()`` looks for, live in a fresh temporary directory (``RAY_TMPDIR`` while it
     runs), every port is picked by the OS (the GCS, node managers, workers, the dashboard agent;
-    Ray's defaults 6379 and 52365 are not used), and no dashboard starts. For tests and benchmarks.
+    Ray's defaults 6379 and 52365 are not used), no dashboard starts, and every server of it listens
+    on 127.0.0.1 only (Ray's single-machine mode, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: its node
+    address is the loopback one; by default the GCS and node managers, which take unauthenticated
+    tasks, had listened on every interface). For tests and benchmarks.
     """
     if not nodes:
         raise ValidationError("nodes", nodes, "expected at least one node")
@@ -399,11 +405,16 @@ def local_cluster(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
         raise ValidationError("local_cluster", ray.get_runtime_context().gcs_address,
                               "this process is already connected to Ray; call ray.shutdown() first")
     temp = tempfile.mkdtemp(prefix="goodput-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: socket paths
-    saved = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp
+    saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", LOOPBACK_ONLY)}
+    os.environ.update({"RAY_TMPDIR": temp, LOOPBACK_ONLY: "0"})  # the nodes' processes read it at start
+    from ray._private import ray_constants  # this process read it when Ray was imported
+
+    cluster_mode = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
     cluster = None
     try:
-        private = {"include_dashboard": False, "dashboard_agent_listen_port": None, "metrics_export_port": None}
+        private = {"include_dashboard": False, "dashboard_agent_listen_port": None, "metrics_export_port": None,
+                   "node_ip_address": "127.0.0.1"}
         head, *workers = nodes
         cluster = Cluster(initialize_head=True, head_node_args={**private, **head})
         for node in workers:
@@ -416,8 +427,13 @@ def local_cluster(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
             ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if cluster_mode is None:
+            del ray_constants.ENABLE_RAY_CLUSTER
         else:
-            os.environ["RAY_TMPDIR"] = saved
+            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
         shutil.rmtree(temp, ignore_errors=True)

@@ -130,6 +130,20 @@ def ray_nodes(private_ray):
     return {name: n["NodeID"] for n in ray.nodes() for name in TYPES if f"accelerator_type:{name}" in n["Resources"]}
 
 
+def test_the_private_cluster_listens_on_loopback_only(ray_nodes):
+    """Its GCS, node managers and workers, which take unauthenticated tasks, had listened on every interface."""
+    psutil = pytest.importorskip("psutil")
+    listening = []
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            sockets = process.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        listening += [(process.name(), s.laddr.ip, s.laddr.port) for s in sockets if s.status == psutil.CONN_LISTEN]
+    assert any(name.startswith(("gcs_server", "raylet")) for name, _, _ in listening)  # the check sees Ray's servers
+    assert not [entry for entry in listening if entry[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")], listening
+
+
 def test_each_type_runs_on_its_own_node_and_the_results_merge(ray_nodes, tmp_path):
     work = tiny_mlp()
     out = tmp_path / "cluster.jsonl"
