@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -31,6 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DataFormatError, ValidationError
+
+try:
+    import fcntl  # POSIX: writers of one file take turns (below)
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 from .validation import (
     check_float,
     check_int,
@@ -612,6 +618,11 @@ class ProfileWriter:
     Opening an existing file reads it (``existing``: the observations already
     there, so a rerun can skip what is measured) and cuts off a torn last line,
     which would otherwise corrupt the next record. Every ``write`` appends.
+    Writers of one file take turns (an exclusive ``flock`` around that check
+    and each append): a second writer opening the file while another appends
+    had taken the record being written for a torn one and cut it, after the
+    other had fsynced it. A file that is not a profile is refused before
+    anything in it changes.
 
     Example::
 
@@ -625,12 +636,31 @@ class ProfileWriter:
         self.existing_records: list[str] = []
         self.existing: list[Observation] = []
         self.existing_meta: list[dict[str, Any]] = []  # the meta records already there, in order
-        if self.path.exists():
-            self._load_existing()
+        existed = self.path.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab")
+        if existed:
+            try:
+                with self._turn():
+                    self._load_existing()
+            except BaseException:
+                self._file.close()
+                raise
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This writer's turn at the file: an exclusive lock other ProfileWriters wait for (POSIX)."""
+        if fcntl is None:
+            yield
+            return
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
 
     def _load_existing(self) -> None:
+        self._read_existing()  # first: a file that is not a profile raises before its tail is touched
         data = self.path.read_bytes()
         if data and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1
@@ -655,6 +685,8 @@ class ProfileWriter:
                     f.truncate(cut)
                     f.flush()
                     os.fsync(f.fileno())
+
+    def _read_existing(self) -> None:
         records, _ = _read_jsonl(self.path)
         for line_no, record in records:
             key = _canonical(record)
@@ -673,9 +705,10 @@ class ProfileWriter:
             self.existing_records.append(key)
 
     def _append(self, record: dict[str, Any]) -> None:
-        self._file.write(_canonical(record).encode() + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        with self._turn():
+            self._file.write(_canonical(record).encode() + b"\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def write(self, obs: Observation) -> None:
         """Append one observation; it is on disk when this returns."""

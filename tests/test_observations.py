@@ -293,6 +293,47 @@ def test_writer_cuts_torn_tail_before_appending(tmp_path):
     assert not loaded.load_warnings
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("fcntl") is None, reason="POSIX file locks")
+def test_a_writer_opening_the_file_waits_for_a_record_being_appended(tmp_path):
+    """A second writer opening the file mid-append had taken the record for a torn one and cut it after the
+    first writer had fsynced it (the record was lost; only the opener was warned)."""
+    import threading
+
+    path = tmp_path / "shared.jsonl"
+    first = ProfileWriter(path)
+    record = json.dumps({"record": "observation", **make(local_bsz=5).to_dict()}).encode()
+    opened = []
+    with first._turn():  # first's append, caught halfway
+        first._file.write(record[:20])
+        first._file.flush()
+        opener = threading.Thread(target=lambda: opened.append(ProfileWriter(path)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TornRecordWarning)
+            opener.start()
+            opener.join(0.5)
+            assert opener.is_alive()  # waiting for its turn
+            first._file.write(record[20:] + b"\n")
+            first._file.flush()
+    opener.join(10)
+    assert [o.local_bsz for o in opened[0].existing] == [5]
+    opened[0].write(make(local_bsz=6))
+    for writer in (first, opened[0]):
+        writer.close()
+    assert [o.local_bsz for o in Profile.load(path)] == [5, 6]
+
+
+def test_saving_onto_a_file_that_is_not_a_profile_leaves_it_untouched(tmp_path):
+    """Its last line, lacking a newline, had been cut as a torn record before the file was refused."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"a": [1, 2], "b": "c"}, indent=2))  # no final newline
+    before = path.read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TornRecordWarning)
+        with pytest.raises(DataFormatError, match="settings.json:1"):
+            _profile(2).save(path)
+    assert path.read_bytes() == before
+
+
 def test_frame_round_trip():
     profile = Profile([make(), make(num_nodes=2, num_replicas=4, placement=(2, 2), grad_sqr=2.0, grad_var=3.0)])
     frame = profile.to_frame()
