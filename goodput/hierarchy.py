@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DataFormatError, ValidationError
-from .io import atomic_write_text
+from .io import atomic_write_text, read_json
 from .gp import HyperPrior, config_features, fit_shared_hyperparameters
 from .observations import Observation, by_gpu_type
 from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
@@ -226,6 +226,15 @@ class CellSummary:
     n: int
     noise: float
     size: float | None = None
+
+    def __eq__(self, other: object) -> bool:  # the arrays by value (the generated one raised on them)
+        if not isinstance(other, CellSummary):
+            return NotImplemented
+        return (self.job, self.gpu_type, self.n, self.noise, self.size) == (other.job, other.gpu_type, other.n, other.noise,
+                                                                            other.size) \
+            and np.array_equal(self.u, other.u) and np.array_equal(self.info, other.info)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside
 
     def to_dict(self) -> dict[str, Any]:
         out = {"job": self.job, "gpu_type": self.gpu_type, "u": [float(v) for v in self.u],
@@ -690,9 +699,10 @@ class ClusterPrior:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ClusterPrior:
         path = Path(path)
+        data = read_json(path)  # not JSON, not UTF-8: a DataFormatError with its line
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, KeyError, TypeError, ValidationError) as exc:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, OverflowError, ValidationError) as exc:  # OverflowError: a count of 1e400
             raise DataFormatError(path, None, "cluster_prior", str(exc)[:80], "not a saved ClusterPrior") from None
 
 

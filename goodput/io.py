@@ -35,13 +35,16 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file; a syntax error becomes a :class:`~goodput.errors.DataFormatError` with its line."""
+    """Parse a JSON file; a syntax error becomes a :class:`~goodput.errors.DataFormatError` with its line,
+    as does a file that is not UTF-8 text (a spreadsheet, a compressed file)."""
     from .errors import DataFormatError
 
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text") from None
 
 
 _REDIRECT_LOCK = threading.Lock()

@@ -378,7 +378,12 @@ class GoodputTable:
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> GoodputTable:
         """Read a table written by :meth:`to_csv` (``job`` and ``gpu_type`` are read as text)."""
-        frame = pd.read_csv(path, dtype={c: str for c in _TEXT_COLUMNS}, keep_default_na=False)
+        try:
+            frame = pd.read_csv(path, dtype={c: str for c in _TEXT_COLUMNS}, keep_default_na=False)
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text") from None
+        except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:  # ragged rows, an empty file
+            raise DataFormatError(path, None, "csv", str(exc)[:120], "not a table CSV") from None
         if "job" not in frame.columns:
             raise DataFormatError(path, None, "job", [], "expected one job per CSV")
         job = str(_one_per_csv(frame, "job", path))
@@ -470,11 +475,23 @@ def _plain(value: Any) -> Any:
 
 
 def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], path: str | os.PathLike[str]) -> Path:
-    """Write several jobs' tables to one JSON file, atomically."""
-    items = list(tables.values()) if isinstance(tables, Mapping) else list(tables)
-    for item in items:
+    """Write several jobs' tables to one JSON file, atomically.
+
+    Raises:
+        ValidationError: a value that is not a table, two tables of one job, or a mapping's key that is
+            not its table's job (:func:`load_tables` keys tables by job: such a file would not read back).
+    """
+    pairs = list(tables.items()) if isinstance(tables, Mapping) else [(None, t) for t in tables]
+    items, seen = [], set()
+    for key, item in pairs:
         if not isinstance(item, GoodputTable):
             raise ValidationError("tables", item, "expected GoodputTable values")
+        if key is not None and key != item.job:
+            raise ValidationError(f"tables[{key!r}]", item.job, "a table's key must be its job")
+        if item.job in seen:
+            raise ValidationError("tables", item.job, "two tables of one job")
+        seen.add(item.job)
+        items.append(item)
     payload = {"tables": [t.to_dict() for t in items]}
     return atomic_write_text(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")
 

@@ -108,6 +108,28 @@ def test_duplicates_and_missing_columns_raise():
         GoodputTable("job", pd.DataFrame(rows()).drop(columns="goodput"))
 
 
+def test_unreadable_table_files_are_data_format_errors_and_save_tables_writes_only_what_loads(tmp_path):
+    """Raw UnicodeDecodeError/ParserError had escaped the readers; save_tables had written two tables of one job
+    (which load_tables refuses) and dropped the mapping's keys."""
+    from goodput.allocator import Allocation
+
+    (tmp_path / "t.xlsx").write_bytes(b"PK\x03\x04\xff\xfe binary")
+    (tmp_path / "ragged.csv").write_text("job,gpu_type,num_nodes,num_gpus,goodput\nj,t4,1,1,2.0\nj,t4,1,2,3.0,9\n")
+    for read, name, field in ((load_tables, "t.xlsx", "encoding"), (GoodputTable.from_json, "t.xlsx", "encoding"),
+                              (Allocation.from_json, "t.xlsx", "encoding"), (GoodputTable.from_csv, "t.xlsx", "encoding"),
+                              (GoodputTable.from_csv, "ragged.csv", "csv")):
+        with pytest.raises(DataFormatError) as info:
+            read(tmp_path / name)
+        assert info.value.field == field, (read, name)
+    table = GoodputTable("cifar10", rows())
+    with pytest.raises(ValidationError, match="two tables of one job"):
+        save_tables([table, table.at_quantile(0.1)], tmp_path / "dup.json")
+    with pytest.raises(ValidationError, match="key must be its job"):
+        save_tables({"cifar10-cautious": table}, tmp_path / "dup.json")
+    assert not (tmp_path / "dup.json").exists()
+    assert list(load_tables(save_tables({"cifar10": table}, tmp_path / "ok.json"))) == ["cifar10"]
+
+
 def test_large_counts_are_not_taken_for_duplicates():
     """Duplicates had been found by packing (type, nodes, gpus) into one int64, which wrapped at counts that
     validation accepts: distinct rows were refused as 'appears twice'."""

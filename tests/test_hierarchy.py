@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -261,6 +263,16 @@ def test_save_load_and_exclude(prior, tmp_path):
         ClusterPrior.from_observations([1, 2])
     with pytest.raises(ValidationError, match="summaries"):
         ClusterPrior(["not a cell"])
+    # compared by value (== had raised on the summaries' arrays); unreadable files name themselves
+    assert loaded == ClusterPrior.load(path) and loaded != left
+    data = json.loads(path.read_text())
+    data["summaries"][0]["n"] = 1e400  # written by hand: an OverflowError had escaped
+    (tmp_path / "huge.json").write_text(json.dumps(data).replace("Infinity", "1e400"))
+    (tmp_path / "prior.json.gz").write_bytes(b"\x1f\x8b\x08\x00binary")
+    for name, field in (("huge.json", "cluster_prior"), ("prior.json.gz", "encoding")):
+        with pytest.raises(DataFormatError) as info:
+            ClusterPrior.load(tmp_path / name)
+        assert info.value.field == field
 
 
 def test_a_summary_saved_before_computes_power_loads_with_pollux_sum(prior):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataFormatError, ValidationError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_json
 from ..validation import check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobAllocation", "SolverInfo", "Allocation"]
@@ -272,10 +272,7 @@ class Allocation(Mapping):
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> Allocation:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+        data = read_json(path)
         try:
             return cls.from_dict(data)
         except ValidationError as exc:
