@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -75,13 +76,19 @@ def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{name} — {platform.node()} ({os.cpu_count()} CPUs)")
+    title = f"{name} — {platform.node()} ({os.cpu_count()} CPUs)"
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*[_fmt(row.get(c)) for c in columns])
-    Console(width=220).print(table)
+    if len(columns) > MAX_TABLE_COLUMNS:  # a table that wide shrinks every cell to "…": one line per row instead
+        print(title)
+        for row in rows:
+            print("  " + ", ".join(f"{k}={_fmt(v)}" for k, v in row.items() if v is not None))
+    else:
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*[_fmt(row.get(c)) for c in columns])
+        Console(width=220).print(table)
     payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "rows": list(rows), **(extra or {})}
     path = atomic_write_text(Path(args.out_dir) / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
     print(f"figures saved to {path}")
@@ -93,13 +100,25 @@ def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, 
 
             metrics = {}
             for row in rows:
-                label = str(row.get("what", row.get("case", "row"))).replace(" ", "_")
+                label = metric_name(str(row.get("what", row.get("case", "row"))))
                 for key, value in row.items():
                     if isinstance(value, (int, float)) and not isinstance(value, bool):
                         metrics[f"{label}.{key}"[:250]] = float(value)
             mlflow.log_metrics(metrics)
             mlflow.log_artifact(str(path))
     return path
+
+
+MAX_TABLE_COLUMNS = 12
+
+
+def metric_name(label: str) -> str:
+    """A row's label as an MLflow metric name: characters MLflow refuses (``,()+×``, spaces) become ``_``.
+
+    >>> metric_name("observe(1) + table, 200 obs")
+    'observe_1____table__200_obs'
+    """
+    return re.sub(r"[^A-Za-z0-9_.\-/]", "_", label)
 
 
 def _fmt(value: Any) -> str:

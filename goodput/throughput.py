@@ -47,6 +47,7 @@ import scipy.optimize
 
 from .errors import ValidationError
 from .observations import Observation
+from .threads import single_threaded
 from .validation import check_allocations, check_float
 
 __all__ = [
@@ -395,6 +396,7 @@ def _prior_values(prior: ThroughputParams | Mapping[str, float] | None) -> dict[
     return {k: check_float(f"prior[{k!r}]", v, nonnegative=True) for k, v in prior.items()}
 
 
+@single_threaded  # small matrices: BLAS threads only contend (goodput.threads; 7-30x slower on a busy host)
 def fit_throughput(
     observations: Iterable[Observation],
     *,

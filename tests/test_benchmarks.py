@@ -16,6 +16,26 @@ def test_bench_core_quick(tmp_path):
     assert all(row["median_ms"] > 0 for row in figures["rows"])
 
 
+def test_bench_figures_reach_mlflow_under_names_it_takes(tmp_path, monkeypatch, capsys):
+    """Row labels such as 'utilisation (mean)' had been refused as metric names: every --mlflow run had failed;
+    a row set wider than a console's table is printed a line per row (bench_service's cells had all read '…')."""
+    import argparse
+
+    import mlflow
+
+    from experiments.benchutil import report
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rows = [{"what": "observe(1) + table(20 configurations), 200 obs", "median_ms": 5.0},
+            {"what": "utilisation (mean)", "value": 0.5, **{f"extra_{i}": i for i in range(14)}}]
+    report("bench_names", rows, argparse.Namespace(out_dir=str(tmp_path), mlflow=True))
+    printed = capsys.readouterr().out
+    assert "extra_13=13" in printed and "…" not in printed
+    runs = mlflow.search_runs(experiment_names=["benchmarks"])
+    assert runs["metrics.observe_1____table_20_configurations___200_obs.median_ms"].iloc[0] == 5.0
+    assert runs["metrics.utilisation__mean_.value"].iloc[0] == 0.5
+
+
 def test_bench_profiler_quick(tmp_path):
     assert bench.main(["--only", "profiler", "--quick", "--out-dir", str(tmp_path)]) == 0
     cost = json.loads((tmp_path / "bench_profiler_cost.json").read_text())["rows"]
