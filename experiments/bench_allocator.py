@@ -286,9 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--milp-time-limit", type=float, default=None, help="seconds for the exact MILP (default 60; quick 10)")
     args = p.parse_args(argv)
     def size(text: str) -> tuple[int, int]:
-        gpus, _, jobs = text.partition("x")
-        return int(gpus), int(jobs) if jobs else JOBS_PER_64 * int(gpus) // 64
+        gpus, _, jobs = text.strip().partition("x")
+        try:
+            out = int(gpus), int(jobs) if jobs else JOBS_PER_64 * int(gpus) // 64
+        except ValueError:
+            p.error(f"--sizes: {text!r} is not GPUS or GPUSxJOBS")
+        if out[1] < 1:
+            p.error(f"--sizes: {text!r} holds no job")
+        return out
 
+    for name in ("seeds", "scheduler_rounds", "milp_time_limit"):
+        value = getattr(args, name)
+        if value is not None and not value >= (0 if name == "scheduler_rounds" else 1e-9):
+            p.error(f"--{name.replace('_', '-')} {value}: must be {'>= 0' if name == 'scheduler_rounds' else '> 0'}")
     default_sizes = [f"{g}" for g in SCALES] + ["2048x1024"]
     sizes = [size(s) for s in (args.sizes.split(",") if args.sizes else (["64", "256"] if args.quick else default_sizes))]
     unknown = [g for g, _ in sizes if g not in SCALES]

@@ -27,10 +27,11 @@ import time
 
 from experiments.benchutil import parser, report
 from experiments.datasets import default_data_dir
-from experiments.simulator.runner import DEFAULT_CLUSTER, Task, load_truth, run_sweep
+from experiments.simulator.runner import DEFAULT_CLUSTER, Task, check_task, load_truth, run_sweep
 from experiments.simulator.truth import catalog_workload_stats
 from experiments.simulator.workload import read_workload, synthetic_workload
 from goodput.cluster import Cluster
+from goodput.errors import ValidationError
 
 FIGURES = (("avg_jct_s", "mean JCT s"), ("p99_jct_s", "p99 JCT s"), ("makespan_s", "makespan s"),
            ("gpu_hours_per_job", "GPU-h per job"), ("restarts_per_job", "restarts per job"))
@@ -64,13 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.processes is None:
         args.processes = 1 if args.quick else 2
-    cluster = Cluster.parse(args.cluster)
-    families = load_truth(args.truth, cluster)
-    source, loads = workloads(args, families)
-    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    config = {} if args.restart_cost is None else {"restart_cost_s": args.restart_cost}
-    tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, config=dict(config))
-             for name, jobs in loads for policy in policies]
+    try:  # every option checked before the simulations (minutes): one line, not a traceback
+        cluster = Cluster.parse(args.cluster)
+        families = load_truth(args.truth, cluster)
+        source, loads = workloads(args, families)
+        policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+        config = {} if args.restart_cost is None else {"restart_cost_s": args.restart_cost}
+        tasks = [Task(name, tuple(jobs), policy, str(cluster), truth=args.truth, config=dict(config))
+                 for name, jobs in loads for policy in policies]
+        for task in tasks:
+            check_task(task, families)
+    except (ValidationError, OSError) as exc:
+        p.error(str(exc))
     restart = "per application" if args.restart_cost is None else f"{args.restart_cost:g} s for every job"
     print(f"{len(tasks)} simulations: {len(loads)} workloads ({source}) x {len(policies)} policies on {cluster}; "
           f"restart cost {restart}", flush=True)

@@ -226,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-rounds", action="store_true",
                    help="also pickle the sampled rounds' allocate inputs to OUT_DIR/bench_scale-rounds.pkl (for profiling)")
     args = p.parse_args(argv)
-    factor = args.factor or (4 if args.quick else 32)
+    for name, low in (("factor", 1), ("jobs", 1), ("hours", 1e-9), ("arrival_hours", 1e-9), ("threshold", 1),
+                      ("milp_samples", 0), ("online_rounds", 0), ("milp_time_limit", 1e-9), ("exact_limit", 0)):
+        value = getattr(args, name)
+        if value is not None and not value >= low:  # checked before the simulation (minutes at the default size)
+            p.error(f"--{name.replace('_', '-')} {value}: must be {'>= 0' if low == 0 else '>= 1' if low == 1 else '> 0'}")
+    factor = args.factor if args.factor is not None else (4 if args.quick else 32)
     hours = args.hours if args.hours is not None else (0.5 if args.quick else 24.0)
-    n_jobs = args.jobs or (50000 * factor // 32 if not args.quick else 600)
-    arrival_hours = args.arrival_hours or (1.0 if args.quick else 24.0)
-    threshold = args.threshold or (50 if args.quick else THRESHOLD)
+    n_jobs = args.jobs if args.jobs is not None else (50000 * factor // 32 if not args.quick else 600)
+    arrival_hours = args.arrival_hours if args.arrival_hours is not None else (1.0 if args.quick else 24.0)
+    threshold = args.threshold if args.threshold is not None else (50 if args.quick else THRESHOLD)
     milp_samples = args.milp_samples if args.milp_samples is not None else (1 if args.quick else 3)
     online_rounds = args.online_rounds if args.online_rounds is not None else (2 if args.quick else 10)
 
@@ -280,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         import pickle
         from pathlib import Path
 
-        path = Path(args.out_dir) / "bench_scale-rounds.pkl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as handle:  # (tables, cluster, current, p, options, info) per sampled round
-            pickle.dump(samples, handle)
+        from goodput.io import atomic_write_bytes
+
+        # (tables, cluster, current, p, options, info) per sampled round; atomically: a run that dies keeps the last
+        atomic_write_bytes(Path(args.out_dir) / "bench_scale-rounds.pkl", pickle.dumps(samples))
     distances = _milp_distance(samples, args.milp_time_limit)
 
     total_allocate = sum(r["decide_s"] for r in rounds)

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from experiments.datasets import default_data_dir
-from experiments.simulator.runner import Task, run_sweep
+from experiments.simulator.runner import Task, check_task, run_sweep
 from experiments.simulator.workload import read_workload
+from goodput.errors import ValidationError
 from goodput.io import atomic_write_text
 
 CLUSTER = "t4:16x4"
@@ -44,11 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data_dir or default_data_dir()
     if data is None:
         parser.error("no data directory (../shared/data): pass --data-dir")
-    reference = json.loads((data / "pollux" / "results" / "results-jobload" / "pollux-1.0" / "summary.json").read_text())
-    names = [f"workload-{w.strip()}" for w in args.workloads.split(",")]
-    tasks = [Task(name, tuple(read_workload(data / "pollux" / "workloads" / f"{name}.csv")), args.policy, CLUSTER,
-                  truth=str(data / "pollux" / "traces"), default_gpu_type="t4",
-                  config={"restart_cost_s": POLLUX_RESTART_COST_S}) for name in names]
+    try:  # every option checked before the simulations (minutes): one line, not a traceback
+        reference = json.loads((data / "pollux" / "results" / "results-jobload" / "pollux-1.0" / "summary.json").read_text())
+        names = [f"workload-{w.strip()}" for w in args.workloads.split(",")]
+        tasks = [Task(name, tuple(read_workload(data / "pollux" / "workloads" / f"{name}.csv")), args.policy, CLUSTER,
+                      truth=str(data / "pollux" / "traces"), default_gpu_type="t4",
+                      config={"restart_cost_s": POLLUX_RESTART_COST_S}) for name in names]
+        for task in tasks:
+            check_task(task)
+    except (ValidationError, OSError, json.JSONDecodeError) as exc:
+        parser.error(str(exc))
     rows, ratios, correlations = [], [], []
     per_application: dict[str, list[tuple[float, float]]] = {}
 

@@ -201,6 +201,13 @@ def test_notebooks_save_is_atomic(tmp_path, monkeypatch):
     ("experiments.simulator.build_catalog", ["--gpu-types", "t4,h100", "--data-dir", "."], "unknown h100"),
     ("experiments.bench_simulator", ["--synthetic", "--seeds", "0"], "--seeds 0: must be >= 1"),
     ("experiments.bench_simulator", ["--synthetic", "--jobs", "0"], "--jobs 0: must be >= 1"),
+    # these had ended in tracebacks, bench_scale's after its whole simulation
+    ("experiments.bench_scale", ["--quick", "--milp-samples", "-1"], "--milp-samples -1: must be >= 0"),
+    ("experiments.bench_scale", ["--quick", "--factor", "0"], "--factor 0: must be >= 1"),
+    ("experiments.bench_allocator", ["--quick", "--sizes", "64x0"], "holds no job"),
+    ("experiments.bench_allocator", ["--quick", "--sizes", "abc"], "is not GPUS or GPUSxJOBS"),
+    ("experiments.bench_heterogeneous", ["--quick", "--synthetic", "--policies", "nope"], "policy='nope'"),
+    ("experiments.fidelity", ["--data-dir", "/nonexistent-goodput-data"], "No such file"),
 ])
 def test_developer_tools_refuse_bad_options_in_one_line(module, argv, message, capsys):
     """These had ended in a KeyError, statistics.StatisticsError or ValidationError traceback."""
