@@ -449,6 +449,7 @@ class Profile:
                     observations.append(Observation.from_dict(record))
                 elif kind == "meta":
                     metas.append(_check_meta_record(record))
+                    cls([], **record)  # its values as a Profile checks them, so that an error names this line
                 else:
                     raise ValidationError("record", kind, "expected 'observation' or 'meta'")
             except ValidationError as exc:

@@ -334,6 +334,18 @@ def test_saving_onto_a_file_that_is_not_a_profile_leaves_it_untouched(tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_bad_meta_value_names_its_line(tmp_path):
+    """A meta record's bad value had been reported without its line (an observation's had its line)."""
+    record = json.dumps({"record": "observation", **make().to_dict()})
+    for bad, field in (('{"record":"meta","job":"a","init_batch_size":"128"}', "init_batch_size"),
+                       ('{"record":"meta","max_local_bsz":{"t4":0}}', "max_local_bsz")):
+        path = tmp_path / "p.jsonl"
+        path.write_text(f"{record}\n{bad}\n{record}\n")
+        with pytest.raises(DataFormatError) as info:
+            Profile.load(path)
+        assert info.value.line == 2 and info.value.field.startswith(field)
+
+
 def test_frame_round_trip():
     profile = Profile([make(), make(num_nodes=2, num_replicas=4, placement=(2, 2), grad_sqr=2.0, grad_var=3.0)])
     frame = profile.to_frame()
