@@ -192,7 +192,11 @@ def _online_cost(jobs: list, families: dict, cluster: Cluster, rounds: int) -> d
     for name, fn in saved.items():
         setattr(JobModel, name, wrap(name, fn))
     try:
-        sim = Simulator(jobs, families, SimConfig(cluster=cluster, max_hours=rounds / 60.0), make_policy("sia"))
+        # the simulation's clock starts at the round boundary before the first arrival, its first round at the one
+        # after (unless the arrival is on a boundary): without that round counted, N rounds had run N - 1
+        first = min(job.time for job in jobs)
+        extra = 0 if first % 60.0 == 0 else 1
+        sim = Simulator(jobs, families, SimConfig(cluster=cluster, max_hours=(rounds + extra) / 60.0), make_policy("sia"))
         start = time.perf_counter()
         result = sim.run()
         wall = time.perf_counter() - start

@@ -8,8 +8,8 @@ temporary directory:
    ``experiments.bench_core.TYPES``, 3% noise), the Bayesian model, the server's
    cluster ``t4:6x4,a100:2x8,rtx2080ti:3x8``. Once every model is built,
    ``GET goodput`` (a random job and configuration of the cluster's set) and
-   ``GET table`` at 1, 8 and 64 concurrent clients (asyncio + httpx in this
-   process): p50/p99 latency as the clients see it, over a bounded count and
+   ``GET table`` at 1, 8 and 64 concurrent clients (asyncio keep-alive
+   connections of this process's own lean HTTP/1.1 client; httpx for ingest): p50/p99 latency as the clients see it, over a bounded count and
    time. Targets: ``GET goodput`` p99 ≤ 10 ms at 8 clients.
 2. **Ingest**: the 10,000 observations above, posted by 8 concurrent
    reporters in batches of 50 with their own ids: observations/s acknowledged
