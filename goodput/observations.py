@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import DataFormatError, ValidationError
-
 try:
-    import fcntl  # POSIX: writers of one file take turns (below)
+    import fcntl  # POSIX: writers of one file take turns (ProfileWriter)
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
+
+from .errors import DataFormatError, ValidationError
 from .validation import (
     check_float,
     check_int,
