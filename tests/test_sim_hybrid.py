@@ -183,3 +183,15 @@ def test_goodput_simulate_runs_measured_pipeline_tables(tmp_path, capsys):
         summary = json.loads((tmp_path / "out" / "w" / policy / "summary.json").read_text())
         assert summary["metrics"]["finished"] == 2
         assert summary["settings"]["restart_cost_s"] == "per application"
+
+
+@pytest.mark.parametrize("requested", [1, 3])
+def test_a_rigid_request_that_is_not_whole_pipelines_runs_on_the_smallest_that_is(requested):
+    """The allocator serves a request with the fewest allowed GPUs not below it (one pipeline here): the
+    simulator's up-front check had refused such a job as if its batch could not run."""
+    families = {"hyb": hybrid_family(work=6_000.0)}
+    cluster = Cluster.parse("t4:2x4,a100:1x8")
+    result = Simulator([WorkloadJob("h", 0.0, "hyb", requested, 64)], families, SimConfig(cluster=cluster, max_hours=2),
+                       make_policy("fifo")).run()
+    assert result.summary["finished"] == 1
+

@@ -65,6 +65,9 @@ def test_rigid_policies_refuse_a_job_whose_batch_cannot_run_on_its_gpus(name):
         with pytest.raises(ValidationError, match="small-batch.batch_size"):
             Simulator(jobs, families, SimConfig(cluster=CLUSTER), make_policy(name))
     Simulator([WorkloadJob("ok", 0.0, "cifar10", 2, 64)], families, SimConfig(cluster=CLUSTER), make_policy(name))
+    # 3 GPUs are served by 4 (Sia's configuration set: 1, 2, 4 on a node), where batch 100 cannot split into 32s
+    with pytest.raises(ValidationError, match="at least the 3 GPUs"):
+        Simulator([WorkloadJob("three", 0.0, "cifar10", 3, 100)], families, SimConfig(cluster=CLUSTER), make_policy(name))
     # an adaptive policy picks its own batch: the same job runs
     result = Simulator([WorkloadJob("small-batch", 0.0, "cifar10", 4, 64)], families,
                        SimConfig(cluster=CLUSTER), make_policy("sia-oracle")).run()

@@ -303,8 +303,6 @@ class Simulator:
                                       f"has no measurements on any GPU type of the cluster {self.cluster}")
             if family.hybrid:
                 _check_hybrid(spec, family, self.cluster, pooled=bool(getattr(policy, "pooled_model", False)))
-            if not getattr(policy, "adaptive_batch", True):
-                _check_rigid(spec, family, self.cluster)
             cost = config.restart_cost_s if config.restart_cost_s is not None else family.restart_cost_s
             self.jobs.append(SimJob(spec, family, restart_cost_s=cost))
         if not self.jobs:
@@ -318,6 +316,26 @@ class Simulator:
         self._configs: dict[tuple[Any, ...], Any] = {}  # useful configurations and batch candidates, per family
         self._model_clusters: dict[str, Cluster] = {}
         self._phi_seen: dict[str, tuple[float, float]] = {}  # job -> (progress, noise scale) last computed
+        if not getattr(policy, "adaptive_batch", True):
+            for job in self.jobs:
+                self._check_rigid(job)
+
+    def _check_rigid(self, job: SimJob) -> None:
+        """A rigid policy runs a job at its requested batch on the allowed configuration with the fewest GPUs
+        not below its request (:func:`rigid_gpus`; :func:`goodput.allocator.policies.requested_rows`): the
+        cluster must have one on which that batch runs, else the job would wait to the end of the simulation.
+        Its table at that batch is kept (the one the policy reads)."""
+        job.throughput_table = table = self._truth_table(job, fixed_batch=job.spec.batch_size)
+        request = rigid_gpus(job.spec.num_replicas, self.cluster)
+        frame = table.frame
+        if not ((frame["goodput"] > 0) & (frame["num_gpus"] >= request)).any():
+            family = job.family
+            pipelines = f", pipelines of {family.num_stages} GPUs" if family.hybrid else ""
+            raise ValidationError(f"{job.name}.batch_size", job.spec.batch_size,
+                                  f"runs on no configuration of at least the {request} GPU{'s' if request > 1 else ''} a "
+                                  f"rigid policy gives it on the cluster {self.cluster} ({job.spec.application}: "
+                                  f"micro-batches of at least {family.min_local_bsz} samples{pipelines}); ask for a larger "
+                                  "batch or fewer GPUs, or use an adaptive policy (sia)")
 
     # ------------------------------------------------------------------ observations
     def _noise(self, sigma: float) -> float:
@@ -761,21 +779,6 @@ def rigid_gpus(requested: int, cluster: Cluster) -> int:
     """The GPUs a rigid policy (Gavel, FIFO) gives a job that asked for ``requested``: the request, capped at the
     largest GPU type's count (it runs on one type; without the cap a larger request would wait forever)."""
     return min(requested, max(cluster.capacity(t) for t in cluster.gpu_types))
-
-
-def _check_rigid(spec: WorkloadJob, family: Family, cluster: Cluster) -> None:
-    """A rigid policy runs a job at its requested batch on its requested GPUs (:func:`rigid_gpus`): that must
-    be a valid configuration on some GPU type of the cluster (micro-batches of at least the application's
-    smallest), else the job would wait to the end of the simulation."""
-    gpus = rigid_gpus(spec.num_replicas, cluster)
-    for gpu_type in cluster.gpu_types:
-        if family.supports(gpu_type) and cluster.capacity(gpu_type) >= gpus:
-            if family.best_config(gpu_type, 1, gpus, 0.0, fixed_batch=spec.batch_size).goodput[0] > 0:
-                return
-    raise ValidationError(f"{spec.name}.batch_size", spec.batch_size,
-                          f"cannot run on the {gpus} GPU{'s' if gpus > 1 else ''} a rigid policy gives it on any GPU type of the cluster "
-                          f"{cluster} ({spec.application}'s micro-batches hold at least {family.min_local_bsz} "
-                          "samples): ask for a larger batch or fewer GPUs, or use an adaptive policy (sia)")
 
 
 def _check_hybrid(spec: WorkloadJob, family: Family, cluster: Cluster, *, pooled: bool) -> None:
