@@ -600,13 +600,16 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | Non
         try:
             record = json.loads(raw)
             if not isinstance(record, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, UnicodeDecodeError) as exc:
-            if is_last and not ends_cleanly:
+                raise TypeError("not a JSON object")
+        except (ValueError, UnicodeDecodeError, TypeError) as exc:
+            # torn: a record cut mid-write (the last line, without its newline, an object that does not parse);
+            # a complete value that is not an object, or a line that is not one, makes a file that is not a profile
+            if is_last and not ends_cleanly and not isinstance(exc, TypeError) and raw.lstrip().startswith(b"{"):
                 torn = line_no
                 break
             snippet = raw[:80].decode("utf-8", "replace")
-            raise DataFormatError(path, line_no, "line", snippet, f"not a JSON object ({exc})") from None
+            reason = "not a JSON object" if isinstance(exc, TypeError) else f"not a JSON object ({exc})"
+            raise DataFormatError(path, line_no, "line", snippet, reason) from None
         # A complete JSON object without its newline (the writer died after the
         # record but before the newline) is whole: it is kept like any other.
         records.append((line_no, record))

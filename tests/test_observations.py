@@ -332,6 +332,15 @@ def test_saving_onto_a_file_that_is_not_a_profile_leaves_it_untouched(tmp_path):
         with pytest.raises(DataFormatError, match="settings.json:1"):
             _profile(2).save(path)
     assert path.read_bytes() == before
+    # one line without a newline: a list (a complete value, not an object) or text is not a torn record
+    for name, text in (("list.json", '[{"a": 1}, {"b": 2}]'), ("notes.txt", "my notes, no newline")):
+        path = tmp_path / name
+        path.write_text(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TornRecordWarning)
+            with pytest.raises(DataFormatError, match=f"{name}:1"):
+                ProfileWriter(path)
+        assert path.read_text() == text
 
 
 def test_a_bad_meta_value_names_its_line(tmp_path):
