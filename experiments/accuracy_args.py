@@ -49,10 +49,14 @@ def checked_subset(field: str, values: Any, allowed: Sequence[str]) -> list[str]
     """
     from goodput.errors import ValidationError
 
-    given = values.split(",") if isinstance(values, str) else list(values)
-    names = list(dict.fromkeys(v.strip() if isinstance(v, str) else v for v in given))
-    names = [v for v in names if v != ""]
-    bad = [str(v) for v in names if v not in allowed]
+    if isinstance(values, str):
+        given = values.split(",")
+    elif isinstance(values, Sequence) and all(isinstance(v, str) for v in values):
+        given = list(values)
+    else:
+        raise ValidationError(field, values, f"expected names separated by commas, or a list of names ({', '.join(allowed)})")
+    names = [v for v in dict.fromkeys(v.strip() for v in given) if v]
+    bad = [v for v in names if v not in allowed]
     if bad or not names:
         what = f"unknown {', '.join(bad)}" if bad else "none given"
         raise ValidationError(field, values, f"{what}; choose from {', '.join(allowed)}")

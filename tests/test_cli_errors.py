@@ -198,6 +198,9 @@ def test_accuracy_harness_refuses_bad_subsets_as_validation_errors():
     with pytest.raises(ValidationError, match="none given"):
         checked_subset("methods", " , ", ("bayes",))
     assert checked_subset("protocols", "P2,P1,P2", ("P1", "P2")) == ["P2", "P1"]
+    for bad in (None, 3, ["P1", ["P2"]]):  # had been TypeErrors
+        with pytest.raises(ValidationError, match="protocols"):
+            checked_subset("protocols", bad, ("P1", "P2"))
 
 
 # ---------------------------------------------------------------- 5, 6, 9. simulate's arguments
