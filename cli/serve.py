@@ -68,10 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from goodput.validation import check_float, check_int
     from service.app import create_app
-    from service.auth import read_tokens
-    from service.registry import check_export_dir
     from service.server import serve
-    from service.store import Store
 
     check_int("port", args.port, minimum=0)
     if args.port > 65535:
@@ -81,24 +78,12 @@ def run(args: argparse.Namespace) -> int:
     max_body = int(check_float("max_body_mb", args.max_body_mb, positive=True) * 1024 * 1024)
     interval = check_float("prior_interval", args.prior_interval, nonnegative=True)
     prior_jobs = check_int("prior_jobs", args.prior_jobs, minimum=2)
-    # every argument that can be refused is read before the store is opened: a bad one leaves no database behind
-    prior = None
-    if args.cluster_prior is not None:
-        from goodput import ClusterPrior
-        from goodput.errors import ValidationError
-
-        try:
-            prior = ClusterPrior.load(args.cluster_prior)
-        except OSError as exc:
-            raise ValidationError("cluster_prior", args.cluster_prior, f"cannot be read ({exc.strerror or exc})") from None
-    cluster = args.cluster  # parsed by argparse
-    tokens = read_tokens(args.token_file) if args.token_file is not None else None
-    check_export_dir(args.export_dir, cluster)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = Store(args.store, sqlite_synchronous=args.sqlite_synchronous)
-    app = create_app(store, cluster=cluster, tokens=tokens, max_body_bytes=max_body,
+    # create_app checks every argument before it opens the store: a refused one leaves no database behind
+    app = create_app(args.store, store_options={"sqlite_synchronous": args.sqlite_synchronous}, cluster=args.cluster,
+                     token_file=args.token_file, max_body_bytes=max_body,
                      export_dir=args.export_dir, model_options={"bayesian": args.model == "bayesian"},
-                     cluster_prior=prior, learn_prior=args.learn_prior, prior_interval_s=interval,
+                     cluster_prior=args.cluster_prior, learn_prior=args.learn_prior, prior_interval_s=interval,
                      prior_jobs=prior_jobs,
                      k8s_max_score=args.k8s_max_score)
     serve(app, args.host, args.port, log_level=args.log_level)

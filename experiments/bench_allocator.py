@@ -69,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.benchutil import parser, report
+from experiments.benchutil import check_options, parser, report
 from goodput import Cluster, GoodputTable, allocate
 from goodput.allocator.problem import prepare, sia_problem
 from goodput.allocator.sia import solve_milp
@@ -295,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--sizes: {text!r} holds no job")
         return out
 
-    for name in ("seeds", "scheduler_rounds", "milp_time_limit"):
-        value = getattr(args, name)
-        if value is not None and not value >= (0 if name == "scheduler_rounds" else 1e-9):
-            p.error(f"--{name.replace('_', '-')} {value}: must be {'>= 0' if name == 'scheduler_rounds' else '> 0'}")
+    check_options(p, args, at_least={"seeds": 1, "scheduler_rounds": 0}, positive=["milp_time_limit"])
     default_sizes = [f"{g}" for g in SCALES] + ["2048x1024"]
     sizes = [size(s) for s in (args.sizes.split(",") if args.sizes else (["64", "256"] if args.quick else default_sizes))]
     unknown = [g for g, _ in sizes if g not in SCALES]

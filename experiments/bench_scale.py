@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchutil import parser, report
+from experiments.benchutil import check_options, parser, report
 from goodput.cluster import Cluster
 
 BASE = ((("t4", 6, 4), ("a100", 2, 8), ("rtx2080ti", 3, 8)))
@@ -230,11 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-rounds", action="store_true",
                    help="also pickle the sampled rounds' allocate inputs to OUT_DIR/bench_scale-rounds.pkl (for profiling)")
     args = p.parse_args(argv)
-    for name, low in (("factor", 1), ("jobs", 1), ("hours", 1e-9), ("arrival_hours", 1e-9), ("threshold", 1),
-                      ("milp_samples", 0), ("online_rounds", 0), ("milp_time_limit", 1e-9), ("exact_limit", 0)):
-        value = getattr(args, name)
-        if value is not None and not value >= low:  # checked before the simulation (minutes at the default size)
-            p.error(f"--{name.replace('_', '-')} {value}: must be {'>= 0' if low == 0 else '>= 1' if low == 1 else '> 0'}")
+    check_options(p, args, at_least={"factor": 1, "jobs": 1, "threshold": 1, "milp_samples": 0, "online_rounds": 0,
+                                     "exact_limit": 0},
+                  positive=["hours", "arrival_hours", "milp_time_limit"])  # before the simulation (minutes at full size)
     factor = args.factor if args.factor is not None else (4 if args.quick else 32)
     hours = args.hours if args.hours is not None else (0.5 if args.quick else 24.0)
     n_jobs = args.jobs if args.jobs is not None else (50000 * factor // 32 if not args.quick else 600)

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from experiments.benchutil import parser, report
+from experiments.benchutil import check_options, parser, report
 from experiments.datasets import default_data_dir
 from experiments.simulator.policies import POLICY_NAMES
 from experiments.simulator.runner import DEFAULT_CLUSTER, Task, run_sweep
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--no-split", dest="split", action="store_false", help="skip the time split of one sia simulation")
     args = p.parse_args(argv)
-    for name in ("seeds", "jobs", "processes"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} {getattr(args, name)}: must be >= 1")
+    check_options(p, args, at_least={"seeds": 1, "jobs": 1, "processes": 1})
     cluster = Cluster.parse(DEFAULT_CLUSTER)
     families = load_catalog(gpu_types=cluster.gpu_types)
     source, loads = workloads(args, families)

@@ -13,7 +13,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,21 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke run)")
     p.add_argument("--mlflow", action="store_true", help="also log the figures as an MLflow run")
     return p
+
+
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace, *, at_least: Mapping[str, int] | None = None,
+                  positive: Sequence[str] = ()) -> None:
+    """Refuse, through ``p.error`` (one line, exit 2), an option below its minimum (``at_least``) or not above 0
+    (``positive``), before any work; options left at ``None`` (their defaults) pass."""
+    def value(name: str) -> Any:
+        return getattr(args, name)
+
+    for name, low in (at_least or {}).items():
+        if value(name) is not None and not value(name) >= low:
+            p.error(f"--{name.replace('_', '-')} {value(name)}: must be >= {low}")
+    for name in positive:
+        if value(name) is not None and not value(name) > 0:
+            p.error(f"--{name.replace('_', '-')} {value(name)}: must be > 0")
 
 
 def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Path:

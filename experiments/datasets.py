@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.errors import DataFormatError, ValidationError
+from goodput.io import not_utf8, read_json
 from goodput.observations import Observation, Profile
 
 __all__ = [
@@ -213,19 +214,14 @@ def read_csv_rows(
                     row.setdefault(name, None)  # absent from the header
                 yield line_no, row
     except UnicodeDecodeError as exc:
-        raise _not_utf8(path, exc) from None
-
-
-def _not_utf8(path: Path, exc: UnicodeDecodeError) -> DataFormatError:
-    """The error for a file that is not UTF-8 text (a spreadsheet's cp1252 export, say)."""
-    return DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text: save the file as UTF-8")
+        raise not_utf8(path, exc) from None
 
 
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise _not_utf8(path, exc) from None
+        raise not_utf8(path, exc) from None
 
 
 def _observation(path: Path, line_no: int | None, **values: Any) -> Observation:
@@ -398,10 +394,7 @@ def read_gavel_throughputs(
     throughputs (the ``"null"`` entry) are read, not co-location pairs.
     """
     path = Path(path)
-    try:
-        data = json.loads(_read_text(path))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+    data = read_json(path)
     if not isinstance(data, Mapping):
         raise DataFormatError(path, None, "root", type(data).__name__, "expected an object keyed by GPU type")
     wanted = {t.lower() for t in gpu_types} if gpu_types else None

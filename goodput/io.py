@@ -50,7 +50,15 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except json.JSONDecodeError as exc:
         raise DataFormatError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
     except UnicodeDecodeError as exc:
-        raise DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text") from None
+        raise not_utf8(path, exc) from None
+
+
+def not_utf8(path: str | os.PathLike[str], exc: UnicodeDecodeError) -> Exception:
+    """The :class:`~goodput.errors.DataFormatError` for a file that is not UTF-8 text (a spreadsheet's cp1252
+    export, a compressed file), naming the file, ``encoding`` and the first byte it could not read."""
+    from .errors import DataFormatError
+
+    return DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text: save the file as UTF-8")
 
 
 _REDIRECT_LOCK = threading.Lock()

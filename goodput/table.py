@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import DataFormatError, ValidationError
-from .io import atomic_write_text, read_json
+from .io import atomic_write_text, not_utf8, read_json
 from .lognormal import lognormal_log_std, lognormal_quantile
 from .validation import check_quantile, check_str, normalize_gpu_type
 
@@ -381,7 +381,7 @@ class GoodputTable:
         try:
             frame = pd.read_csv(path, dtype={c: str for c in _TEXT_COLUMNS}, keep_default_na=False)
         except UnicodeDecodeError as exc:
-            raise DataFormatError(path, None, "encoding", exc.object[exc.start:exc.end], "not UTF-8 text") from None
+            raise not_utf8(path, exc) from None
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:  # ragged rows, an empty file
             raise DataFormatError(path, None, "csv", str(exc)[:120], "not a table CSV") from None
         if "job" not in frame.columns:

@@ -404,36 +404,29 @@ def local_cluster(nodes: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
     if ray.is_initialized():
         raise ValidationError("local_cluster", ray.get_runtime_context().gcs_address,
                               "this process is already connected to Ray; call ray.shutdown() first")
-    temp = tempfile.mkdtemp(prefix="goodput-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: socket paths
-    saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", LOOPBACK_ONLY)}
-    os.environ.update({"RAY_TMPDIR": temp, LOOPBACK_ONLY: "0"})  # the nodes' processes read it at start
-    from ray._private import ray_constants  # this process read it when Ray was imported
+    from unittest import mock
 
-    cluster_mode = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    from ray._private import ray_constants
+
+    temp = tempfile.mkdtemp(prefix="goodput-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)  # short: socket paths
     cluster = None
-    try:
-        private = {"include_dashboard": False, "dashboard_agent_listen_port": None, "metrics_export_port": None,
-                   "node_ip_address": "127.0.0.1"}
-        head, *workers = nodes
-        cluster = Cluster(initialize_head=True, head_node_args={**private, **head})
-        for node in workers:
-            cluster.add_node(**{**private, **node})
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level=logging.WARNING)
-        yield cluster
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        if cluster_mode is None:
-            del ray_constants.ENABLE_RAY_CLUSTER
-        else:
-            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
-        shutil.rmtree(temp, ignore_errors=True)
+    with contextlib.ExitStack() as restore:
+        restore.callback(shutil.rmtree, temp, ignore_errors=True)
+        # the nodes' processes read the environment at start; this process read the flag when Ray was imported
+        restore.enter_context(mock.patch.dict(os.environ, {"RAY_TMPDIR": temp, LOOPBACK_ONLY: "0"}))
+        restore.enter_context(mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False, create=True))
+        try:
+            private = {"include_dashboard": False, "dashboard_agent_listen_port": None, "metrics_export_port": None,
+                       "node_ip_address": "127.0.0.1"}
+            head, *workers = nodes
+            cluster = Cluster(initialize_head=True, head_node_args={**private, **head})
+            for node in workers:
+                cluster.add_node(**{**private, **node})
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, logging_level=logging.WARNING)
+            yield cluster
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            if cluster is not None:
+                cluster.shutdown()

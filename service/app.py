@@ -153,6 +153,7 @@ class CachedReads:
 def create_app(
     store: str | Store = "sqlite:///goodput.db",
     *,
+    store_options: Mapping[str, Any] | None = None,
     cluster: str | Cluster | None = None,
     token_file: str | Path | None = None,
     tokens: tuple[str, ...] | None = None,
@@ -170,7 +171,9 @@ def create_app(
     """The service as an ASGI application; the model worker starts and stops with the app's lifespan.
 
     Args:
-        store: a SQLAlchemy URL or a :class:`~service.store.Store`.
+        store: a SQLAlchemy URL or a :class:`~service.store.Store`; ``store_options``: the Store's keyword
+            arguments for a URL (``{"sqlite_synchronous": "NORMAL"}``). Every argument that can be refused
+            is checked before a URL's store is opened: a refusal leaves no database behind.
         cluster: the cluster (``"t4:6x4,a100:2x8"``): default of table and allocation queries, and
             its table is precomputed whenever a model is published.
         token_file: a file of bearer tokens (one a line): writes then need one. ``tokens``: the same, given directly.
@@ -191,10 +194,13 @@ def create_app(
         tokens = (tokens or ()) + read_tokens(token_file)
     if max_body_bytes < 1024:
         raise ValidationError("max_body_bytes", max_body_bytes, "must be at least 1024")
-    if isinstance(cluster_prior, (str, Path)):  # before the store is opened: a bad file leaves nothing behind
-        cluster_prior = ClusterPrior.load(cluster_prior)
-    check_export_dir(export_dir, cluster)  # likewise
-    store = store if isinstance(store, Store) else Store(store)
+    if isinstance(cluster_prior, (str, Path)):
+        try:
+            cluster_prior = ClusterPrior.load(cluster_prior)
+        except OSError as exc:
+            raise ValidationError("cluster_prior", str(cluster_prior), f"cannot be read ({exc.strerror or exc})") from None
+    check_export_dir(export_dir, cluster)
+    store = store if isinstance(store, Store) else Store(store, **(store_options or {}))
     metrics = Metrics()
     registry = Registry(store, cluster=cluster, export_dir=export_dir, metrics=metrics,
                         model_options=model_options, cluster_prior=cluster_prior, learn_prior=learn_prior,
