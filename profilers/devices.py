@@ -21,6 +21,13 @@ Example::
     'v100'
     >>> normalize_device_name("Acme Tensor Engine 9")
     'acme-tensor-engine-9'
+
+A MIG slice is a type of its own, its parent's name and its profile (a 1g.10gb
+slice runs about a seventh of an A100's work; NVIDIA's GPU feature discovery
+labels the product the same way under ``mig.strategy=single``)::
+
+    >>> normalize_device_name("NVIDIA A100-SXM4-80GB MIG 1g.10gb")
+    'a100-mig-1g.10gb'
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ _RTX = re.compile(r"\b(rtx|gtx)\s*([a-z]?\d{3,4})(?:\s*(ti|super))?(?:\s*(ada))?
 # Data-centre parts: letter(s) then digits (h100, a100, t4, v100, l40s, a10g, k80, p100, gh200, b200).
 _DATACENTER = re.compile(r"^(gh|gb|[abhklmptv])\d{1,3}[a-z]?$")
 _SLUG = re.compile(r"[^a-z0-9]+")
+# A MIG slice's profile: "MIG 1g.10gb", "MIG 3g.40gb", compute instances "MIG 1c.3g.20gb", "+me" media extensions.
+_MIG = re.compile(r"\bmig[\s-]+((?:\d+c\.)?\d+g\.\d+gb(?:\+me)?)\b")
 
 
 def normalize_device_name(name: str) -> str:
@@ -64,6 +73,10 @@ def normalize_device_name(name: str) -> str:
     text = name.strip().lower()
     if text == CPU:
         return CPU
+    mig = _MIG.search(text)
+    if mig:
+        parent = text[:mig.start()].strip(" -_") or "gpu"
+        return f"{normalize_device_name(parent)}-mig-{mig.group(1).replace('+', '-')}"
     text = _NOISE_WORDS.sub(" ", text)
     rtx = _RTX.search(text)
     if rtx:

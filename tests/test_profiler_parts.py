@@ -63,6 +63,10 @@ NAMES = [
     ("NVIDIA RTX A6000", "rtxa6000"),
     ("NVIDIA RTX 6000 Ada Generation", "rtx6000ada"),
     ("cpu", "cpu"),
+    # a MIG slice is a type of its own (a 1g.10gb slice is about a seventh of an A100)
+    ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", "a100-mig-1g.10gb"),
+    ("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb", "h100-mig-1c.3g.40gb"),
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb+me", "a100-mig-1g.5gb-me"),
 ]
 
 
