@@ -206,12 +206,14 @@ def create_app(
                         model_options=model_options, cluster_prior=cluster_prior, learn_prior=learn_prior,
                         prior_interval_s=prior_interval_s, prior_jobs=prior_jobs, coalesce_s=coalesce_s, min_interval_s=min_interval_s)
 
-    def goodput_of(job: str, gpu: str, nodes: int, replicas: int) -> float | None:
+    def goodput_of(job: str, gpu: str, nodes: int, gpus: int, replicas: int | None) -> float | None:
         try:
             published = registry.published(job)
             if gpu not in published.gpu_types:
                 return None
-            return float(published.goodput(gpu, nodes, replicas)["goodput"])
+            if replicas is not None:  # a hybrid job's replica is a pipeline of num_stages GPUs
+                gpus = replicas * published.stages(gpu)
+            return float(published.goodput(gpu, nodes, gpus)["goodput"])
         except (UnknownJobError, NotReadyError, ValidationError):
             return None
 

@@ -24,11 +24,16 @@ else ``nvidia.com/gpu.product`` (:data:`GPU_LABEL`, set by NVIDIA's GPU feature
 discovery / GPU operator, e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``),
 turned into this project's lower-case ``gpu_type`` by the profiler's own
 normalisation (:func:`profilers.devices.normalize_device_name`, dashes read
-as spaces): ``a100``, ``t4``, ``h100``, ``rtx2080ti``.
+as spaces): ``a100``, ``t4``, ``h100``, ``rtx2080ti``. A MIG slice (GPU feature
+discovery's ``mig.strategy=single``: ``NVIDIA-A100-SXM4-80GB-MIG-1g.10gb``) is a
+type of its own, ``a100-mig-1g.10gb``, as the profiler names it on that slice;
+a job not profiled there passes such nodes with score 0.
 
 Which allocation is scored: the pod's annotations ``goodput/num-nodes`` and
-``goodput/num-replicas`` when set (the job's whole shape), else one node with
-the GPUs the pod's containers request (``nvidia.com/gpu`` limits; 1 if none).
+``goodput/num-replicas`` when set (the job's whole shape: its data-parallel
+replicas, each ``num_stages`` GPUs for a hybrid job), else the GPUs the pod's
+containers request (``nvidia.com/gpu`` limits, else requests; 1 if none) on
+each of ``goodput/num-nodes`` nodes (1 if unset).
 
 Filter: nodes of a GPU type outside the job's registered ``gpu_types``, or of a
 type where no batch within the job's limits fits (goodput 0), fail — in
@@ -101,50 +106,68 @@ def _strings(mapping: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, Mapping) else {}
 
 
-def _positive_int(text: Any, what: str) -> int:
+def _count(text: Any, what: str, minimum: int) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise ValidationError(what, text, "expected a positive integer") from None
-    if value < 1:
-        raise ValidationError(what, text, "expected a positive integer")
+        value = None
+    if value is None or value < minimum:
+        kind = "a positive integer" if minimum else "a whole number of GPUs"
+        raise ValidationError(what, text, f"expected {kind}")
     return value
 
 
 class _Pod:
-    """What the extender reads from a ``v1.Pod``: its job and the allocation to score."""
+    """What the extender reads from a ``v1.Pod``: its job and the allocation to score, as GPUs
+    (:attr:`num_gpus`, from the containers' requests) or as replicas (:attr:`num_replicas`, the
+    annotation; a hybrid job's replica is a pipeline of several GPUs). Nothing else is read from a
+    pod without a job: it is not this extender's business."""
 
     def __init__(self, pod: Any) -> None:
         meta = _metadata(pod)
         labels, annotations = _strings(meta.get("labels")), _strings(meta.get("annotations"))
         self.name = str(meta.get("name", ""))
         self.job = labels.get(JOB_KEY) or annotations.get(JOB_KEY)
+        self.num_nodes, self.num_gpus, self.num_replicas = 1, 1, None
+        if self.job is None:
+            return
         gpus = 0
         containers = _mapping(_mapping(pod).get("spec")).get("containers")
-        for container in containers if isinstance(containers, list) else []:
+        for index, container in enumerate(containers if isinstance(containers, list) else []):
             resources = _mapping(_mapping(container).get("resources"))
-            amount = _mapping(resources.get("limits")).get(GPU_RESOURCE) or _mapping(resources.get("requests")).get(GPU_RESOURCE)
-            if amount is not None:
-                gpus += _positive_int(amount, f"{self.name}: {GPU_RESOURCE}")
+            for kind in ("limits", "requests"):  # a limit is the request for extended resources
+                amount = _mapping(resources.get(kind)).get(GPU_RESOURCE)
+                if amount is not None:
+                    gpus += _count(amount, f"Pod.spec.containers[{index}].resources.{kind}[{GPU_RESOURCE}]", 0)
+                    break
         nodes = annotations.get(NODES_KEY)
         replicas = annotations.get(REPLICAS_KEY)
-        self.num_nodes = _positive_int(nodes, NODES_KEY) if nodes is not None else 1
-        self.num_replicas = _positive_int(replicas, REPLICAS_KEY) if replicas is not None else max(gpus, 1) * self.num_nodes
-        if self.num_replicas < self.num_nodes:
-            raise ValidationError(REPLICAS_KEY, self.num_replicas, f"must be >= {NODES_KEY} ({self.num_nodes})")
+        self.num_nodes = _count(nodes, f"Pod.metadata.annotations[{NODES_KEY}]", 1) if nodes is not None else 1
+        if replicas is not None:
+            self.num_replicas = _count(replicas, f"Pod.metadata.annotations[{REPLICAS_KEY}]", 1)
+            if self.num_replicas < self.num_nodes:
+                raise ValidationError(f"Pod.metadata.annotations[{REPLICAS_KEY}]", self.num_replicas,
+                                      f"must be >= {NODES_KEY} ({self.num_nodes})")
+        self.num_gpus = max(gpus, 1) * self.num_nodes
+
+    def shape(self) -> str:
+        """The allocation scored, in words (a failed node's reason)."""
+        what = f"{self.num_replicas} replica(s)" if self.num_replicas is not None else f"{self.num_gpus} GPU(s)"
+        return f"{what} on {self.num_nodes} node(s)"
 
 
 class Extender:
     """Filter and prioritize for kube-scheduler (see the module docstring).
 
     Args:
-        goodput_of: ``goodput_of(job, gpu_type, num_nodes, num_replicas)`` -> goodput (samples/s),
-            ``None`` when unknown (job not modelled, type not seen); raises nothing.
+        goodput_of: ``goodput_of(job, gpu_type, num_nodes, num_gpus, num_replicas)`` -> goodput
+            (samples/s) of the allocation given by its replicas when ``num_replicas`` is not ``None``,
+            else by its GPUs; ``None`` when unknown (job not modelled, type not seen); raises nothing.
         allowed_types: ``allowed_types(job)`` -> the job's registered ``gpu_types`` or ``None``.
         max_score: the top score (10, kube-scheduler's ``MaxExtenderPriority``).
     """
 
-    def __init__(self, goodput_of: Callable[[str, str, int, int], float | None],
+    def __init__(self, goodput_of: Callable[[str, str, int, int, int | None], float | None],
                  allowed_types: Callable[[str], list[str] | None], max_score: int = 10) -> None:
         if max_score not in (10, 100):
             raise ValidationError("max_score", max_score, "expected 10 (kube-scheduler) or 100")
@@ -227,10 +250,9 @@ class Extender:
                     failed[name] = f"goodput: job {pod.job} may run on {', '.join(allowed)} only; node has {gpu}"
                     continue
                 if gpu not in goodputs:
-                    goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_replicas)
+                    goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_gpus, pod.num_replicas)
                 if goodputs[gpu] is not None and goodputs[gpu] <= 0:
-                    failed[name] = (f"goodput: no batch size within job {pod.job}'s limits fits "
-                                    f"{pod.num_replicas} {gpu} GPU(s) on {pod.num_nodes} node(s)")
+                    failed[name] = f"goodput: no batch size within job {pod.job}'s limits fits {pod.shape()} of {gpu}"
         kept = [(name, node) for name, node in candidates if name not in failed]
         return {
             "Nodes": {"apiVersion": "v1", "kind": "NodeList", "items": [node for _, node in kept]} if full else None,
@@ -249,7 +271,7 @@ class Extender:
             goodputs: dict[str, float | None] = {}
             types = {name: self.node_type(name, node) for name, node in candidates}
             for gpu in {t for t in types.values() if t is not None}:
-                goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_replicas)
+                goodputs[gpu] = self.goodput_of(pod.job, gpu, pod.num_nodes, pod.num_gpus, pod.num_replicas)
             best = max((g for g in goodputs.values() if g is not None), default=0.0)
             if best > 0:
                 for name, gpu in types.items():

@@ -188,6 +188,10 @@ class Published:
                     self._cache[key] = hit
         return hit
 
+    def stages(self, gpu_type: str) -> int:
+        """GPUs per data-parallel replica on ``gpu_type`` (``JobModel.stages``; 1 unless hybrid-parallel)."""
+        return self._model.stages(gpu_type)
+
     def goodput(self, gpu_type: str, num_nodes: int, num_gpus: int) -> dict[str, Any]:
         """The best configuration of an allocation (``JobModel.goodput``) as a JSON-ready dict."""
         gpu = normalize_gpu_type(gpu_type)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -218,9 +219,12 @@ class StoredRecords(BaseModel):
     next_after: int | None = Field(None, description="pass as ?after= for the next page (null: no more)")
 
 
+_FIELD_PARTS = re.compile(r"\.(?![^\[]*\])")  # a field's dots, not those inside [...] (``limits[nvidia.com/gpu]``)
+
+
 def validation_detail(exc: ValidationError, loc: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """A core :class:`~goodput.errors.ValidationError` as FastAPI's 422 ``detail`` list: where, what, which value."""
-    return [{"type": "value_error", "loc": [*loc, *str(exc.field).split(".")], "msg": exc.reason,
+    return [{"type": "value_error", "loc": [*loc, *_FIELD_PARTS.split(str(exc.field))], "msg": exc.reason,
              "input": json_safe(exc.value)}]
 
 

@@ -8,6 +8,7 @@ Field names are those of k8s.io/kube-scheduler/extender/v1 (types.go): no JSON t
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import httpx
@@ -71,7 +72,7 @@ def server(tmp_path_factory):
 
 def test_gpu_product_labels_map_to_gpu_types():
     assert gpu_type_of_product("NVIDIA-A100-SXM4-80GB") == "a100"
-    assert gpu_type_of_product("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") == "a100"
+    assert gpu_type_of_product("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") == "a100-mig-1g.5gb"  # a slice, not a whole A100
     assert gpu_type_of_product("Tesla-T4") == "t4"
     assert gpu_type_of_product("NVIDIA-H100-80GB-HBM3") == "h100"
     assert gpu_type_of_product("Tesla-V100-SXM2-16GB") == "v100"
@@ -128,7 +129,7 @@ def test_pre_117_spelling_node_names_and_pods_that_are_not_ours(server):
 
 def test_the_gpu_type_label_is_the_services_gpu_type_and_odd_pod_fields_read_as_absent():
     goodput = {"a100-80gb": 900.0, "a100": 300.0}
-    extender = Extender(lambda job, gpu, nodes, replicas: goodput.get(gpu), lambda job: None)
+    extender = Extender(lambda job, gpu, nodes, gpus, replicas: goodput.get(gpu), lambda job: None)
     node = _node("big-0", "NVIDIA-A100-SXM4-80GB")
     node["metadata"]["labels"]["goodput/gpu-type"] = "A100-80GB"  # overrides the product's a100
     assert extender.node_type("big-0", node) == "a100-80gb"
@@ -145,11 +146,11 @@ def test_the_gpu_type_label_is_the_services_gpu_type_and_odd_pod_fields_read_as_
 
 
 def test_filter_drops_types_where_no_batch_fits():
-    extender = Extender(lambda job, gpu, nodes, replicas: {"a100": 900.0, "t4": 0.0}.get(gpu), lambda job: None)
+    extender = Extender(lambda job, gpu, nodes, gpus, replicas: {"a100": 900.0, "t4": 0.0}.get(gpu), lambda job: None)
     result = extender.filter(_args("cifar10"))
     assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a100-0", "v100-0", "cpu-0"]
     assert "no batch size" in result["FailedAndUnresolvableNodes"]["t4-0"]
-    hundred = Extender(lambda job, gpu, nodes, replicas: {"a100": 900.0, "t4": 300.0}.get(gpu), lambda job: None, max_score=100)
+    hundred = Extender(lambda job, gpu, nodes, gpus, replicas: {"a100": 900.0, "t4": 300.0}.get(gpu), lambda job: None, max_score=100)
     assert {i["Host"]: i["Score"] for i in hundred.prioritize(_args("cifar10"))}["t4-0"] == 33
 
 
@@ -178,3 +179,54 @@ def test_the_shipped_deployment_s_arguments_are_goodput_serve_s():
     args = build_parser().parse_args(container["args"])
     assert args.command == "serve" and args.learn_prior and args.host == "0.0.0.0"
     assert str(args.cluster) == "a100:4x8,t4:8x4"
+
+
+def test_the_replicas_annotation_counts_pipelines_and_the_requests_count_gpus():
+    asked = []
+
+    def goodput_of(job, gpu, nodes, gpus, replicas):
+        asked.append((nodes, gpus, replicas))
+        return 100.0
+
+    extender = Extender(goodput_of, lambda job: None)
+    extender.prioritize(_args("pp", annotations={"goodput/num-nodes": "1", "goodput/num-replicas": "3"}))
+    extender.prioritize(_args("pp", gpus=4, annotations={"goodput/num-nodes": "2"}))
+    assert asked == [(1, 2, 3)] * 3 + [(2, 8, None)] * 3  # once per node type (a100, t4, v100); replicas win when given
+
+
+def test_a_pipeline_job_s_replicas_are_scored_as_whole_pipelines(tmp_path):
+    with live_server(f"sqlite:///{tmp_path / 'goodput.db'}", model_options={"bayesian": False}) as (url, client):
+        client.put_job("pp", 128, 1024, gpu_types=["a100"], num_stages=2)
+        client.post_observations("pp", [dataclasses.replace(o, num_stages=2) for o in observations("a100", 30, job="pp")])
+        wait_for(lambda: client.goodput("pp", "a100", 1, 6))
+        three = _args("pp", annotations={"goodput/num-nodes": "1", "goodput/num-replicas": "3"})  # 3 pipelines, 6 GPUs
+        result = httpx.post(f"{url}/v1/k8s/filter", json=three).json()
+        assert set(result["FailedNodes"]) == {"t4-0", "v100-0"}, result["FailedNodes"]  # its gpu_types; a100 fits
+        assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a100-0", "cpu-0"]
+        scores = {i["Host"]: i["Score"] for i in httpx.post(f"{url}/v1/k8s/prioritize", json=three).json()}
+        assert scores["a100-0"] == 10
+
+
+def test_pods_that_are_not_ours_are_not_read_and_zero_gpus_is_a_quantity(server):
+    url, client = server
+    sidecar = _pod(None, annotations={"goodput/num-nodes": "stray"})
+    sidecar["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpu": "0"}}
+    for verb in ("filter", "prioritize"):
+        assert httpx.post(f"{url}/v1/k8s/{verb}", json={"Pod": sidecar, "Nodes": {"items": copy.deepcopy(NODES)}}).status_code == 200
+    ours = _pod("cifar10")
+    ours["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpu": "0"}}  # a sidecar without GPUs: 2 GPUs scored
+    scores = {i["Host"]: i["Score"] for i in httpx.post(f"{url}/v1/k8s/prioritize", json={"Pod": ours, "Nodes": {"items": copy.deepcopy(NODES)}}).json()}
+    a100, t4 = (client.goodput("cifar10", gpu, 1, 2)["goodput"] for gpu in ("a100", "t4"))
+    assert scores["t4-0"] == round(10 * t4 / a100)
+    ours["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "-1"
+    answer = httpx.post(f"{url}/v1/k8s/filter", json={"Pod": ours, "NodeNames": []})
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"][-1] == "limits[nvidia.com/gpu]", answer.json()  # not split at its dots
+
+
+def test_a_mig_slice_is_not_scored_as_its_whole_gpu():
+    extender = Extender(lambda job, gpu, nodes, gpus, replicas: {"a100": 900.0, "t4": 300.0}.get(gpu), lambda job: None)
+    nodes = [_node("a100-0", "NVIDIA-A100-SXM4-80GB"), _node("slice-0", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", 7),
+             _node("t4-0", "Tesla-T4", 4)]
+    scores = {i["Host"]: i["Score"] for i in extender.prioritize({"Pod": _pod("cifar10"), "Nodes": {"items": nodes}})}
+    assert scores == {"a100-0": 10, "slice-0": 0, "t4-0": 3}
