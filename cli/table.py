@@ -3,7 +3,9 @@
 Asks a running ``goodput serve`` for the job's goodput table over the cluster
 (Sia's configuration set; default: the server's ``--cluster``) and prints it
 as CSV (one row per configuration: ``job, gpu_type, num_nodes, num_gpus,
-goodput, batch_size, local_bsz, accum_steps, ...``) or JSON — the export a
+goodput, batch_size, local_bsz, accum_steps, ...``, then ``missing_gpu_types``
+when the job has no data on some of the cluster's types; the layout of
+``goodput serve --export-dir``'s files) or JSON — the export a
 Slurm ``job_submit`` plugin or a wrapper script reads. ``--out`` writes the
 file atomically instead. A job whose model is still being rebuilt (server
 start-up) is waited for up to ``--wait`` seconds.
@@ -72,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
         table = GoodputTable.from_dict({"job": data["job"], "rows": data["rows"],
                                         "missing_gpu_types": data.get("missing_gpu_types", [])})
-        frame = table.frame.drop(columns=["normalized_goodput"])
-        frame.insert(0, "job", table.job)
-        text = frame.to_csv(index=False)
+        text = table.csv_text()
     if args.out:
         with writing(args.out):
             atomic_write_text(args.out, text)

@@ -363,17 +363,23 @@ class GoodputTable:
             raise DataFormatError(path, None, exc.field, exc.value, exc.reason) from None
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """CSV with a ``job`` column first (one table per file), ``quantile`` when not 0.5, and
-        ``missing_gpu_types`` (space-separated) when the table could not cover some types."""
+        """Write :meth:`csv_text` atomically."""
+        return atomic_write_text(path, self.csv_text())
+
+    def csv_text(self) -> str:
+        """CSV with a ``job`` column first (one table per file), then the row columns
+        (``gpu_type,num_nodes,num_gpus,goodput,…``), then ``quantile`` when not 0.5 and
+        ``missing_gpu_types`` (space-separated) when the table could not cover some types: the
+        leading columns stay where a script reading them by position expects them."""
         frame = self._frame.drop(columns=["normalized_goodput"])
         frame.insert(0, "job", self.job)
         if frame.empty:  # one row with only the job's name, so that an empty table reads back
             frame = pd.DataFrame([{"job": self.job}], columns=frame.columns)
         if self.quantile != 0.5:
-            frame.insert(1, "quantile", self.quantile)
+            frame["quantile"] = self.quantile
         if self.missing_gpu_types:
-            frame.insert(1, "missing_gpu_types", " ".join(self.missing_gpu_types))
-        return atomic_write_text(path, frame.to_csv(index=False))
+            frame["missing_gpu_types"] = " ".join(self.missing_gpu_types)
+        return frame.to_csv(index=False)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> GoodputTable:

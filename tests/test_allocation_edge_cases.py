@@ -105,6 +105,14 @@ def test_missing_gpu_types_round_trip_through_csv_and_json(tmp_path, rows, quant
     assert GoodputTable.from_csv(GoodputTable("a", [ROW]).to_csv(tmp_path / "n.csv")).missing_gpu_types == ()
 
 
+def test_a_csv_s_leading_columns_stay_put_whatever_the_table_carries():
+    """Scripts read a table's CSV by position (deploy/slurm-goodput-table.sh: $4 GPUs, $5 goodput)."""
+    plain = GoodputTable("a", [ROW]).csv_text().splitlines()[0].split(",")
+    assert plain[:5] == ["job", "gpu_type", "num_nodes", "num_gpus", "goodput"]
+    full = GoodputTable("a", [ROW], missing_gpu_types=["a100"], quantile=0.1).csv_text().splitlines()[0].split(",")
+    assert full[:len(plain)] == plain and full[len(plain):] == ["quantile", "missing_gpu_types"]
+
+
 def test_a_table_s_odd_missing_types_and_rows_are_refused():
     with pytest.raises(ValidationError, match="missing_gpu_types"):
         GoodputTable("a", [], missing_gpu_types="a100")  # one name, not the letters of one
