@@ -71,34 +71,40 @@ def log_profile(
     budget. Metrics: throughput (samples/s) and step time (s) per observation,
     sync time where measured, seconds spent per type. Artifacts: the JSON Lines
     file (``path``, or the profile saved to one) and ``throughput.png``.
-    Inside an active MLflow run (and ``nested=False``) it logs into that run, unless the run holds a
-    profile already (say, ``profile_job`` called twice under it): MLflow's parameters cannot change,
-    so the second goes into a run nested in it.
+    Inside an active MLflow run (and ``nested=False``) it logs into that run, unless the run holds one of
+    these parameters with another value (a profile logged there already, say ``profile_job`` called twice
+    under it, or the caller's own ``replicas``): MLflow's parameters cannot change, so the profile goes
+    into a run nested in it.
     """
     import mlflow
 
     from goodput import tracking
 
     settings = profile.metadata.get("profiler", {})
+    params = {
+        "job": profile.job,
+        "init_batch_size": profile.init_batch_size,
+        "max_batch_size": profile.max_batch_size,
+        "device_types": profile.gpu_types,
+        "max_local_bsz": profile.max_local_bsz,
+        "grid": settings.get("grid"),
+        "time_budget_s": settings.get("time_budget_s"),
+        "replicas": settings.get("replicas"),
+        "observations": len(profile.observations),
+    }
     active = mlflow.active_run()
-    if active is not None and not nested and "job" in mlflow.get_run(active.info.run_id).data.params:
-        nested = True  # a profile logged there already
+    if active is not None and not nested:
+        held = mlflow.get_run(active.info.run_id).data.params
+        flat = tracking.flat_params(params)
+        # MLflow's parameters cannot change: a run that holds one of these with another value (a profile
+        # logged there already, or the caller's own "replicas") gets the profile in a run nested in it
+        nested = any(key in held and held[key] != value for key, value in flat.items())
     if active is not None and not nested:
         opened: Any = contextlib.nullcontext(active)  # log into the caller's run
     else:
         opened = tracking.start_run(experiment, run_name=run_name or profile.job, uri=uri, nested=nested)
     with opened as run:
-        tracking.log_params({
-            "job": profile.job,
-            "init_batch_size": profile.init_batch_size,
-            "max_batch_size": profile.max_batch_size,
-            "device_types": profile.gpu_types,
-            "max_local_bsz": profile.max_local_bsz,
-            "grid": settings.get("grid"),
-            "time_budget_s": settings.get("time_budget_s"),
-            "replicas": settings.get("replicas"),
-            "observations": len(profile.observations),
-        })
+        tracking.log_params(params)
         metrics: dict[str, float] = {}
         for obs in profile.observations:
             key = metric_key(obs)

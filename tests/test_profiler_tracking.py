@@ -91,3 +91,14 @@ def test_cli_profile_errors_are_clean(capsys):
         main(["profile", "--zoo", "mlp", "--memory-cap", "lots"])
     with pytest.raises(SystemExit):
         main(["profile"])  # a factory or --zoo is required
+
+
+def test_a_profile_goes_into_a_nested_run_when_the_caller_s_run_holds_one_of_its_params_with_another_value(tmp_path):
+    profile = profile_job(**tiny_mlp().profile_args(), batch_sizes=[4], replicas=[], cpu_threads=1, time_budget_s=5,
+                          progress=False)
+    with tracking.start_run("profiles-active") as outer:
+        mlflow.log_param("replicas", 4)  # the training script's own parameter of that name
+        inner = log_profile(profile, tmp_path / "a.jsonl")  # MLflow would refuse to change it: nested
+    assert inner != outer.info.run_id
+    assert mlflow.get_run(inner).data.tags["mlflow.parentRunId"] == outer.info.run_id
+    assert mlflow.get_run(outer.info.run_id).data.params == {"replicas": "4"}
