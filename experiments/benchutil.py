@@ -87,7 +87,8 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace, *, at_le
 
 
 def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, extra: dict[str, Any] | None = None) -> Path:
-    """Print ``rows`` as a table, save them with the machine facts, optionally log to MLflow."""
+    """Print ``rows`` as a table, save them with the machine facts and the options, optionally log to MLflow
+    (the options and machine facts as the run's parameters)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -104,7 +105,12 @@ def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, 
         for row in rows:
             table.add_row(*[_fmt(row.get(c)) for c in columns])
         Console(width=220).print(table)
-    payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "rows": list(rows), **(extra or {})}
+    # the options that shaped the figures (--quick, a benchmark's own): runs of other settings stay apart
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out_dir", "mlflow")
+                and (v is None or isinstance(v, (bool, int, float, str)))}
+    facts = machine()
+    payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": facts, "settings": settings,
+               "rows": list(rows), **(extra or {})}
     path = atomic_write_text(Path(args.out_dir) / f"{name}.json", json.dumps(payload, indent=2, default=str) + "\n")
     print(f"figures saved to {path}")
     if args.mlflow:
@@ -112,6 +118,8 @@ def report(name: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace, 
 
         with tracking.start_run("benchmarks", run_name=name):
             import mlflow
+
+            tracking.log_params({**settings, **{f"machine.{k}": v for k, v in facts.items()}, "host": platform.node()})
 
             metrics = {}
             for row in rows:
