@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ._common import console, frame_table
 
@@ -45,13 +46,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    import contextlib
 
     import pandas as pd
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from experiments.simulator.report import log_result, write_outputs
-    from experiments.simulator.runner import Task, check_task, load_truth, load_workloads, run_sweep
+    from experiments.simulator.runner import Task, check_task, load_truth, load_workloads
     from goodput import tracking
     from goodput.cluster import Cluster
     from goodput.errors import ValidationError
@@ -107,31 +106,17 @@ def run(args: argparse.Namespace) -> int:
         check_task(each, families)
     out.print(f"simulating {len(workloads)} workload(s) x {len(policies)} polic(ies) x {len(quantiles)} quantile(s) on {cluster} "
               f"({cluster.total_gpus} GPUs), truth: {args.truth}")
-    parent_id = None
-    if not args.no_mlflow and len(tasks) > 1:
-        with tracking.start_run(args.experiment, run_name=f"sweep:{','.join(policies)}") as parent:
-            tracking.log_params({"policies": policies, "workloads": [w for w, _ in workloads], "cluster": str(cluster),
-                                 "truth": args.truth, "seed": args.seed, "goodput_quantiles": quantiles})
-            parent_id = parent.info.run_id
+    params = {"truth": args.truth} if args.workload else {"truth": args.truth, "arrival_hours": hours}
     rows = []
+    with contextlib.ExitStack() as stack:
+        parent_id = None
+        if not args.no_mlflow and len(tasks) > 1:  # RUNNING until the sweep ends: KILLED on Ctrl-C, FAILED on an error
+            parent_id = stack.enter_context(tracking.parent_run(
+                args.experiment, f"sweep:{','.join(policies)}",
+                {"policies": policies, "workloads": [w for w, _ in workloads], "cluster": str(cluster),
+                 "seed": args.seed, "goodput_quantiles": quantiles, **params}))
+        _sweep(args, tasks, out, rows, params, parent_id, use_ray, address)
 
-    with Progress(TextColumn("[bold]simulations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=out, transient=False) as bar:
-        progress_task = bar.add_task("sim", total=len(tasks))
-
-        def done(task: Task, result) -> None:
-            label = result.settings["policy"]  # the policy's name, with its goodput quantile when not 0.5
-            folder = Path(args.out) / task.workload_name / label
-            write_outputs(result, folder, task.workload_name)
-            if not args.no_mlflow:
-                log_result(result, task.workload_name, folder, experiment=args.experiment,
-                           params={"truth": args.truth}, parent_run_id=parent_id)
-            rows.append({"workload": task.workload_name, "policy": label, **{
-                k: result.summary.get(k) for k in ("finished", "avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s",
-                                                   "restarts_per_job", "unfair_fraction", "wall_seconds")}})
-            bar.advance(progress_task)
-
-        run_sweep(tasks, processes=args.processes, on_done=done, backend="ray" if use_ray else "processes", address=address)
     frame = pd.DataFrame(rows).sort_values(["workload", "policy"])
     out.print(frame_table(frame, title="simulation results (times in seconds)"))
     if len(workloads) > 1:
@@ -156,3 +141,32 @@ def _quantiles(text: str) -> list[float]:
             raise ValidationError("goodput_quantile", part, "expected a number in (0, 1)") from None
         values.append(check_quantile("goodput_quantile", value))
     return list(dict.fromkeys(values))
+
+
+def _sweep(args: argparse.Namespace, tasks: list, out: Any, rows: list, params: dict[str, Any], parent_id: str | None,
+           use_ray: bool, address: str | None) -> None:
+    """Run the tasks, writing each result's files (and its MLflow run, a child of ``parent_id``) as it comes."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from experiments.simulator.report import log_result, write_outputs
+    from experiments.simulator.runner import Task, run_sweep
+
+    with Progress(TextColumn("[bold]simulations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=out, transient=False) as bar:
+        progress_task = bar.add_task("sim", total=len(tasks))
+
+        def done(task: Task, result) -> None:
+            label = result.settings["policy"]  # the policy's name, with its goodput quantile when not 0.5
+            folder = Path(args.out) / task.workload_name / label
+            write_outputs(result, folder, task.workload_name)
+            if not args.no_mlflow:
+                log_result(result, task.workload_name, folder, experiment=args.experiment,
+                           params=params, parent_run_id=parent_id)
+            rows.append({"workload": task.workload_name, "policy": label, **{
+                k: result.summary.get(k) for k in ("finished", "avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s",
+                                                   "restarts_per_job", "unfair_fraction", "wall_seconds")}})
+            bar.advance(progress_task)
+
+        run_sweep(tasks, processes=args.processes, on_done=done, backend="ray" if use_ray else "processes", address=address)

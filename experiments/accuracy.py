@@ -95,6 +95,7 @@ from goodput.io import atomic_write_text
 from goodput.model import JobModel
 from goodput.observations import Observation, by_gpu_type, indices_by_gpu_type
 from goodput.threads import single_threaded
+from goodput.tracking import TrackingError
 from goodput.throughput import throughput_arrays
 from goodput.validation import check_int, check_sizes
 
@@ -540,18 +541,23 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     use_ray, address = ray_option(args)
     out = console()
-    summary = run(
-        args.data_dir, args.out,
-        models=[m.strip() for m in args.models.split(",")] if args.models else None,
-        protocols=args.protocols,
-        methods=args.methods,
-        seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
-        mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
-        model_sizes=args.model_sizes, backend="ray" if use_ray else "local", address=address,
-    )
-    text = (Path(args.out) / "accuracy.md").read_text(encoding="utf-8")
-    print(text)
-    print(f"saved {Path(args.out) / 'accuracy.md'} and {Path(args.out) / 'summary.csv'} ({len(summary)} rows)")
+    saved = f"saved {Path(args.out) / 'accuracy.md'} and {Path(args.out) / 'summary.csv'}"
+    try:
+        summary = run(
+            args.data_dir, args.out,
+            models=[m.strip() for m in args.models.split(",")] if args.models else None,
+            protocols=args.protocols,
+            methods=args.methods,
+            seeds=args.seeds, p4_max_test=args.p4_max_test, default_gpu_type=args.gpu_type, resume=args.resume,
+            mlflow=not args.no_mlflow, progress=not args.no_progress, console=out,
+            model_sizes=args.model_sizes, backend="ray" if use_ray else "local", address=address,
+        )
+    except TrackingError:  # the results are saved before MLflow is asked: show them, then the store's refusal
+        print((Path(args.out) / "accuracy.md").read_text(encoding="utf-8"))
+        print(saved)
+        raise
+    print((Path(args.out) / "accuracy.md").read_text(encoding="utf-8"))
+    print(f"{saved} ({len(summary)} rows)")
     return 0
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .errors import ValidationError
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
@@ -32,6 +34,24 @@ def _quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+class TrackingError(ValidationError):
+    """The MLflow store refused a run or could not be reached (the field is ``tracking_uri``)."""
+
+
+@contextlib.contextmanager
+def _refusals_as_errors(uri: str) -> Iterator[None]:
+    """MLflow's refusals (a file store in maintenance mode, a deleted experiment, a server that does not
+    answer) as a :class:`TrackingError` naming the store, not a traceback."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TrackingError("tracking_uri", uri, f"MLflow refused: {first[:300]} "
+                            "(set MLFLOW_TRACKING_URI or the command's tracking option)") from None
+
+
 @contextlib.contextmanager
 def start_run(
     experiment: str,
@@ -41,22 +61,57 @@ def start_run(
     nested: bool = False,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
-    """Open an MLflow run in ``experiment`` (created if needed) on the chosen store."""
+    """Open an MLflow run in ``experiment`` (created if needed) on the chosen store; what MLflow refuses,
+    there or inside the run, is a :class:`TrackingError`."""
     _quiet_mlflow()
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(uri))
-    mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags or {})) as run:
-        yield run
+    store = tracking_uri(uri)
+    with _refusals_as_errors(store):
+        mlflow.set_tracking_uri(store)
+        mlflow.set_experiment(experiment)
+        with mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags or {})) as run:
+            yield run
+
+
+@contextlib.contextmanager
+def parent_run(experiment: str, run_name: str, params: Mapping[str, Any], *, uri: str | None = None) -> Iterator[str]:
+    """A run that stays RUNNING while the caller logs child runs under it (``start_run(...,
+    tags={"mlflow.parentRunId": id})``); yields its id and ends it FINISHED, KILLED on Ctrl-C, FAILED
+    on any other error, so an interrupted sweep does not read as a finished one."""
+    _quiet_mlflow()
+    import mlflow
+    from mlflow.entities import Param
+
+    store = tracking_uri(uri)
+    with _refusals_as_errors(store):
+        mlflow.set_tracking_uri(store)
+        client = mlflow.MlflowClient(store)
+        run_id = client.create_run(mlflow.set_experiment(experiment).experiment_id, run_name=run_name).info.run_id
+        client.log_batch(run_id, params=[Param(k, v) for k, v in flat_params(params).items()])
+    status = "FAILED"
+    try:
+        yield run_id
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        with _refusals_as_errors(store):
+            client.set_terminated(run_id, status)
+
+
+def flat_params(params: Mapping[str, Any]) -> dict[str, str]:
+    """Parameters as MLflow stores them: strings, lists and dicts as compact JSON, at most 6000 characters."""
+    flat = {k: (json.dumps(v, sort_keys=True) if isinstance(v, (list, dict, tuple)) else v) for k, v in params.items()}
+    return {k: str(v)[:6000] for k, v in flat.items()}
 
 
 def log_params(params: Mapping[str, Any]) -> None:
     """Log parameters, turning lists and dicts into compact JSON (MLflow stores strings)."""
     import mlflow
 
-    flat = {k: (json.dumps(v, sort_keys=True) if isinstance(v, (list, dict, tuple)) else v) for k, v in params.items()}
-    mlflow.log_params({k: (str(v)[:6000]) for k, v in flat.items()})
+    mlflow.log_params(flat_params(params))
 
 
 def log_json_artifact(data: Any, name: str, artifact_path: str | None = None) -> None:
@@ -80,12 +135,15 @@ def log_frame_artifact(frame: Any, name: str, artifact_path: str | None = None) 
 
 
 def log_table(table: Any, prefix: str = "") -> None:
-    """Log a :class:`~goodput.table.GoodputTable`: a metric per configuration and the CSV."""
+    """Log a :class:`~goodput.table.GoodputTable`: a metric per configuration and the CSV.
+
+    Metric names: ``<prefix>goodput.<gpu_type>.n<nodes>.g<gpus>``, the allocation's nodes and its
+    GPUs in all (``cpu.n2.g4``: 2 nodes, 4 GPUs; not a cluster spec's nodes × GPUs per node)."""
     import mlflow
 
     metrics = {}
     for row in table.frame.itertuples(index=False):
-        key = f"{prefix}goodput.{row.gpu_type}.{row.num_nodes}x{row.num_gpus}"
+        key = f"{prefix}goodput.{row.gpu_type}.n{row.num_nodes}.g{row.num_gpus}"
         metrics[key] = float(row.goodput)
     mlflow.log_metrics(metrics)
     log_frame_artifact(table.frame, f"{prefix}goodput_table_{_slug(table.job)}.csv")

@@ -76,7 +76,7 @@ def test_demo_profiles_fits_allocates_and_logs_to_mlflow(tmp_path, capsys):
     children = runs[runs["tags.mlflow.parentRunId"].notna()]
     assert len(parent) == 1 and len(children) == 2
     assert parent["params.data"].iloc[0] == "measured: profile_job on cpu"
-    assert parent["metrics.zoo-mlp.goodput.cpu.2x4"].iloc[0] > 0
+    assert parent["metrics.zoo-mlp.goodput.cpu.n2.g4"].iloc[0] > 0
     first = profiles[0].observations[0]
     child = children[children["params.job"] == "zoo-mlp"]
     assert child[f"metrics.throughput.cpu.r1.b{first.local_bsz}"].iloc[0] == pytest.approx(first.throughput)

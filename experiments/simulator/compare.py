@@ -58,7 +58,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 # runs differing in these are not pooled
 SETTINGS = ("cluster", "truth", "truth_gpu_type", "round_s", "step_noise", "grad_noise", "report_every", "max_hours",
-            "bootstrap_batches", "table_refresh", "restart_cost_s", "observation_bias")
+            "bootstrap_batches", "table_refresh", "restart_cost_s", "observation_bias", "arrival_hours")
 
 
 def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, uri: str | None = None) -> Any:

@@ -94,7 +94,8 @@ def load_workloads(source: str | None, families: dict[str, Family], *, synthetic
             return [(p.stem, read_workload(p)) for p in files]
         return [(path.stem, read_workload(path))]
     count = synthetic or 160
-    return [(f"synthetic-{count}-seed{seed}",
+    window = "" if hours == 8.0 else f"-{hours:g}h"  # another arrival window is another workload
+    return [(f"synthetic-{count}-seed{seed}{window}",
              synthetic_workload(catalog_workload_stats(catalog), families, num_jobs=count, hours=hours, seed=seed))]
 
 
