@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,9 +34,9 @@ from .cluster import Cluster
 from .errors import ValidationError
 from .observations import Observation
 from .table import GoodputTable
-from .validation import check_job_name
+from .validation import check_float, check_job_name
 
-__all__ = ["Client", "ServiceError", "ServiceValidationError", "UnknownJobError", "NotReadyError",
+__all__ = ["Client", "ServiceError", "ServiceValidationError", "UnknownJobError", "NotReadyError", "PayloadTooLargeError",
            "ServiceUnavailableError", "observation_records"]
 
 
@@ -77,6 +78,10 @@ class NotReadyError(ServiceError):
         self.retry_after = retry_after
 
 
+class PayloadTooLargeError(ServiceError):
+    """HTTP 413: the request's body is over the server's limit (``goodput serve --max-body-mb``): send less at once."""
+
+
 class ServiceUnavailableError(OSError):
     """The service could not be reached (refused, timed out, connection dropped)."""
 
@@ -87,6 +92,16 @@ def _job_path(job: str, *rest: str) -> str:
     return "/".join(("/v1/jobs", check_job_name(job), *rest))
 
 
+def _pair(field: str, value: Any) -> list[Any]:
+    """A (low, high) pair as a list (the service checks the numbers); anything else a ValidationError here."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValidationError(field, value, "expected a (low, high) pair")
+    pair = list(value)
+    if len(pair) != 2:
+        raise ValidationError(field, value, "expected a (low, high) pair")
+    return pair
+
+
 def observation_records(observations: Iterable[Observation | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The JSON records of observations: ``Observation.to_dict()``, or mappings as given (with an optional ``id``)."""
     records = []
@@ -94,6 +109,9 @@ def observation_records(observations: Iterable[Observation | Mapping[str, Any]])
         if isinstance(item, Observation):
             records.append(item.to_dict())
         elif isinstance(item, Mapping):
+            for key, value in item.items():  # JSON cannot carry them: say which, not "Out of range float values"
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValidationError(f"observations[{index}].{key}", value, "expected a finite number")
             records.append(dict(item))
         else:
             raise ValidationError(f"observations[{index}]", item, "expected an Observation or a record dict")
@@ -106,7 +124,8 @@ class Client:
     Args:
         url: the service, e.g. ``http://127.0.0.1:8470``.
         token: a bearer token for writes (the server's ``--token-file``).
-        timeout: seconds per request.
+        timeout: seconds (positive) to connect, and for each read and write of a request (httpx's
+            timeouts: a server that answers, however slowly, keeps a request going).
         transport: an httpx transport (tests, proxies); default: a pooled connection.
     """
 
@@ -120,7 +139,8 @@ class Client:
                 raise ValidationError("token", token, "expected a non-empty string")
             headers["Authorization"] = f"Bearer {token.strip()}"
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self.timeout = check_float("timeout", timeout, positive=True)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -151,6 +171,8 @@ class Client:
                 raise ServiceValidationError(422, detail, method, where)
             if response.status_code == 404:
                 raise UnknownJobError(404, detail, method, where)
+            if response.status_code == 413:
+                raise PayloadTooLargeError(413, detail, method, where)
             if response.status_code == 503:
                 retry = float(response.headers.get("Retry-After", "1") or 1)
                 raise NotReadyError(503, detail, method, where, retry_after=retry)
@@ -169,15 +191,17 @@ class Client:
         prior's size slopes place its sync costs)."""
         body: dict[str, Any] = {"init_batch_size": init_batch_size}
         if model_size is not None:
-            body["model_size"] = model_size
+            body["model_size"] = check_float("model_size", model_size, positive=True)
         if num_stages is not None:
             body["num_stages"] = dict(num_stages) if isinstance(num_stages, Mapping) else num_stages
         if max_batch_size is not None:
             body["max_batch_size"] = max_batch_size
         if local_bsz_bounds is not None:
-            body["local_bsz_bounds"] = ({k: list(v) for k, v in local_bsz_bounds.items()}
-                                        if isinstance(local_bsz_bounds, Mapping) else list(local_bsz_bounds))
+            body["local_bsz_bounds"] = ({k: _pair(f"local_bsz_bounds[{k!r}]", v) for k, v in local_bsz_bounds.items()}
+                                        if isinstance(local_bsz_bounds, Mapping) else _pair("local_bsz_bounds", local_bsz_bounds))
         if gpu_types is not None:
+            if isinstance(gpu_types, str) or not isinstance(gpu_types, Iterable):  # "t4" is one name, not two
+                raise ValidationError("gpu_types", gpu_types, "expected a list of GPU type names, e.g. ['t4']")
             body["gpu_types"] = list(gpu_types)
         return self.request("PUT", _job_path(job), json=body)
 
