@@ -24,12 +24,22 @@ from profilers import zoo
 from profilers.reporter import GoodputReporter
 
 
+def _count(minimum: int):
+    """An argparse type: a whole number >= ``minimum`` (argparse reports anything else in one line)."""
+    def parse(text: str) -> int:
+        value = int(text)  # a ValueError: argparse's "invalid value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default="http://127.0.0.1:8470")
     parser.add_argument("--job", default="example-mlp")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--local-bsz", type=int, default=64)
+    parser.add_argument("--steps", type=_count(0), default=200)
+    parser.add_argument("--local-bsz", type=_count(1), default=64)
     parser.add_argument("--buffer-dir", help="the reporter's buffer (default ~/.cache/goodput/reporter)")
     parser.add_argument("--token", default=os.environ.get("GOODPUT_TOKEN"))
     args = parser.parse_args(argv)

@@ -30,7 +30,14 @@ Guarantees:
   record has a UUID, so one sent twice is stored once. Records the service
   refuses as invalid (422) go to ``<buffer>.rejected.jsonl``. Where the buffer
   cannot be written (a read-only or full disk: a ``buffer`` fault), records are
-  still sent from memory; only their survival of a crash is lost.
+  still sent from memory; only their survival of a crash is lost. Each live
+  reporter holds its buffer file's ``flock``: a second run of the same job and
+  rank on the host keeps ``<job>.rank<r>.pid<pid>.jsonl``, and a reporter that
+  starts adopts the files of reporters that died. A body over the server's
+  limit (413) is sent in halves. ``close()`` returns within about its
+  ``timeout`` even when the service hangs.
+- **Forks**: a forked child (``os.fork``, fork-started workers) records and
+  sends nothing; the parent does.
 
 Only one replica reports (``report_rank``, rank 0 by default): data-parallel
 replicas run the same steps. ``num_nodes``/``num_replicas`` come from
@@ -54,13 +61,17 @@ from __future__ import annotations
 
 import atexit
 import collections
+import fcntl
+import glob
 import json
 import logging
+import numbers
 import os
 import statistics
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,8 +181,12 @@ class GoodputReporter:
         self.num_nodes = check_int("num_nodes", num_nodes if num_nodes is not None else nodes, minimum=1)
         if self.num_replicas < self.num_nodes:
             raise ValidationError("num_replicas", self.num_replicas, f"must be >= num_nodes ({self.num_nodes})")
-        self.buffer_path = Path(buffer_dir if buffer_dir is not None else default_buffer_dir()) / f"{self.job}.rank{self.rank}.jsonl"
         self.client = Client(url, token=token, timeout=timeout, transport=transport)
+        self._buffer_dir = Path(buffer_dir if buffer_dir is not None else default_buffer_dir())
+        self.buffer_path = self._buffer_dir / f"{self.job}.rank{self.rank}.jsonl"
+        self._lock_fd: int | None = None  # the buffer's lock, held while this reporter lives
+        self._closed = False
+        self._chunk = SEND_CHUNK  # records per POST, halved when the service says the body is too large
         self.sent = 0  # records the service acknowledged
         self.faults: collections.Counter[str] = collections.Counter()
         self._samples: collections.deque[tuple[tuple[int, int, int, int], Any, float]] = collections.deque()
@@ -188,7 +203,9 @@ class GoodputReporter:
         self._io_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if self.active:
-            self._unsent = self._read_buffer()
+            self._claim_buffer()
+            self._unsent = self._read_buffer() + self._adopt_orphans()
+            _LIVE.add(self)
             self._thread = threading.Thread(target=self._run, name=f"goodput-reporter-{self.job}", daemon=True)
             self._thread.start()
             atexit.register(self.close)
@@ -197,11 +214,14 @@ class GoodputReporter:
     def step(self, local_bsz: int, accum_steps: int = 0) -> _Step:
         """``with reporter.step(local_bsz=..., accum_steps=...):`` around one optimizer step (all its micro-batches)."""
         if not self.active:
+            if self._closed:
+                self._fault("closed", RuntimeError("step() after close(): not recorded"))
             return _Step(self, None)
-        if type(local_bsz) is not int or type(accum_steps) is not int or local_bsz < 1 or accum_steps < 0:
+        if not (_whole(local_bsz) and _whole(accum_steps)) or local_bsz < 1 or accum_steps < 0:
             self._fault("arguments", ValidationError("local_bsz/accum_steps", (local_bsz, accum_steps),
                                                      "expected an int >= 1 and an int >= 0; step not recorded"))
             return _Step(self, None)
+        local_bsz, accum_steps = int(local_bsz), int(accum_steps)  # numpy's integers too
         key = (self.num_nodes, self.num_replicas, local_bsz, accum_steps)
         seen = self._seen.get(key, 0)
         self._seen[key] = seen + 1
@@ -304,13 +324,17 @@ class GoodputReporter:
                 break
             self.flush(final=False)
 
-    def flush(self, final: bool = True) -> int:
+    def flush(self, final: bool = True, wait: float | None = None) -> int:
         """Aggregate the steps timed so far, buffer them, send everything unsent; the records still unsent.
 
         Called by the background thread every ``flush_interval``; ``final=True`` (``close``) also turns
-        configurations with a single timed step into observations. Never raises.
+        configurations with a single timed step into observations. ``wait``: seconds to wait for a flush
+        in progress (the background thread's, on a slow service) before giving up (``None``: as long as it
+        takes); its records are in the buffer file already. Never raises.
         """
-        with self._io_lock:
+        if not self._io_lock.acquire(timeout=-1 if wait is None else max(wait, 0.0)):
+            return len(self._unsent)
+        try:
             try:
                 self._fold_gradients()
             except Exception as exc:  # noqa: BLE001 - e.g. M0 not known yet and the service down: steps still go on
@@ -331,6 +355,8 @@ class GoodputReporter:
             except Exception as exc:  # noqa: BLE001
                 self._fault("send", exc)
             return len(self._unsent)
+        finally:
+            self._io_lock.release()
 
     def _fold_gradients(self) -> None:
         if not self._grads:
@@ -377,11 +403,60 @@ class GoodputReporter:
         return records
 
     # ------------------------------------------------------------------ the buffer and the service
+    def _claim_buffer(self) -> None:
+        """Lock this reporter's buffer file for its lifetime (``flock`` on ``<buffer>.lock``): another live
+        reporter of the same job and rank (a second run on the host) holds ``<job>.rank<r>.jsonl``, so this one
+        takes ``<job>.rank<r>.pid<pid>.jsonl``. Each rewrites only its own file when records are acknowledged;
+        sharing one, each had deleted the other's unsent records from disk."""
+        try:
+            self._buffer_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._fault("buffer", exc)
+            return
+        stem = f"{self.job}.rank{self.rank}"
+        for path in (self._buffer_dir / f"{stem}.jsonl", self._buffer_dir / f"{stem}.pid{os.getpid()}.jsonl"):
+            fd = _try_lock(path.with_name(path.name + ".lock"))
+            if fd is not None:
+                self.buffer_path, self._lock_fd = path, fd
+                return
+        self.buffer_path = self._buffer_dir / f"{stem}.pid{os.getpid()}.jsonl"
+
+    def _adopt_orphans(self) -> list[dict[str, Any]]:
+        """Records of this job and rank left by reporters that died (their buffer files unlocked): copied into
+        this reporter's buffer (fsynced) before their files are removed, so a crash in between repeats them
+        (the service keeps one per id) but loses none."""
+        adopted: list[dict[str, Any]] = []
+        stem = glob.escape(f"{self.job}.rank{self.rank}")
+        for path in sorted(self._buffer_dir.glob(f"{stem}.jsonl")) + sorted(self._buffer_dir.glob(f"{stem}.pid*.jsonl")):
+            if path == self.buffer_path or path.name.endswith(".rejected.jsonl"):
+                continue
+            lock = path.with_name(path.name + ".lock")
+            fd = _try_lock(lock)
+            if fd is None:  # its reporter is alive
+                continue
+            try:
+                records = self._read_records(path)
+                if records:
+                    self._append_buffer(records)
+                path.unlink(missing_ok=True)
+                if ".pid" in path.name:
+                    lock.unlink(missing_ok=True)
+                adopted.extend(records)
+            except OSError as exc:
+                self._fault("buffer", exc)
+            finally:
+                os.close(fd)
+        return adopted
+
     def _read_buffer(self) -> list[dict[str, Any]]:
-        """Records a previous run left unsent. A torn last line, from a crash mid-write, is skipped and cut
+        """Records a previous run left unsent in this reporter's buffer file."""
+        return self._read_records(self.buffer_path)
+
+    def _read_records(self, path: Path) -> list[dict[str, Any]]:
+        """The records of a buffer file. A torn last line, from a crash mid-write, is skipped and cut
         from the file (appended to, the next record would be joined to it and lost with it)."""
         try:
-            text = self.buffer_path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
         except (OSError, UnicodeDecodeError) as exc:
@@ -395,7 +470,7 @@ class GoodputReporter:
                 continue
             if isinstance(record, dict) and record.get("id"):
                 records.append(record)
-        if text and not text.endswith("\n"):
+        if text and not text.endswith("\n") and path == self.buffer_path:
             try:
                 self._rewrite_buffer(records)
             except OSError as exc:
@@ -421,16 +496,21 @@ class GoodputReporter:
                 pass
 
     def _send(self) -> None:
-        from goodput.client import ServiceValidationError, UnknownJobError
+        from goodput.client import PayloadTooLargeError, ServiceValidationError, UnknownJobError
 
         if not self._unsent:
             return
         changed = False
         try:
             while self._unsent:
-                chunk = self._unsent[:SEND_CHUNK]
+                chunk = self._unsent[:self._chunk]
                 try:
                     self.client.post_observations(self.job, chunk)
+                except PayloadTooLargeError as exc:  # over the server's --max-body-mb: send less at once
+                    if len(chunk) > 1:
+                        self._chunk = max(1, len(chunk) // 2)
+                        continue
+                    self._reject(chunk, exc)  # one record too large for the service: kept aside, not retried forever
                 except UnknownJobError:
                     if self._settings is None or self._registered:
                         raise
@@ -461,26 +541,83 @@ class GoodputReporter:
         self._fault("rejected", RuntimeError(f"the service refused {len(chunk)} record(s), kept in {path}: {exc}"))
 
     def close(self, timeout: float = 30.0) -> int:
-        """Stop the background thread after a last flush; the records left unsent (kept in the buffer file)."""
+        """Stop the background thread after a last flush, within about ``timeout`` seconds (a service that
+        hangs does not hold the training script's exit longer); the records left unsent, kept in the buffer
+        file for the next run. Later steps are not recorded."""
         if self._thread is None:
             return 0
+        deadline = time.monotonic() + timeout
+        self.active, self._closed = False, True
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
-        left = self.flush(final=True)
+        left = self.flush(final=True, wait=deadline - time.monotonic())
         self._thread = None
         self.client.close()
+        self._release_buffer()
+        _LIVE.discard(self)
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001
             pass
         return left
 
+    def _release_buffer(self) -> None:
+        if self._lock_fd is None:
+            return
+        if ".pid" in self.buffer_path.name and not self.buffer_path.exists():  # nothing left: no lock file either
+            self.buffer_path.with_name(self.buffer_path.name + ".lock").unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child (``os.fork``, a fork-started worker) holds a copy of this reporter: it records and sends
+        nothing (the parent does), and its exit neither sends the parent's pending steps twice nor waits on a
+        lock a parent's thread held at the fork."""
+        self.active, self._thread = False, None
+        self._samples, self._grads, self._unsent = collections.deque(), collections.deque(), []
+        self._io_lock = threading.Lock()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the child's copy; the parent's lock stays (flock belongs to the open file)
+            self._lock_fd = None
+
     def __enter__(self) -> GoodputReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_LIVE: weakref.WeakSet[GoodputReporter] = weakref.WeakSet()  # the process's active reporters
+
+
+def _forget_in_child() -> None:
+    for reporter in list(_LIVE):
+        reporter._after_fork_in_child()
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _whole(value: Any) -> bool:
+    """An integer, numpy's included (``GoodputTable.frame``'s ``local_bsz``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _try_lock(path: Path) -> int | None:
+    """An exclusive ``flock`` on ``path`` (created), its descriptor; ``None`` when another process holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 # ---------------------------------------------------------------------- the environment

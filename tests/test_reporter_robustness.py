@@ -1,0 +1,145 @@
+"""GoodputReporter where real training scripts get odd: two runs of one job on a host, a server's body limit, a
+server that hangs, forks, numpy integers, steps after close; and the client's checks of what it sends."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from goodput.client import Client
+from goodput.errors import ValidationError
+from profilers.reporter import GoodputReporter
+from tests.service_helpers import live_server
+from tests.test_reporter import _stored, _train
+
+
+def test_two_live_reporters_of_one_job_keep_their_own_buffers_and_a_dead_ones_records_are_adopted(tmp_path):
+    url = "http://127.0.0.1:9"  # nothing listens: everything stays buffered
+    first = GoodputReporter("twin", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=1)
+    second = GoodputReporter("twin", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=1)
+    assert first.buffer_path.name == "twin.rank0.jsonl" and second.buffer_path.name == f"twin.rank0.pid{os.getpid()}.jsonl"
+    _train(first, 6, 8)
+    _train(second, 6, 16)
+    assert first.close(timeout=5) >= 1 and second.close(timeout=5) >= 1
+    first_ids = {json.loads(line)["id"] for line in first.buffer_path.read_text().splitlines()}
+    second_ids = {json.loads(line)["id"] for line in second.buffer_path.read_text().splitlines()}
+    assert first_ids and second_ids and not first_ids & second_ids
+    # both died with records unsent: the next run of the job holds them all, and sends them
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (live, client):
+        third = GoodputReporter("twin", live, init_batch_size=8, buffer_dir=tmp_path, flush_interval=0.05)
+        assert third.close() == 0
+        assert {o["id"] for o in _stored(client, "twin")} == first_ids | second_ids
+    assert sorted(p.name for p in tmp_path.glob("twin.*.jsonl")) == []
+
+
+def _body_limited(max_records: int, seen: list[int]) -> httpx.MockTransport:
+    """A service that answers 413 to more than ``max_records`` observations in one POST."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            return httpx.Response(200, json={"job": "big"})
+        count = len(json.loads(request.content)["observations"])
+        if count > max_records:
+            return httpx.Response(413, json={"detail": "request body too large"})
+        seen.append(count)
+        return httpx.Response(200, json={"accepted": count, "total": count})
+    return httpx.MockTransport(handle)
+
+
+def test_a_backlog_over_the_servers_body_limit_is_sent_in_halves(tmp_path):
+    backlog = [{"id": f"{i:032x}", "job": "big", "gpu_type": "cpu", "num_nodes": 1, "num_replicas": 1, "local_bsz": 8,
+                "accum_steps": 0, "step_time": 0.01} for i in range(600)]
+    (tmp_path / "big.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in backlog))
+    seen: list[int] = []
+    reporter = GoodputReporter("big", "http://goodput.test", init_batch_size=8, buffer_dir=tmp_path,
+                               flush_interval=60, transport=_body_limited(200, seen))
+    assert reporter.close() == 0 and reporter.sent == 600 and max(seen) <= 200 and sum(seen) == 600
+    # a single record the service still refuses is set aside, not retried forever
+    (tmp_path / "big.rank0.jsonl").write_text(json.dumps(backlog[0]) + "\n")
+    reporter = GoodputReporter("big", "http://goodput.test", init_batch_size=8, buffer_dir=tmp_path,
+                               flush_interval=60, transport=_body_limited(0, []))
+    assert reporter.close() == 0 and reporter.faults["rejected"] == 1
+    assert (tmp_path / "big.rank0.rejected.jsonl").read_text().count("\n") == 1
+
+
+def test_close_returns_in_about_its_timeout_when_the_service_hangs(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # accepts connections, never answers
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        reporter = GoodputReporter("hang", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=0.05, timeout=5)
+        _train(reporter, 6, 8)
+        time.sleep(0.3)  # the background thread is inside a request now
+        started = time.monotonic()
+        left = reporter.close(timeout=1.0)
+        assert time.monotonic() - started < 3.0
+        assert left >= 1 and len((tmp_path / "hang.rank0.jsonl").read_text().splitlines()) >= 1  # kept for the next run
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_records_and_sends_nothing_and_exits_at_once(tmp_path):
+    reporter = GoodputReporter("forked", "http://127.0.0.1:9", init_batch_size=8, buffer_dir=tmp_path,
+                               flush_interval=60, timeout=1)
+    _train(reporter, 5, 8)  # pending steps the child must not send again
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            with reporter.step(local_bsz=8):
+                pass
+            started = time.monotonic()
+            left = reporter.close(timeout=30)
+            os.write(write, json.dumps([reporter.active, len(reporter._samples), left, time.monotonic() - started]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    active, samples, left, seconds = json.loads(os.read(read, 1000))
+    assert (active, samples, left) == (False, 0, 0) and seconds < 1.0
+    assert reporter.active and len(reporter._samples) >= 1  # the parent's are untouched
+    assert reporter.close(timeout=5) >= 1
+
+
+def test_numpy_batch_sizes_count_and_steps_after_close_are_refused_aloud(tmp_path):
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        reporter = GoodputReporter("npint", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, warmup_steps=0)
+        for _ in range(3):
+            with reporter.step(local_bsz=np.int64(8), accum_steps=np.int32(0)):
+                time.sleep(0.001)
+        assert reporter.close() == 0 and reporter.sent == 1 and not reporter.faults
+        with reporter.step(local_bsz=8):
+            pass
+        assert reporter.faults["closed"] == 1 and not reporter._samples
+        (stored,) = _stored(client, "npint")
+        assert stored["local_bsz"] == 8 and stored["accum_steps"] == 0
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda c: c.put_job("j", 8, gpu_types="t4"), "gpu_types"),
+    (lambda c: c.put_job("j", 8, local_bsz_bounds=5), "local_bsz_bounds"),
+    (lambda c: c.put_job("j", 8, local_bsz_bounds={"t4": (1, 2, 3)}), "local_bsz_bounds['t4']"),
+    (lambda c: c.put_job("j", 8, model_size=math.nan), "model_size"),
+    (lambda c: c.post_observations("j", [{"step_time": math.inf}]), "observations[0].step_time"),
+])
+def test_the_client_refuses_what_it_cannot_send_naming_the_field(call, field):
+    client = Client("http://127.0.0.1:9", transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    with pytest.raises(ValidationError) as caught:
+        call(client)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "10", math.nan])
+def test_a_client_s_timeout_is_checked_when_it_is_made(timeout):
+    with pytest.raises(ValidationError, match="timeout"):
+        Client("http://127.0.0.1:9", timeout=timeout)
+    with pytest.raises(ValidationError, match="timeout"):
+        GoodputReporter("j", "http://127.0.0.1:9", timeout=timeout)
