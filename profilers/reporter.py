@@ -213,7 +213,7 @@ class GoodputReporter:
     # ------------------------------------------------------------------ the training loop's side
     def step(self, local_bsz: int, accum_steps: int = 0) -> _Step:
         """``with reporter.step(local_bsz=..., accum_steps=...):`` around one optimizer step (all its micro-batches)."""
-        if not self.active:
+        if not self.active or self._closed:
             if self._closed:
                 self._fault("closed", RuntimeError("step() after close(): not recorded"))
             return _Step(self, None)
@@ -267,7 +267,7 @@ class GoodputReporter:
 
             def reduced(fut: Any) -> Any:
                 averaged = fut.value()[0]
-                if reporter.active:
+                if reporter.active and not reporter._closed:
                     total = averaged.detach().pow(2).sum()
                     with reporter._bucket_lock:
                         reporter._bucket_sums.append((local, total))
@@ -547,7 +547,7 @@ class GoodputReporter:
         if self._thread is None:
             return 0
         deadline = time.monotonic() + timeout
-        self.active, self._closed = False, True
+        self._closed = True
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
