@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
 def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
     from goodput.errors import ValidationError
     from service.registry import read_observations
-    from service.store import Store
+    from service.store import Store, sqlite_file
 
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+    if url.startswith("sqlite:") and not (sqlite_file(url) or Path()).is_file():  # not create an empty one
         raise ValidationError("store", url, "no such SQLite file")
     store = Store(url)
     try:

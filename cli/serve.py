@@ -86,5 +86,6 @@ def run(args: argparse.Namespace) -> int:
                      cluster_prior=args.cluster_prior, learn_prior=args.learn_prior, prior_interval_s=interval,
                      prior_jobs=prior_jobs,
                      k8s_max_score=args.k8s_max_score)
+    app.state.registry.store.claim()  # a second server on the store: one line now, not a failed start-up
     serve(app, args.host, args.port, log_level=args.log_level)
     return 0

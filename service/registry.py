@@ -7,7 +7,10 @@ Concurrency (``JobModel`` is not thread-safe, and a refit takes up to seconds):
   newly stored observations, lets it refit when its own policy says a refit is
   due (``JobModel.diagnostics`` runs a due refit), then **publishes** a copy: an
   immutable :class:`Published` snapshot with a version number. The copy shares
-  the (frozen) observations, so it costs well under a millisecond.
+  the (frozen) observations and the cluster prior; it still walks the job's
+  history (about 2 ms at 1,000 observations, 7 ms at 10,000 and 100 ms at
+  100,000 on the 2-core VM), and the models hold every stored observation of
+  their job (about 0.5 KB each: 540 MB of memory at 1,000,000 observations).
 - **Queries** read the job's current snapshot and never wait on a refit: they
   answer from the last published model. Each snapshot caches its answers
   (goodput per configuration, tables per cluster; the server's ``--cluster``
@@ -55,6 +58,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -367,7 +371,9 @@ class Registry:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Registry:
-        """Queue every stored job for a rebuild and start the worker; returns at once."""
+        """Claim the store for this server (:meth:`Store.claim`: a second server on it is refused), queue every
+        stored job for a rebuild and start the worker; returns at once."""
+        self.store.claim()
         records = self.store.jobs()
         with self._lock:
             for record in records:
@@ -902,8 +908,10 @@ class Registry:
         with self._lock:
             if current:  # nothing new to learn from: not due until something changes
                 self._prior_seen = changes
-            # the interval runs from when it was learned (a restart does not reset it)
-            self._prior_at = time.monotonic() - max(0.0, time.time() - stored.learned)
+                # the interval runs from when it was learned (a restart does not reset it)
+                self._prior_at = time.monotonic() - max(0.0, time.time() - stored.learned)
+            else:  # stale, another window or an older model's coordinates: learned again at once
+                self._prior_at = -math.inf
 
     def _current_prior(self) -> ClusterPrior | None:
         """The learned prior once there is one, else the given one (or ``None``)."""

@@ -53,6 +53,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,30 @@ from sqlalchemy import event
 
 from goodput.errors import ValidationError
 
-__all__ = ["Store", "JobRecord", "StoredObservation", "StoredPrior", "AddResult", "UnknownJobError", "record_id",
+_SERVER_LOCK_KEY = 0x676F6F64707574  # "goodput": PostgreSQL's advisory lock of the store's one server
+
+
+class StoreBusyError(ValidationError):
+    """Another server process holds the store (:meth:`Store.claim`)."""
+
+
+def sqlite_file(url: Any) -> Path | None:
+    """The file of a SQLite URL (``sqlite:///goodput.db``, ``…?timeout=5``, ``sqlite:///file:x.db?uri=true``),
+    ``None`` for an in-memory database."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ValidationError("store", str(url), f"not a SQLAlchemy URL ({exc})") from None
+    database = parsed.database or ""
+    if parsed.query.get("mode") == "memory" or database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):  # a SQLite URI filename (uri=true): file:PATH[?query]
+        database = database[len("file:"):].split("?", 1)[0]
+        if database in ("", ":memory:"):
+            return None
+    return Path(database)
+
+__all__ = ["Store", "StoreBusyError", "sqlite_file", "JobRecord", "StoredObservation", "StoredPrior", "AddResult", "UnknownJobError", "record_id",
            "canonical_json", "SQLITE_SYNCHRONOUS"]
 
 log = logging.getLogger("goodput.service")
@@ -196,7 +220,7 @@ class Store:
         self.dialect = parsed.get_backend_name()
         options: dict[str, Any] = {}
         if self.dialect == "sqlite":
-            if parsed.database in (None, "", ":memory:"):
+            if sqlite_file(parsed) is None:  # sqlite://, :memory:, file::memory:?uri=true, ?mode=memory
                 raise ValidationError("store", url, "an in-memory SQLite store would lose everything; name a file")
             options["connect_args"] = {"timeout": 30.0}
         else:
@@ -218,6 +242,10 @@ class Store:
         self._write_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._queue: list[_Request] = []
+        # observations stored per job, counted once and then advanced by this process's commits (one server per
+        # store, claim()): a POST's total had been a count(*) over the job's history inside the write lock
+        self._counts: dict[str, int] = {}
+        self._claim: Any = None  # what holds the server's claim on the store (claim())
         try:
             metadata.create_all(self.engine)
         except sa.exc.SQLAlchemyError as exc:  # a file that is no database, a folder that is missing, a server down
@@ -230,7 +258,37 @@ class Store:
         return f"Store({self.url.render_as_string(hide_password=True)!r})"
 
     def close(self) -> None:
+        if self._claim is not None:
+            self._claim.close()  # the lock file's descriptor, or PostgreSQL's session holding the advisory lock
+            self._claim = None
         self.engine.dispose()
+
+    def claim(self) -> None:
+        """Hold this store for one server process until :meth:`close` (a second ``goodput serve`` on it would
+        answer from models that miss the other's writes): a ``flock`` on ``<database>.server.lock`` for SQLite,
+        a session-level advisory lock on PostgreSQL. Raises :class:`StoreBusyError` when another holds it;
+        does nothing twice, or on other databases."""
+        if self._claim is not None:
+            return
+        where = self.url.render_as_string(hide_password=True)
+        if self.dialect == "sqlite":
+            import fcntl
+
+            lock = Path(f"{sqlite_file(self.url)}.server.lock")
+            handle = open(lock, "a+")  # noqa: SIM115 - held open while the server runs
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                raise StoreBusyError("store", where, f"another goodput serve holds it ({lock} is locked)") from None
+            self._claim = handle
+        elif self.dialect == "postgresql":
+            conn = self.engine.connect()
+            if not conn.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": _SERVER_LOCK_KEY}).scalar():
+                conn.close()
+                raise StoreBusyError("store", where, "another goodput serve holds it (its advisory lock is taken)")
+            conn.commit()
+            self._claim = conn
 
     # ------------------------------------------------------------------ jobs
     def put_job(self, name: str, settings: Mapping[str, Any]) -> JobRecord:
@@ -314,20 +372,26 @@ class Store:
                             rows.append({"job": request.job, "record_id": rid, "data": data, "received": now})
                 for row_id, job, rid in (self._insert_new(conn, rows) if rows else []):
                     owner[(job, rid)].inserted.append((row_id, rid))
-                totals = dict(conn.execute(
+                uncounted = sorted((known & set(names)) - set(self._counts))
+                counted = dict(conn.execute(  # the first write of each job in this process (its own rows included)
                     sa.select(observations_table.c.job, sa.func.count()).where(
-                        observations_table.c.job.in_(sorted(known & set(names)))).group_by(observations_table.c.job)).all())
+                        observations_table.c.job.in_(uncounted)).group_by(observations_table.c.job)).all()) if uncounted else {}
         except Exception as exc:  # the transaction rolled back: nothing of the group is stored
             for request in group:
                 request.error = request.error or exc
                 request.done = True
             return
+        for job in set(uncounted):
+            self._counts[job] = int(counted.get(job, 0))
+        for request in group:
+            if request.error is None and request.job not in uncounted:
+                self._counts[request.job] = self._counts.get(request.job, 0) + len(request.inserted)
         for request in group:
             request.done = True
             if request.error is not None:
                 continue
             request.inserted.sort()
-            request.result = AddResult(request.inserted, int(totals.get(request.job, 0)))
+            request.result = AddResult(request.inserted, self._counts.get(request.job, 0))
             if request.after_commit is not None and request.inserted:
                 try:
                     request.after_commit(request.inserted)
@@ -366,7 +430,10 @@ class Store:
         return out
 
     def count(self, job: str) -> int:
-        """Observations stored for ``job``."""
+        """Observations stored for ``job`` (kept by this process's writes once counted)."""
+        known = self._counts.get(job)
+        if known is not None:
+            return known
         with self.engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(observations_table)
                                     .where(observations_table.c.job == job)).scalar_one())

@@ -104,6 +104,20 @@ def test_serve_refuses_bad_arguments_before_starting(tmp_path, capsys):
     assert "cluster_prior=" in capsys.readouterr().err and not (tmp_path / "g.db").exists()
 
 
+def test_a_second_server_on_a_store_is_refused_in_one_line(tmp_path, capsys):
+    from service import create_app
+
+    store = f"sqlite:///{tmp_path / 'g.db'}"
+    app = create_app(store)
+    app.state.registry.start()  # the first server
+    try:
+        assert main(["serve", "--port", "0", "--store", store]) == 2
+        err = capsys.readouterr().err
+        assert "another goodput serve holds it" in err and "Traceback" not in err
+    finally:
+        app.state.registry.close()
+
+
 def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):
     url, client = server
     env = {**os.environ, "GOODPUT_SERVER": url, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

@@ -114,6 +114,9 @@ def test_goodput_prior_learns_from_the_store_and_serve_takes_the_file(tmp_path, 
     store.put_job("registered-only", {"init_batch_size": 8})  # no observations yet: not a cell
     store.close()
     out = tmp_path / "prior.json"
+    for other in (f"{url}?timeout=5", f"sqlite:///file:{tmp_path / 'g.db'}?uri=true"):  # URL forms serve takes too
+        assert main(["prior", "--store", other, "--out", str(out), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
     assert main(["prior", "--store", url, "--out", str(out), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["jobs"] == 2 and printed["size_slopes"] is not None
@@ -252,7 +255,7 @@ def test_a_prior_stored_by_an_older_model_is_taken_then_learned_again(tmp_path):
         registry.store.save_prior({**stored.data, "summaries": old}, {k: v for k, v in stored.info.items() if k != "coords"})
     finally:
         registry.close()
-    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=0.0)
+    registry = _registry(tmp_path, learn_prior=True, prior_interval_s=3600.0)  # learned again at once all the same
     try:
         assert registry.wait_idle(120) and registry.metrics.prior_updates._value.get() == 1
         relearned = registry.store.latest_prior()

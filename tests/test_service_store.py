@@ -9,7 +9,7 @@ import pytest
 from goodput import JobModel, Observation
 from goodput.errors import ValidationError
 from service.registry import Registry
-from service.store import Store, UnknownJobError, canonical_json, record_id
+from service.store import Store, StoreBusyError, UnknownJobError, canonical_json, record_id, sqlite_file
 from tests.service_helpers import profile
 
 
@@ -124,9 +124,42 @@ def test_a_restarted_registry_rebuilds_the_same_model(store_url):
     restarted.close()
 
 
+def test_a_post_s_total_counts_the_history_once_then_keeps_count(store_url):
+    """A job's total is counted on its first write in the process (rows another process stored included) and
+    advanced by each commit after; it had been a count(*) over the whole history inside the write lock."""
+    records = [o.to_dict() for o in profile("mlp").observations]
+    earlier = Store(store_url)
+    earlier.put_job("zoo-mlp", {"init_batch_size": 64})
+    earlier.add_observations("zoo-mlp", [(f"a{i}", r) for i, r in enumerate(records[:5])])
+    earlier.close()
+    store = Store(store_url)
+    totals = [store.add_observations("zoo-mlp", [(f"b{i}", r), (f"a{i}", r)]).total for i, r in enumerate(records[:4])]
+    assert totals == [6, 7, 8, 9] and store.count("zoo-mlp") == 9
+    with store.engine.connect() as conn:  # what count(*) says
+        assert conn.exec_driver_sql("SELECT count(*) FROM goodput_observations WHERE job = 'zoo-mlp'").scalar() == 9
+    store.close()
+
+
+def test_one_server_per_store(store_url):
+    first = Registry(Store(store_url), model_options={"bayesian": False}).start()
+    try:
+        second = Registry(Store(store_url), model_options={"bayesian": False})
+        with pytest.raises(StoreBusyError, match="another goodput serve holds it"):
+            second.start()
+        second.store.close()
+    finally:
+        first.close()
+    again = Registry(Store(store_url), model_options={"bayesian": False}).start()  # released when the first closed
+    again.close()
+
+
 def test_store_arguments_are_checked(tmp_path):
-    with pytest.raises(ValidationError, match="in-memory"):
-        Store("sqlite://")
+    for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?uri=true",
+                   f"sqlite:///file:{tmp_path / 'm.db'}?mode=memory&uri=true"):
+        with pytest.raises(ValidationError, match="in-memory"):
+            Store(memory)
+    assert sqlite_file(f"sqlite:///file:{tmp_path / 'u.db'}?uri=true") == tmp_path / "u.db"
+    assert sqlite_file(f"sqlite:///{tmp_path / 't.db'}?timeout=5") == tmp_path / "t.db"
     with pytest.raises(ValidationError, match="sqlite_synchronous"):
         Store(f"sqlite:///{tmp_path / 'a.db'}", sqlite_synchronous="OFF")
     with pytest.raises(ValidationError, match="not a SQLAlchemy URL"):
