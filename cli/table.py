@@ -41,29 +41,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import time
 
-    from goodput.client import Client, NotReadyError, ServiceError
+    from goodput.client import Client, ServiceError
     from goodput.io import atomic_write_text
     from goodput.validation import check_float
 
-    wait = check_float("wait", args.wait, nonnegative=True)
-    deadline = time.monotonic() + wait
-    with Client(args.server, token=args.token) as client:
-        while True:
-            try:
-                data = client.table_dict(args.job, args.cluster)
-                break
-            except NotReadyError as exc:
-                if time.monotonic() + exc.retry_after > deadline:
-                    print(f"goodput table: error: {exc}", file=sys.stderr)
-                    return 2
-                time.sleep(exc.retry_after)
-            except ServiceError as exc:  # 422s are ValidationErrors, reported by the command's main
-                if isinstance(exc, ValueError):
-                    raise
-                print(f"goodput table: error: {exc}", file=sys.stderr)
-                return 2
+    with Client(args.server, token=args.token, wait=check_float("wait", args.wait, nonnegative=True)) as client:
+        try:
+            data = client.table_dict(args.job, args.cluster)  # waits while the job's model is being built
+        except ServiceError as exc:  # 422s are ValidationErrors, reported by the command's main
+            if isinstance(exc, ValueError):
+                raise
+            print(f"goodput table: error: {exc}", file=sys.stderr)
+            return 2
     if data.get("missing_gpu_types"):
         print(f"goodput table: the job has no observations on {', '.join(data['missing_gpu_types'])}: "
               "no rows for them", file=sys.stderr)

@@ -3,8 +3,10 @@
 It speaks the service's JSON and imports nothing from the service. Errors
 carry the service's answer: a 422 raises :class:`ServiceValidationError` (a
 :class:`~goodput.errors.ValidationError` naming the field and the value), a
-404 :class:`UnknownJobError`, a 503 while the service rebuilds its models
-:class:`NotReadyError`, any other refusal :class:`ServiceError`; a service
+404 :class:`UnknownJobError`, a 503 :class:`NotReadyError` (a job's model is
+being built: at the service's start-up, or from a new job's first
+observations, for a second or two; queries wait for it up to the client's
+``wait``), any other refusal :class:`ServiceError`; a service
 that cannot be reached raises :class:`ServiceUnavailableError` (an ``OSError``).
 
 Example::
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -71,7 +74,8 @@ class UnknownJobError(ServiceError):
 
 
 class NotReadyError(ServiceError):
-    """HTTP 503: the job's model is being rebuilt (service start-up); ``retry_after`` seconds."""
+    """HTTP 503: the job's model is being built (service start-up, or a new job's first observations being
+    fitted) or the store is briefly unavailable; try again after ``retry_after`` seconds."""
 
     def __init__(self, status: int, detail: Any, method: str = "", url: str = "", retry_after: float = 1.0) -> None:
         super().__init__(status, detail, method, url)
@@ -126,10 +130,12 @@ class Client:
         token: a bearer token for writes (the server's ``--token-file``).
         timeout: seconds (positive) to connect, and for each read and write of a request (httpx's
             timeouts: a server that answers, however slowly, keeps a request going).
+        wait: seconds a query (goodput, table, allocate) waits, trying again as the service's
+            ``Retry-After`` says, while a job's model is not ready (503); 0 raises :class:`NotReadyError` at once.
         transport: an httpx transport (tests, proxies); default: a pooled connection.
     """
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0, wait: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValidationError("url", url, "expected http://HOST:PORT or https://...")
@@ -140,6 +146,7 @@ class Client:
             headers["Authorization"] = f"Bearer {token.strip()}"
         self.url = url.rstrip("/")
         self.timeout = check_float("timeout", timeout, positive=True)
+        self.wait = check_float("wait", wait, nonnegative=True)
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
 
     def close(self) -> None:
@@ -155,6 +162,18 @@ class Client:
         return f"Client({self.url!r})"
 
     # ------------------------------------------------------------------ plumbing
+    def query(self, method: str, path: str, **kwargs: Any) -> Any:
+        """:meth:`request`, tried again while the answer is 503 (:class:`NotReadyError`), up to :attr:`wait` seconds."""
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                return self.request(method, path, **kwargs)
+            except NotReadyError as exc:
+                pause = max(exc.retry_after, 0.05)
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request; the decoded JSON answer, or the text of a non-JSON one (``/metrics``)."""
         try:
@@ -224,13 +243,13 @@ class Client:
     # ------------------------------------------------------------------ queries
     def goodput(self, job: str, gpu_type: str, num_nodes: int = 1, num_gpus: int = 1) -> dict[str, Any]:
         """The best configuration: ``goodput``, ``batch_size``, ``local_bsz``, ``accum_steps``, ``std``, …"""
-        return self.request("GET", _job_path(job, "goodput"),
+        return self.query("GET", _job_path(job, "goodput"),
                             params={"gpu_type": gpu_type, "num_nodes": num_nodes, "num_gpus": num_gpus})
 
     def table_dict(self, job: str, cluster: str | Cluster | None = None) -> dict[str, Any]:
         """The job's goodput table as the service sends it (rows, model version)."""
         params = {} if cluster is None else {"cluster": str(cluster)}
-        return self.request("GET", _job_path(job, "table"), params=params)
+        return self.query("GET", _job_path(job, "table"), params=params)
 
     def table(self, job: str, cluster: str | Cluster | None = None) -> GoodputTable:
         """The job's goodput table over ``cluster`` (default: the server's)."""
@@ -249,7 +268,7 @@ class Client:
                                for job, value in (current.items() if isinstance(current, Mapping) else current)}
         if options:
             body["options"] = options
-        return Allocation.from_dict(self.request("POST", "/v1/allocate", json=body))
+        return Allocation.from_dict(self.query("POST", "/v1/allocate", json=body))
 
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/healthz")

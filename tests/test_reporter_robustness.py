@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from goodput.client import Client
+from goodput.client import Client, NotReadyError
 from goodput.errors import ValidationError
 from profilers.reporter import GoodputReporter
 from tests.service_helpers import live_server
@@ -143,3 +143,28 @@ def test_a_client_s_timeout_is_checked_when_it_is_made(timeout):
         Client("http://127.0.0.1:9", timeout=timeout)
     with pytest.raises(ValidationError, match="timeout"):
         GoodputReporter("j", "http://127.0.0.1:9", timeout=timeout)
+
+
+def test_queries_wait_while_a_new_job_s_model_is_built_as_retry_after_says():
+    answers = iter([httpx.Response(503, json={"detail": "being fitted"}, headers={"Retry-After": "0.1"})] * 2
+                   + [httpx.Response(200, json={"goodput": 5.0})])
+    client = Client("http://goodput.test", transport=httpx.MockTransport(lambda r: next(answers)))
+    started = time.monotonic()
+    assert client.goodput("j", "t4")["goodput"] == 5.0 and time.monotonic() - started >= 0.2
+    impatient = Client("http://goodput.test", wait=0, transport=httpx.MockTransport(
+        lambda r: httpx.Response(503, json={"detail": "being fitted"}, headers={"Retry-After": "2"})))
+    with pytest.raises(NotReadyError):
+        impatient.goodput("j", "t4")
+    with pytest.raises(ValidationError, match="wait"):
+        Client("http://goodput.test", wait=-1)
+
+
+def test_attach_refuses_a_model_that_is_not_ddp(tmp_path):
+    import torch
+
+    reporter = GoodputReporter("plain", "http://127.0.0.1:9", init_batch_size=8, buffer_dir=tmp_path, timeout=1)
+    try:
+        with pytest.raises(ValidationError, match="ddp_model"):
+            reporter.attach(torch.nn.Linear(4, 1))
+    finally:
+        reporter.close(timeout=2)
