@@ -254,7 +254,14 @@ class GoodputReporter:
         ``model_size`` when this reporter registers it (a cluster prior's size slopes use it).
         """
         import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
 
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise ValidationError("ddp_model", type(ddp_model).__name__, "expected a DistributedDataParallel model "
+                                  "(gradient noise is read off its all-reduce)")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValidationError("ddp_model", type(ddp_model).__name__, "needs torch.distributed initialised "
+                                  "(init_process_group)")
         group = process_group if process_group is not None else dist.group.WORLD
         world = dist.get_world_size(group)
         reporter = self
