@@ -154,6 +154,16 @@ def test_every_policy_runs_hybrid_jobs_in_whole_pipelines(name):
         assert {o.num_replicas * o.num_stages for o in model.observations if o.gpu_type == "t4"} >= {4}
 
 
+@pytest.mark.parametrize("name", ["sia", "sia-oracle", "gavel", "fifo"])
+def test_a_pipeline_longer_than_a_node_spans_nodes(name):
+    """8 stages on nodes of 4 T4s: one pipeline on 2 nodes (the candidates had assumed 1 stage and refused it)."""
+    family = hybrid_family(stages={"t4": 8, "a100": 2}, work=6_000.0)
+    assert family.candidates("t4", 2, 8).batch.size  # one pipeline over 2 nodes
+    result = Simulator([WorkloadJob("h0", 0.0, "hyb", 8, 64)], {"hyb": family},
+                       SimConfig(cluster=Cluster.parse("t4:2x4,a100:1x8"), max_hours=12), make_policy(name)).run()
+    assert result.summary["finished"] == 1
+
+
 def test_the_unaware_policy_runs_hybrid_jobs_with_one_stage_count_and_refuses_others():
     cluster = Cluster.parse("t4:2x4,a100:1x8")
     jobs = [WorkloadJob("h0", 0.0, "hyb", 4, 64), WorkloadJob("h1", 60.0, "hyb", 4, 64)]

@@ -340,7 +340,8 @@ class Family(ABC):
         def step_fn(n: np.ndarray, r: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
             return self._vector_iter_time(gpu_type, n, r, b, a)
 
-        return goodput_candidates(step_fn, num_nodes, num_replicas, self.limits(gpu_type, fixed_batch))
+        return goodput_candidates(step_fn, num_nodes, num_replicas, self.limits(gpu_type, fixed_batch),
+                                  num_stages=self.stages(gpu_type))  # a pipeline may span nodes
 
     def best_config(self, gpu_type: str, num_nodes: Any, num_gpus: Any, progress: float,
                     fixed_batch: int | None = None, candidates: GoodputCandidates | None = None) -> GoodputChoices:
