@@ -195,14 +195,16 @@ def _sync_time(theta: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, shape
     return np.where(replicas > 1, sync, 0.0)
 
 
-def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: Any, sync_shape: SyncShapeFn | None = None) -> np.ndarray:
+def predict_sync_time(params: ThroughputParams, num_nodes: Any, num_replicas: Any, sync_shape: SyncShapeFn | None = None,
+                      num_stages: int = 1) -> np.ndarray:
     """Seconds of gradient synchronisation ``T_sync`` (0 for a single replica).
 
     ``sync_shape``: the cluster's factor on inter-node sync per configuration
     (:class:`goodput.sync_shape.SyncShape`); ``None``: Pollux's form as it is.
+    ``num_stages``: GPUs per replica (a pipeline may span nodes), as :func:`predict_step_time`.
     """
     params = _check_params(params)
-    nodes, replicas, _, _ = config_arrays(num_nodes, num_replicas, 1.0, 0.0)
+    nodes, replicas, _, _ = config_arrays(num_nodes, num_replicas, 1.0, 0.0, num_stages)
     return _sync_time(params.as_array(), nodes, replicas, sync_shape)
 
 

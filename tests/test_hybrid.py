@@ -201,3 +201,24 @@ def test_stage_counts_are_looked_up_by_any_spelling_of_the_type():
     assert stages.replicas("A100", 8) == 4 and not stages.valid("A100", 7)
     assert replicas_of(stages, "A100", 1, num_gpus=8) == 4
     assert stages.of("t4") == 1
+
+
+def test_sync_time_takes_a_pipeline_that_spans_nodes():
+    from goodput.throughput import predict_sync_time
+
+    params = TRUTH["rtx2080ti"]
+    assert float(predict_sync_time(params, 2, 1, num_stages=8)) == 0.0  # one pipeline: nothing to all-reduce
+    assert float(predict_sync_time(params, 2, 2, num_stages=8)) > 0.0
+    with pytest.raises(ValidationError, match="num_replicas"):
+        predict_sync_time(params, 2, 1)  # one data-parallel replica cannot span two nodes
+
+
+def test_goodput_fit_says_when_no_pipeline_fits_the_cluster(tmp_path, capsys):
+    from cli import main
+
+    profile = Profile([o for o in pipeline_observations() if o.gpu_type == "rtx2080ti"], job="gpt", init_batch_size=8,
+                      max_batch_size=64)
+    path = profile.save(tmp_path / "gpt.jsonl")
+    assert main(["fit", str(path), "--cluster", "rtx2080ti:1x4"]) == 2  # 8-GPU pipelines, 4-GPU node
+    err = capsys.readouterr().err
+    assert "pipeline(s) of 8 rtx2080ti GPUs" in err and "no observations" not in err
