@@ -213,9 +213,12 @@ def create_app(
                 return None
             if replicas is not None:  # a hybrid job's replica is a pipeline of num_stages GPUs
                 gpus = replicas * published.stages(gpu)
-            return float(published.goodput(gpu, nodes, gpus)["goodput"])
         except (UnknownJobError, NotReadyError, ValidationError):
             return None
+        try:
+            return float(published.goodput(gpu, nodes, gpus)["goodput"])
+        except ValidationError:  # a shape the job cannot take there (fewer GPUs than nodes): no batch fits it
+            return 0.0
 
     def allowed_types(job: str) -> list[str] | None:
         try:
@@ -280,27 +283,29 @@ def create_app(
     @app.post("/v1/jobs/{job}/observations", response_model=ObservationsAccepted, dependencies=writes, tags=["jobs"])
     def post_observations(job: JobName, batch: ObservationBatch) -> Any:
         """Store observations durably (answered after the commit); a record whose id is stored already is skipped."""
-        observations, ids = [], []
-        stages = Stages.parse(registry.record(job).settings.get("num_stages", 1))  # an unknown job: 404
-        for index, record in enumerate(batch.observations):
-            data = record.model_dump(exclude_unset=True)
-            given_id = data.pop("id", None)
-            if data.get("job") is None:
-                data["job"] = job
-            elif data["job"] != job:
-                raise RequestValidationError([{"type": "value_error", "loc": ["body", "observations", index, "job"],
-                                               "msg": f"the URL names job {job!r}", "input": data["job"]}])
-            try:
-                observation = Observation.from_dict(data)
-                if observation.num_stages != stages.of(observation.gpu_type):  # the job's model would refuse it
-                    raise ValidationError("num_stages", observation.num_stages,
-                                          f"job {job!r} runs {stages.of(observation.gpu_type)} stage(s) per replica on "
-                                          f"{observation.gpu_type} (its settings' num_stages)")
-            except ValidationError as exc:
-                raise RequestValidationError(validation_detail(exc, ("body", "observations", index))) from None
-            observations.append(observation)
-            ids.append(given_id if given_id is not None else record_id(observation.to_dict()))
-        result = registry.add(job, observations, ids)
+        registry.record(job)  # an unknown job: 404 (before it gets a settings lock)
+        with registry.settings_lock(job).shared():  # its settings unchanged from this check to the commit
+            observations, ids = [], []
+            stages = Stages.parse(registry.record(job).settings.get("num_stages", 1))
+            for index, record in enumerate(batch.observations):
+                data = record.model_dump(exclude_unset=True)
+                given_id = data.pop("id", None)
+                if data.get("job") is None:
+                    data["job"] = job
+                elif data["job"] != job:
+                    raise RequestValidationError([{"type": "value_error", "loc": ["body", "observations", index, "job"],
+                                                   "msg": f"the URL names job {job!r}", "input": data["job"]}])
+                try:
+                    observation = Observation.from_dict(data)
+                    if observation.num_stages != stages.of(observation.gpu_type):  # the job's model would refuse it
+                        raise ValidationError("num_stages", observation.num_stages,
+                                              f"job {job!r} runs {stages.of(observation.gpu_type)} stage(s) per replica on "
+                                              f"{observation.gpu_type} (its settings' num_stages)")
+                except ValidationError as exc:
+                    raise RequestValidationError(validation_detail(exc, ("body", "observations", index))) from None
+                observations.append(observation)
+                ids.append(given_id if given_id is not None else record_id(observation.to_dict()))
+            result = registry.add(job, observations, ids)
         return {"accepted": result.accepted, "total": result.total}
 
     @app.get("/v1/jobs", tags=["jobs"])

@@ -143,11 +143,8 @@ class _Pod:
         nodes = annotations.get(NODES_KEY)
         replicas = annotations.get(REPLICAS_KEY)
         self.num_nodes = _count(nodes, f"Pod.metadata.annotations[{NODES_KEY}]", 1) if nodes is not None else 1
-        if replicas is not None:
+        if replicas is not None:  # a hybrid job's pipeline may span nodes: the model checks replicas × stages >= nodes
             self.num_replicas = _count(replicas, f"Pod.metadata.annotations[{REPLICAS_KEY}]", 1)
-            if self.num_replicas < self.num_nodes:
-                raise ValidationError(f"Pod.metadata.annotations[{REPLICAS_KEY}]", self.num_replicas,
-                                      f"must be >= {NODES_KEY} ({self.num_nodes})")
         self.num_gpus = max(gpus, 1) * self.num_nodes
 
     def shape(self) -> str:

@@ -55,6 +55,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -62,7 +63,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,39 @@ def check_export_dir(export_dir: str | Path | None, cluster: Cluster | None) -> 
     return path
 
 
+class _SharedLock:
+    """A lock many may hold shared, or one exclusive (a readers-writer lock; writers wait for the readers)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._shared -= 1
+                self._condition.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: not self._exclusive and not self._shared)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._exclusive = False
+                self._condition.notify_all()
+
+
 class Registry:
     """The jobs' published models and the worker that keeps them current (see the module docstring).
 
@@ -358,6 +392,7 @@ class Registry:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._jobs: dict[str, _JobState] = {}
+        self._settings_locks: dict[str, _SharedLock] = {}  # per job: settings changes apart from writes checked against them
         self._pending: dict[str, list[tuple[int, Observation]]] = {}
         self._rebuild: dict[str, None] = {}  # ordered sets of job names
         self._dirty: dict[str, None] = {}
@@ -415,8 +450,9 @@ class Registry:
             ValidationError: a new ``num_stages`` that the job's stored observations contradict (stored
                 observations are never removed, so its model could not be built again).
         """
-        self._check_stages(job, settings)
-        record = self.store.put_job(job, settings)
+        with self.settings_lock(job).exclusive():  # no POST checked against the old stages commits meanwhile
+            self._check_stages(job, settings)
+            record = self.store.put_job(job, settings)
         with self._lock:
             state = self._jobs.get(job)
             if state is None:
@@ -429,6 +465,13 @@ class Registry:
                 self._wake.notify_all()
             self._gauges()
         return record
+
+    def settings_lock(self, job: str) -> _SharedLock:
+        """The job's settings lock: writes that check observations against its settings (``num_stages``) hold it
+        shared from the check to the commit, :meth:`register` holds it exclusive (else a POST checked against the
+        old stages and a PUT of new ones both succeeded, and the job's model could never be built again)."""
+        with self._lock:
+            return self._settings_locks.setdefault(job, _SharedLock())
 
     def _check_stages(self, job: str, settings: Mapping[str, Any]) -> None:
         with self._lock:

@@ -205,6 +205,17 @@ def test_a_pipeline_job_s_replicas_are_scored_as_whole_pipelines(tmp_path):
         assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a100-0", "cpu-0"]
         scores = {i["Host"]: i["Score"] for i in httpx.post(f"{url}/v1/k8s/prioritize", json=three).json()}
         assert scores["a100-0"] == 10
+        # one pipeline over two nodes (one GPU each): fewer replicas than nodes is a hybrid job's shape
+        spread = _args("pp", annotations={"goodput/num-nodes": "2", "goodput/num-replicas": "1"})
+        assert client.goodput("pp", "a100", 2, 2)["goodput"] > 0
+        assert {i["Host"]: i["Score"] for i in httpx.post(f"{url}/v1/k8s/prioritize", json=spread).json()}["a100-0"] == 10
+        # a data-parallel job cannot take that shape: the node fails, the call does not
+        client.put_job("dp", 128, 1024, gpu_types=["a100"])
+        client.post_observations("dp", observations("a100", 30, job="dp"))
+        wait_for(lambda: client.goodput("dp", "a100", 1, 2))
+        result = httpx.post(f"{url}/v1/k8s/filter", json=_args("dp", annotations={"goodput/num-nodes": "2",
+                                                                                 "goodput/num-replicas": "1"})).json()
+        assert "no batch size" in result["FailedNodes"]["a100-0"]
 
 
 def test_pods_that_are_not_ours_are_not_read_and_zero_gpus_is_a_quantity(server):

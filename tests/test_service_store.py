@@ -177,3 +177,21 @@ def test_store_arguments_are_checked(tmp_path):
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
     assert canonical_json({"b": 1, "a": 2.5}) == '{"a":2.5,"b":1}'
     store.close()
+
+
+def test_a_settings_change_waits_for_writes_checked_against_the_old_settings(tmp_path):
+    """A POST holds the job's settings lock shared from its num_stages check to its commit; a PUT holds it
+    exclusive, so the two cannot both succeed with contradicting stages."""
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}).start()
+    try:
+        registry.register("gpt", {"init_batch_size": 16, "num_stages": 2})
+        done = threading.Event()
+        with registry.settings_lock("gpt").shared():  # a POST between its check and its commit
+            changer = threading.Thread(target=lambda: (registry.register("gpt", {"init_batch_size": 16, "num_stages": 4}),
+                                                       done.set()))
+            changer.start()
+            assert not done.wait(0.3)  # the PUT waits for it
+        changer.join(10)
+        assert done.is_set() and registry.record("gpt").settings["num_stages"] == 4
+    finally:
+        registry.close()
