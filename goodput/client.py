@@ -129,7 +129,8 @@ class Client:
         url: the service, e.g. ``http://127.0.0.1:8470``.
         token: a bearer token for writes (the server's ``--token-file``).
         timeout: seconds (positive) to connect, and for each read and write of a request (httpx's
-            timeouts: a server that answers, however slowly, keeps a request going).
+            timeouts: a server that answers, however slowly, keeps a request going); ``None``: none; an
+            ``httpx.Timeout``: as it says.
         wait: seconds a query (goodput, table, allocate) waits, trying again as the service's
             ``Retry-After`` says, while a job's model is not ready (503); 0 raises :class:`NotReadyError` at once.
         transport: an httpx transport (tests, proxies); default: a pooled connection.
@@ -145,7 +146,9 @@ class Client:
                 raise ValidationError("token", token, "expected a non-empty string")
             headers["Authorization"] = f"Bearer {token.strip()}"
         self.url = url.rstrip("/")
-        self.timeout = check_float("timeout", timeout, positive=True)
+        # None (no timeout) and an httpx.Timeout go to httpx as they are; a number must be positive
+        self.timeout = timeout if timeout is None or isinstance(timeout, httpx.Timeout) else \
+            check_float("timeout", timeout, positive=True)
         self.wait = check_float("wait", wait, nonnegative=True)
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
 
@@ -224,10 +227,13 @@ class Client:
             body["gpu_types"] = list(gpu_types)
         return self.request("PUT", _job_path(job), json=body)
 
-    def post_observations(self, job: str, observations: Iterable[Observation | Mapping[str, Any]]) -> dict[str, int]:
-        """Store observations (``Observation`` objects, or record dicts with an optional ``id``): ``{accepted, total}``."""
+    def post_observations(self, job: str, observations: Iterable[Observation | Mapping[str, Any]], *,
+                          timeout: float | None = None) -> dict[str, int]:
+        """Store observations (``Observation`` objects, or record dicts with an optional ``id``): ``{accepted, total}``.
+        ``timeout``: this request's, in place of the client's."""
+        extra = {} if timeout is None else {"timeout": check_float("timeout", timeout, positive=True)}
         return self.request("POST", _job_path(job, "observations"),
-                            json={"observations": observation_records(observations)})
+                            json={"observations": observation_records(observations)}, **extra)
 
     def jobs(self) -> list[str]:
         return self.request("GET", "/v1/jobs")["jobs"]

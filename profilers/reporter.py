@@ -256,6 +256,7 @@ class GoodputReporter:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
+        ddp_model = getattr(ddp_model, "_orig_mod", ddp_model)  # torch.compile(DDP(model)): the DDP inside
         if not isinstance(ddp_model, DistributedDataParallel):
             raise ValidationError("ddp_model", type(ddp_model).__name__, "expected a DistributedDataParallel model "
                                   "(gradient noise is read off its all-reduce)")
@@ -339,6 +340,7 @@ class GoodputReporter:
         in progress (the background thread's, on a slow service) before giving up (``None``: as long as it
         takes); its records are in the buffer file already. Never raises.
         """
+        deadline = None if wait is None else time.monotonic() + max(wait, 0.0)
         if not self._io_lock.acquire(timeout=-1 if wait is None else max(wait, 0.0)):
             return len(self._unsent)
         try:
@@ -358,7 +360,7 @@ class GoodputReporter:
                 except Exception as exc:  # noqa: BLE001 - a read-only or full disk: durability lost, not the records
                     self._fault("buffer", exc)
             try:
-                self._send()
+                self._send(deadline)
             except Exception as exc:  # noqa: BLE001
                 self._fault("send", exc)
             return len(self._unsent)
@@ -421,12 +423,14 @@ class GoodputReporter:
             self._fault("buffer", exc)
             return
         stem = f"{self.job}.rank{self.rank}"
-        for path in (self._buffer_dir / f"{stem}.jsonl", self._buffer_dir / f"{stem}.pid{os.getpid()}.jsonl"):
+        for n in range(1000):  # a third reporter in this process (no close()) takes pid<pid>.<n>: never a shared file
+            name = f"{stem}.jsonl" if n == 0 else f"{stem}.pid{os.getpid()}.jsonl" if n == 1 else f"{stem}.pid{os.getpid()}.{n}.jsonl"
+            path = self._buffer_dir / name
             fd = _try_lock(path.with_name(path.name + ".lock"))
             if fd is not None:
                 self.buffer_path, self._lock_fd = path, fd
                 return
-        self.buffer_path = self._buffer_dir / f"{stem}.pid{os.getpid()}.jsonl"
+        self._fault("buffer", RuntimeError(f"no free buffer file for {stem} in {self._buffer_dir}"))
 
     def _adopt_orphans(self) -> list[dict[str, Any]]:
         """Records of this job and rank left by reporters that died (their buffer files unlocked): copied into
@@ -434,6 +438,12 @@ class GoodputReporter:
         (the service keeps one per id) but loses none."""
         adopted: list[dict[str, Any]] = []
         stem = glob.escape(f"{self.job}.rank{self.rank}")
+        for lock in sorted(self._buffer_dir.glob(f"{stem}.pid*.jsonl.lock")):  # dead reporters that left nothing
+            if not lock.with_suffix("").exists() and lock.with_suffix("") != self.buffer_path:
+                fd = _try_lock(lock)
+                if fd is not None:
+                    lock.unlink(missing_ok=True)
+                    os.close(fd)
         for path in sorted(self._buffer_dir.glob(f"{stem}.jsonl")) + sorted(self._buffer_dir.glob(f"{stem}.pid*.jsonl")):
             if path == self.buffer_path or path.name.endswith(".rejected.jsonl"):
                 continue
@@ -502,7 +512,9 @@ class GoodputReporter:
             except FileNotFoundError:
                 pass
 
-    def _send(self) -> None:
+    def _send(self, deadline: float | None = None) -> None:
+        """Send the unsent records in chunks; with ``deadline`` (``time.monotonic()``), no request outlasts it
+        (what is left stays in the buffer file)."""
         from goodput.client import PayloadTooLargeError, ServiceValidationError, UnknownJobError
 
         if not self._unsent:
@@ -510,9 +522,16 @@ class GoodputReporter:
         changed = False
         try:
             while self._unsent:
+                timeout = None
+                if deadline is not None:
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0.01:
+                        return
+                    if isinstance(self.client.timeout, (int, float)):
+                        timeout = min(timeout, self.client.timeout)
                 chunk = self._unsent[:self._chunk]
                 try:
-                    self.client.post_observations(self.job, chunk)
+                    self.client.post_observations(self.job, chunk, timeout=timeout)
                 except PayloadTooLargeError as exc:  # over the server's --max-body-mb: send less at once
                     if len(chunk) > 1:
                         self._chunk = max(1, len(chunk) // 2)

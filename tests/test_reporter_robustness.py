@@ -168,3 +168,59 @@ def test_attach_refuses_a_model_that_is_not_ddp(tmp_path):
             reporter.attach(torch.nn.Linear(4, 1))
     finally:
         reporter.close(timeout=2)
+
+
+def test_a_third_reporter_in_one_process_gets_a_locked_file_of_its_own(tmp_path):
+    url = "http://127.0.0.1:9"
+    reporters = [GoodputReporter("trio", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=1)
+                 for _ in range(3)]
+    try:
+        paths = [r.buffer_path for r in reporters]
+        assert len(set(paths)) == 3 and all(r._lock_fd is not None for r in reporters)
+    finally:
+        for r in reporters:
+            r.close(timeout=2)
+    # a dead reporter that left no records leaves no lock file behind for good
+    stale = tmp_path / "trio.rank0.pid1.jsonl.lock"
+    stale.write_text("")
+    GoodputReporter("trio", url, init_batch_size=8, buffer_dir=tmp_path, flush_interval=60, timeout=1).close(timeout=2)
+    assert not stale.exists()
+
+
+def test_close_is_bounded_when_its_own_last_send_meets_a_hung_service(tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    try:
+        reporter = GoodputReporter("idle", f"http://127.0.0.1:{server.getsockname()[1]}", init_batch_size=8,
+                                   buffer_dir=tmp_path, flush_interval=60, timeout=10)  # the thread never sends
+        _train(reporter, 6, 8)
+        started = time.monotonic()
+        assert reporter.close(timeout=1.0) >= 1 and time.monotonic() - started < 3.0
+    finally:
+        server.close()
+
+
+def test_attach_takes_a_compiled_ddp_model():
+    """torch.compile(DDP(model)), the order PyTorch recommends: the hook goes on the DDP inside."""
+    import subprocess
+    import sys
+
+    code = """
+import os, tempfile, torch, torch.distributed as dist
+from profilers.reporter import GoodputReporter
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+compiled = torch.compile(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1)))
+reporter = GoodputReporter("c", "http://127.0.0.1:9", init_batch_size=8, buffer_dir=tempfile.mkdtemp(), timeout=1)
+assert reporter.attach(compiled) is reporter
+reporter.close(timeout=2)
+dist.destroy_process_group()
+print("attached")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "attached" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("timeout", [None, httpx.Timeout(5.0)])
+def test_a_client_takes_httpx_s_own_timeouts(timeout):
+    assert Client("http://127.0.0.1:9", timeout=timeout).timeout is timeout
