@@ -102,12 +102,22 @@ class BackgroundServer:
                                        name="goodput-serve", daemon=True)
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"goodput serve did not start on {self.url}")
-            time.sleep(0.01)
+        """Serve in the thread once the app's store is this server's (``Store.claim``: another server's store is
+        a ``StoreBusyError`` here, in one line, not uvicorn's failed start-up); the socket is closed on failure."""
+        try:
+            registry = getattr(getattr(self.app, "state", None), "registry", None)
+            if registry is not None:
+                registry.store.claim()
+            self.thread.start()
+            deadline = time.monotonic() + timeout
+            while not self.server.started:
+                if not self.thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"goodput serve did not start on {self.url}")
+                time.sleep(0.01)
+        except BaseException:
+            self.server.should_exit = True
+            self.sock.close()
+            raise
         return self
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -114,6 +114,14 @@ def test_a_second_server_on_a_store_is_refused_in_one_line(tmp_path, capsys):
         assert main(["serve", "--port", "0", "--store", store]) == 2
         err = capsys.readouterr().err
         assert "another goodput serve holds it" in err and "Traceback" not in err
+        from service.server import BackgroundServer
+        from service.store import StoreBusyError
+
+        second = BackgroundServer(create_app(store))  # from Python: the same one-line error, nothing left open
+        with pytest.raises(StoreBusyError):
+            second.start()
+        assert second.sock.fileno() == -1
+        second.app.state.registry.store.close()
     finally:
         app.state.registry.close()
 
