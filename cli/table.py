@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
         table = GoodputTable.from_dict({"job": data["job"], "rows": data["rows"],
                                         "missing_gpu_types": data.get("missing_gpu_types", [])})
-        text = table.csv_text()
+        text = table.csv_text(placeholder=False)  # one row per configuration, none for an empty table
     if args.out:
         with writing(args.out):
             atomic_write_text(args.out, text)

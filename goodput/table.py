@@ -366,14 +366,16 @@ class GoodputTable:
         """Write :meth:`csv_text` atomically."""
         return atomic_write_text(path, self.csv_text())
 
-    def csv_text(self) -> str:
+    def csv_text(self, placeholder: bool = True) -> str:
         """CSV with a ``job`` column first (one table per file), then the row columns
         (``gpu_type,num_nodes,num_gpus,goodput,…``), then ``quantile`` when not 0.5 and
         ``missing_gpu_types`` (space-separated) when the table could not cover some types: the
-        leading columns stay where a script reading them by position expects them."""
+        leading columns stay where a script reading them by position expects them. ``placeholder``: an empty
+        table's file holds one row with the job's name alone, so that :meth:`from_csv` reads it back; a
+        consumer that reads rows as configurations (``goodput table``'s output) wants the header alone."""
         frame = self._frame.drop(columns=["normalized_goodput"])
         frame.insert(0, "job", self.job)
-        if frame.empty:  # one row with only the job's name, so that an empty table reads back
+        if frame.empty and placeholder:  # one row with only the job's name, so that an empty table reads back
             frame = pd.DataFrame([{"job": self.job}], columns=frame.columns)
         if self.quantile != 0.5:
             frame["quantile"] = self.quantile

@@ -111,6 +111,9 @@ def test_a_csv_s_leading_columns_stay_put_whatever_the_table_carries():
     assert plain[:5] == ["job", "gpu_type", "num_nodes", "num_gpus", "goodput"]
     full = GoodputTable("a", [ROW], missing_gpu_types=["a100"], quantile=0.1).csv_text().splitlines()[0].split(",")
     assert full[:len(plain)] == plain and full[len(plain):] == ["quantile", "missing_gpu_types"]
+    empty = GoodputTable("a", [], missing_gpu_types=["a100"])
+    assert len(empty.csv_text().splitlines()) == 2  # a file: the job's name alone on a row, so it reads back
+    assert len(empty.csv_text(placeholder=False).splitlines()) == 1  # goodput table's output: no configuration rows
 
 
 def test_a_table_s_odd_missing_types_and_rows_are_refused():
