@@ -61,17 +61,19 @@ def start_run(
     nested: bool = False,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
-    """Open an MLflow run in ``experiment`` (created if needed) on the chosen store; what MLflow refuses,
-    there or inside the run, is a :class:`TrackingError`."""
+    """Open an MLflow run in ``experiment`` (created if needed) on the chosen store; a store that refuses it
+    (a file store in maintenance mode, a deleted experiment, a server that does not answer) is a
+    :class:`TrackingError`. Errors inside the run are the caller's and pass unchanged."""
     _quiet_mlflow()
     import mlflow
 
     store = tracking_uri(uri)
-    with _refusals_as_errors(store):
+    with _refusals_as_errors(store):  # the store's refusals; what the caller logs into the run is the caller's
         mlflow.set_tracking_uri(store)
         mlflow.set_experiment(experiment)
-        with mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags or {})) as run:
-            yield run
+        opened = mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags or {}))
+    with opened as run:
+        yield run
 
 
 @contextlib.contextmanager

@@ -81,3 +81,12 @@ def test_benchmark_runs_carry_their_options_and_machine(tmp_path):
     (run,) = mlflow.search_runs(experiment_names=["benchmarks"], output_format="list")
     assert run.data.params["quick"] == "True" and run.data.params["online_rounds"] == "3"
     assert run.data.params["machine.cpus"].isdigit()
+
+
+def test_errors_inside_a_run_are_the_callers_not_the_stores():
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException, match="Changing param values"):
+        with tracking.start_run("mine"):
+            mlflow.log_param("a", 1)
+            mlflow.log_param("a", 2)
