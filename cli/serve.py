@@ -35,10 +35,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: a free one, printed)")
     parser.add_argument("--token-file", help="file of bearer tokens, one a line: writes then need one")
     parser.add_argument("--cluster", type=cluster_arg, default=None,
-                        help="the cluster (type:NODESxGPUS,...): default of table/allocate queries; its tables are "
-                        "computed ahead whenever a model changes")
+                        help="the cluster (type:NODESxGPUS,...): default of table/allocate queries; the worker "
+                        "computes its tables ahead after a model changes, once no update is waiting (while jobs "
+                        "keep reporting, the first query after a new model computes it: tens of ms)")
     parser.add_argument("--export-dir", help="keep <job>.csv there current with each job's table over --cluster "
-                        "(for a Slurm job_submit plugin or a wrapper script)")
+                        "(for a Slurm job_submit plugin or a wrapper script; written when the worker computes "
+                        "the table ahead, so it can lag while jobs keep reporting)")
     parser.add_argument("--model", choices=["bayesian", "plain"], default="bayesian",
                         help="JobModel kind: the Bayesian model (default) or the plain Pollux fit")
     parser.add_argument("--cluster-prior", metavar="PATH",

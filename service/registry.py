@@ -14,7 +14,9 @@ Concurrency (``JobModel`` is not thread-safe, and a refit takes up to seconds):
 - **Queries** read the job's current snapshot and never wait on a refit: they
   answer from the last published model. Each snapshot caches its answers
   (goodput per configuration, tables per cluster; the server's ``--cluster``
-  table is computed by the worker when it publishes), and computes a missing
+  table is computed by the worker after it publishes, once no update is
+  waiting: while jobs keep reporting, the first query after a publish computes
+  it, 16-55 ms measured for 20 jobs on 2 cores), and computes a missing
   one under the snapshot's own lock, so the model is never used by two threads at once.
 - **Writes** go to the store first; once committed, the new rows are queued for
   the worker (inside the store's write lock, so the queue is in row order). A
@@ -87,6 +89,10 @@ CACHE_LIMIT = 20_000  # cached answers per published model
 # Clusters whose tables a published model caches (the server's --cluster is warmed first): any query may
 # name a cluster, and a table over a large one is megabytes, so others beyond these are computed each time.
 CACHED_CLUSTERS = 8
+# Answers cached per such cluster: its table, and its JSON under each spelling of the query asked (the
+# fast path reads the query as written: "t4:02x4" and " T4:2x4" are the cluster t4:2x4 too, and each
+# spelling beyond these is computed each time, else respelling one cluster grew memory by 1 MB a query)
+ANSWERS_PER_CLUSTER = 8
 # A failed update (the store unreachable, say) is retried from the store after this many seconds, doubling
 # each time it fails again up to the second figure; without it, a job with no model yet answered 503 until
 # its next write.
@@ -168,7 +174,7 @@ class Published:
         self.published_at = time.time()
         self.diagnostics = diagnostics
         self._cache: dict[Any, Any] = {}
-        self._clusters: set[str] = set()  # the clusters whose tables are cached (CACHED_CLUSTERS at most)
+        self._clusters: dict[str, int] = {}  # the clusters whose tables are cached (CACHED_CLUSTERS at most): answers of each
         self._lock = threading.RLock()  # an answer may be built from another (a table's JSON from the table)
 
     def cached(self, key: Any) -> Any:
@@ -177,7 +183,8 @@ class Published:
 
     def answer(self, key: Any, compute: Callable[[JobModel], Any], cluster: str | None = None) -> Any:
         """The cached answer for ``key``, else ``compute(model)`` under the snapshot's lock, cached (an answer
-        over ``cluster`` only while that cluster is among the :data:`CACHED_CLUSTERS` first asked for)."""
+        over ``cluster`` only while that cluster is among the :data:`CACHED_CLUSTERS` first asked for, and
+        :data:`ANSWERS_PER_CLUSTER` answers over it at most)."""
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -185,10 +192,11 @@ class Published:
             hit = self._cache.get(key)
             if hit is None:
                 hit = compute(self._model)
-                if cluster is not None and cluster not in self._clusters:
-                    if len(self._clusters) >= CACHED_CLUSTERS:
+                if cluster is not None:
+                    answers = self._clusters.get(cluster)
+                    if answers is None and len(self._clusters) >= CACHED_CLUSTERS or (answers or 0) >= ANSWERS_PER_CLUSTER:
                         return hit
-                    self._clusters.add(cluster)
+                    self._clusters[cluster] = (answers or 0) + 1
                 if len(self._cache) < CACHE_LIMIT:
                     self._cache[key] = hit
         return hit

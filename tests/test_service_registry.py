@@ -106,3 +106,10 @@ def test_a_published_model_caches_the_tables_of_a_few_clusters_and_computes_the_
     assert all(published.cached(("table-json", str(c))) is None for c in clusters[CACHED_CLUSTERS:])
     assert bodies[-1] == published.table_json(clusters[-1], str(clusters[-1]))  # computed again, the same answer
     assert published.table(clusters[0]) is published.table(clusters[0])  # a cached cluster's table is kept
+    # respellings of one cluster ("cpu:01x2", " cpu:1x2", ...) are that cluster: a few answers kept, not one per spelling
+    from service.registry import ANSWERS_PER_CLUSTER
+
+    spellings = [f"cpu:{'0' * k}1x2" for k in range(1, 3 * ANSWERS_PER_CLUSTER)]
+    for spelling in spellings:
+        published.table_json(Cluster.parse(spelling), spelling)
+    assert sum(published.cached(("table-json", s)) is not None for s in spellings) < ANSWERS_PER_CLUSTER
