@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from .allocator import Allocation, JobAllocation
+from .allocator import Allocation, JobAllocation, JobSpec
 from .cluster import Cluster
 from .errors import ValidationError
 from .observations import Observation
@@ -265,10 +265,14 @@ class Client:
 
     def allocate(self, cluster: str | Cluster | None = None, jobs: Iterable[str] | None = None,
                  current: Mapping[str, JobAllocation | Mapping[str, Any] | None] | None = None,
-                 policy: str = "sia", p: float = -0.5, **options: Any) -> Allocation:
-        """One scheduling round over the service's jobs."""
+                 policy: str = "sia", p: float = -0.5, specs: Mapping[str, JobSpec | Mapping[str, Any]] | None = None,
+                 **options: Any) -> Allocation:
+        """One scheduling round over the service's jobs; ``specs``: per job, its :class:`~goodput.JobSpec`
+        (age, restarts, restart_cost, ...: Sia's restart factor for running jobs)."""
         body: dict[str, Any] = {"cluster": None if cluster is None else str(cluster),
                                 "jobs": None if jobs is None else list(jobs), "policy": policy, "p": p}
+        if specs:
+            body["specs"] = {job: (spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)) for job, spec in specs.items()}
         if current is not None:
             body["current"] = {job: (value.to_dict() if isinstance(value, JobAllocation) else value)
                                for job, value in (current.items() if isinstance(current, Mapping) else current)}

@@ -367,7 +367,7 @@ def create_app(
     def post_allocate(request: AllocateIn) -> Any:
         """One scheduling round (goodput.allocate) over the jobs' tables -> Allocation.to_dict()."""
         allocation = registry.allocate(_cluster(request.cluster), request.jobs, request.current, request.policy,
-                                       request.p, request.options)
+                                       request.p, request.options, request.specs)
         return _bytes_response(json_bytes(allocation.to_dict()))
 
     def _cluster(spec: str | None) -> Cluster:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -620,28 +621,54 @@ class Registry:
 
     def allocate(self, cluster: Cluster, jobs: Sequence[str] | None = None,
                  current: Mapping[str, Mapping[str, Any] | None] | None = None, policy: str = "sia", p: float = -0.5,
-                 options: Mapping[str, Any] | None = None) -> Allocation:
+                 options: Mapping[str, Any] | None = None, specs: Mapping[str, Mapping[str, Any]] | None = None) -> Allocation:
         """One scheduling round (:func:`goodput.allocate`) over the jobs' published tables.
 
-        ``jobs`` defaults to every job whose model holds observations; each job's registered
-        ``gpu_types`` become its :class:`~goodput.JobSpec` limit.
+        ``jobs`` defaults to every job with observations stored; a job whose model is being built (its first
+        observations on one of the cluster's types being fitted, or rebuilt at start-up) makes the round a
+        :class:`NotReadyError` (503: asked again in a second or two), not a round that gives its GPUs away.
+        ``specs``: per job, :class:`~goodput.JobSpec` fields (age, restarts, restart_cost, ...); each job's
+        registered ``gpu_types`` limit it further, and a job none of whose types the cluster has is left
+        unallocated with that reason.
         """
         options = dict(options or {})
         for reserved in ("policy", "jobs", "p", "current"):
             if reserved in options:
                 raise ValidationError(f"options.{reserved}", options[reserved], "is a field of the request itself")
+        given = {}
+        for job, fields_ in (specs or {}).items():
+            try:
+                given[job] = JobSpec.from_dict(fields_)
+            except ValidationError as exc:
+                raise ValidationError(f"specs.{job}.{exc.field}", exc.value, exc.reason) from None
         if jobs is None:
             with self._lock:
-                names = [j for j, s in self._jobs.items() if s.published is not None and s.published.observations]
+                names = [j for j, s in self._jobs.items()
+                         if (s.published is not None and s.published.observations) or s.pending_types]
         else:
             names = list(dict.fromkeys(jobs))
-        tables, specs = {}, {}
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ValidationError(f"specs.{unknown[0]}", unknown[0], "not a job of this round")
+        tables, job_specs, left_out = {}, {}, {}
         for job in names:
-            published = self.published(job)
-            tables[job] = published.table(cluster)
+            published = self.published(job)  # rebuilding: NotReadyError
+            with self._lock:
+                state = self._jobs.get(job)
+                pending = set() if state is None or state.state == "failed" else set(state.pending_types)
+            for gpu in sorted(pending & set(cluster.gpu_types)):
+                raise self.not_ready_for(job, gpu) or NotReadyError(job, 0, 0, None)
+            spec = given.get(job, JobSpec())
             allowed = self.record(job).settings.get("gpu_types")
             if allowed:
-                specs[job] = JobSpec(gpu_types=tuple(allowed))
+                usable = [t for t in allowed if t in cluster.gpu_types and (not spec.gpu_types or t in spec.gpu_types)]
+                if not usable:
+                    left_out[job] = f"none of its GPU types ({', '.join(allowed)}) is in this cluster ({cluster})"
+                    continue
+                spec = dataclasses.replace(spec, gpu_types=tuple(usable))
+            tables[job] = published.table(cluster)
+            if spec != JobSpec():
+                job_specs[job] = spec
         last = {}
         for job, value in (current or {}).items():
             try:
@@ -649,11 +676,18 @@ class Registry:
             except ValidationError as exc:
                 raise ValidationError(f"current.{job}.{exc.field}", exc.value, exc.reason) from None
         try:
-            return allocate(tables, cluster, current=last, p=p, policy=policy, jobs=specs, **options)
+            result = allocate(tables, cluster, current=last, p=p, policy=policy, jobs=job_specs, **options)
         except ValidationError as exc:
             if exc.field in options:  # named as the request has it
                 raise ValidationError(f"options.{exc.field}", exc.value, exc.reason) from None
+            if exc.field.startswith("jobs[") and exc.field[5:].split("]", 1)[0] in given:
+                job, rest = exc.field[5:].split("]", 1)
+                raise ValidationError(f"specs.{job}{rest}", exc.value, exc.reason) from None
             raise
+        if not left_out:
+            return result
+        return Allocation({**{j: result[j] for j in result}, **dict.fromkeys(left_out)}, {**result.unallocated, **left_out},
+                          result.info, result.details)
 
     # ------------------------------------------------------------------ the worker
     def _gauges(self) -> None:

@@ -194,7 +194,7 @@ class TableOut(BaseModel):
 class AllocateIn(BaseModel):
     """One scheduling round over the service's jobs (:func:`goodput.allocate`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT  # p=true or p="0.5" refused, as allocate() refuses them
     cluster: str | None = Field(None, description="type:NODESxGPUS,... (default: the server's --cluster)")
     jobs: list[Annotated[str, Field(pattern=JOB_PATTERN)]] | None = Field(
         None, description="the jobs to allocate (default: every job with observations)")
@@ -202,6 +202,9 @@ class AllocateIn(BaseModel):
         None, description="last round: {job: JobAllocation.to_dict() or null}")
     policy: str = "sia"
     p: float = -0.5
+    specs: dict[Annotated[str, Field(pattern=JOB_PATTERN)], dict[str, Any]] | None = Field(
+        None, description="per job, JobSpec fields (age, restarts, restart_cost, requested_gpus, min_gpus, max_gpus, "
+        "rigid_gpus, preemptible, gpu_types, ...); a job's registered gpu_types still limit it")
     options: dict[str, Any] | None = Field(None, description="further allocate() options: lam, solver, time_limit, "
                                            "mip_rel_gap, goodput_quantile, backfill, ...")
 

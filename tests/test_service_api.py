@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -9,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from goodput import Cluster, JobModel, allocate
+from goodput import Cluster, JobModel, JobSpec, allocate
 from goodput.client import Client, NotReadyError, ServiceError, ServiceValidationError, UnknownJobError
 from goodput.errors import ValidationError
 from service import create_app
@@ -311,3 +312,49 @@ def test_a_server_without_tokens_takes_writes_and_answers_503_while_it_rebuilds(
         client.put_job(prof.job, prof.init_batch_size, prof.max_batch_size * 2)  # a settings change: a rebuild...
         assert client.goodput(prof.job, "cpu", 1, 2)["goodput"] > 0  # ...and the old model answers meanwhile
         assert time.perf_counter() - started < 5
+
+
+def test_allocate_takes_job_specs_and_refuses_loose_numbers(server):
+    """Sia's restart factor reaches the service through per-job specs, as allocate(jobs=...) in process."""
+    url, client, _ = server
+    cluster = Cluster.parse("cpu:2x4")
+    tables = {job: _model(name).table(cluster) for job, name in (("zoo-mlp", "mlp"), ("zoo-resnet", "resnet"))}
+    first = allocate(tables, cluster)
+    specs = {job: {"age": 100.0, "restarts": 3, "restart_cost": 30.0} for job in tables}
+    expected = allocate(tables, cluster, current=first, jobs={j: JobSpec(**s) for j, s in specs.items()})
+    answer = client.allocate("cpu:2x4", jobs=list(tables), current=first, specs=specs)
+    assert dict(answer) == dict(expected)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for body, loc in (({"p": True}, ["body", "p"]), ({"p": "0.5"}, ["body", "p"]),
+                      ({"specs": {"zoo-mlp": {"colour": 1}}}, ["body", "specs", "zoo-mlp", "colour"]),
+                      ({"specs": {"zoo-resnet": {"age": 1.0}}}, ["body", "specs", "zoo-resnet"])):  # not in the round
+        response = httpx.post(f"{url}/v1/allocate", json={"jobs": ["zoo-mlp"], **body}, headers=headers)
+        assert response.status_code == 422, (body, response.text)
+        assert response.json()["detail"][0]["loc"] == loc, response.json()
+
+
+def test_a_round_over_a_cluster_without_a_job_s_types_leaves_that_job_out_with_the_reason(tmp_path):
+    prof = profile("mlp")
+    with live_server(f"sqlite:///{tmp_path / 'g.db'}", model_options={"bayesian": False}) as (url, client):
+        for job in ("cpu-only", "anywhere"):
+            client.put_job(job, prof.init_batch_size, prof.max_batch_size, gpu_types=["cpu"] if job == "cpu-only" else None)
+            client.post_observations(job, [dataclasses.replace(o, job=job) for o in prof.observations])
+        wait_for(lambda: client.goodput("anywhere", "cpu", 1, 1) and client.goodput("cpu-only", "cpu", 1, 1))
+        answer = client.allocate("t4:1x4")  # had been a 422 on a request field nobody sent
+        assert answer["cpu-only"] is None and "none of its GPU types (cpu)" in answer.unallocated["cpu-only"]
+        assert answer["anywhere"] is None and "empty" in answer.unallocated["anywhere"]  # no t4 data
+
+
+def test_a_round_waits_for_a_job_whose_first_observations_are_being_fitted(tmp_path):
+    """Its GPUs are not handed out meanwhile: the round is a NotReadyError (503) until the model is built."""
+    from service.registry import NotReadyError as NotBuilt
+
+    prof = profile("mlp")
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False})  # no worker
+    try:
+        registry.register(prof.job, {"init_batch_size": prof.init_batch_size})
+        registry.add(prof.job, prof.observations, [f"r{i}" for i in range(len(prof.observations))])
+        with pytest.raises(NotBuilt):
+            registry.allocate(Cluster.parse("cpu:1x4"))
+    finally:
+        registry.store.close()
