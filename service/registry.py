@@ -182,10 +182,11 @@ class Published:
         """A cached answer or ``None`` (lock-free: a dict read)."""
         return self._cache.get(key)
 
-    def answer(self, key: Any, compute: Callable[[JobModel], Any], cluster: str | None = None) -> Any:
+    def answer(self, key: Any, compute: Callable[[JobModel], Any], cluster: str | None = None, reserved: bool = False) -> Any:
         """The cached answer for ``key``, else ``compute(model)`` under the snapshot's lock, cached (an answer
         over ``cluster`` only while that cluster is among the :data:`CACHED_CLUSTERS` first asked for, and
-        :data:`ANSWERS_PER_CLUSTER` answers over it at most)."""
+        :data:`ANSWERS_PER_CLUSTER` answers over it at most; ``reserved``: the server's own answers, which the
+        worker computes ahead, are kept whatever the queries before them asked)."""
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -193,7 +194,7 @@ class Published:
             hit = self._cache.get(key)
             if hit is None:
                 hit = compute(self._model)
-                if cluster is not None:
+                if cluster is not None and not reserved:
                     answers = self._clusters.get(cluster)
                     if answers is None and len(self._clusters) >= CACHED_CLUSTERS or (answers or 0) >= ANSWERS_PER_CLUSTER:
                         return hit
@@ -211,23 +212,24 @@ class Published:
         gpu = normalize_gpu_type(gpu_type)
         return self.answer(("goodput", gpu, num_nodes, num_gpus), lambda m: _choice_dict(m.goodput(gpu, num_nodes, num_gpus=num_gpus), num_gpus))
 
-    def table(self, cluster: Cluster) -> GoodputTable:
-        """The goodput table over ``cluster``'s configuration set (``JobModel.table``)."""
-        return self.answer(("table", str(cluster)), lambda m: m.table(cluster), str(cluster))
+    def table(self, cluster: Cluster, reserved: bool = False) -> GoodputTable:
+        """The goodput table over ``cluster``'s configuration set (``JobModel.table``); ``reserved``: the
+        server's own, kept whatever was asked before (:meth:`answer`)."""
+        return self.answer(("table", str(cluster)), lambda m: m.table(cluster), str(cluster), reserved)
 
     def goodput_json(self, gpu_type: str, num_nodes: int, num_gpus: int) -> bytes:
         """The ``GET goodput`` answer's body, cached under the query as given (``gpu_type`` before normalising)."""
         return self.answer(("goodput-json", gpu_type, num_nodes, num_gpus), lambda _: json_bytes(
             {"job": self.job, **self.goodput(gpu_type, num_nodes, num_gpus), "model_version": self.version}))
 
-    def table_json(self, cluster: Cluster, spec: str | None) -> bytes:
+    def table_json(self, cluster: Cluster, spec: str | None, reserved: bool = False) -> bytes:
         """The ``GET table`` answer's body, cached under the query's ``cluster`` as given (``None``: the server's)."""
         def encode(_: JobModel) -> bytes:
-            data = self.table(cluster).to_dict()
+            data = self.table(cluster, reserved).to_dict()
             return json_bytes({"job": self.job, "cluster": str(cluster), "model_version": self.version,
                                "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
 
-        return self.answer(("table-json", spec), encode, str(cluster))
+        return self.answer(("table-json", spec), encode, str(cluster), reserved)
 
 
 def _choice_dict(choice: Any, num_gpus: int) -> dict[str, Any]:
@@ -459,20 +461,22 @@ class Registry:
             ValidationError: a new ``num_stages`` that the job's stored observations contradict (stored
                 observations are never removed, so its model could not be built again).
         """
-        with self.settings_lock(job).exclusive():  # no POST checked against the old stages commits meanwhile
+        # no POST checked against the old settings commits meanwhile, and none after reads them: the record
+        # the POSTs check against is replaced before the lock is let go
+        with self.settings_lock(job).exclusive():
             self._check_stages(job, settings)
             record = self.store.put_job(job, settings)
-        with self._lock:
-            state = self._jobs.get(job)
-            if state is None:
-                self._jobs[job] = _JobState(record)
-            else:
-                state.record = record
-            if record.changed or state is None:
-                self._prior_changes += 1
-                self._rebuild[job] = None
-                self._wake.notify_all()
-            self._gauges()
+            with self._lock:
+                state = self._jobs.get(job)
+                if state is None:
+                    self._jobs[job] = _JobState(record)
+                else:
+                    state.record = record
+                if record.changed or state is None:
+                    self._prior_changes += 1
+                    self._rebuild[job] = None
+                    self._wake.notify_all()
+                self._gauges()
         return record
 
     def settings_lock(self, job: str) -> _SharedLock:
@@ -1030,9 +1034,9 @@ class Registry:
         """The server cluster's table and its rows' goodput answers, computed now (off the request path)."""
         if self.cluster is None or not published.observations:
             return
-        table = published.table(self.cluster)
-        published.table_json(self.cluster, None)
-        published.table_json(self.cluster, str(self.cluster))
+        table = published.table(self.cluster, reserved=True)
+        published.table_json(self.cluster, None, reserved=True)
+        published.table_json(self.cluster, str(self.cluster), reserved=True)
         for row in table.frame.to_dict("records"):
             gpu, nodes, gpus = row["gpu_type"], int(row["num_nodes"]), int(row["num_gpus"])
             published._cache.setdefault(("goodput", gpu, nodes, gpus), {

@@ -113,3 +113,6 @@ def test_a_published_model_caches_the_tables_of_a_few_clusters_and_computes_the_
     for spelling in spellings:
         published.table_json(Cluster.parse(spelling), spelling)
     assert sum(published.cached(("table-json", s)) is not None for s in spellings) < ANSWERS_PER_CLUSTER
+    # the server's own answers, computed ahead by the worker, are kept whatever the queries before them asked
+    published.table_json(clusters[0], None, reserved=True)
+    assert published.cached(("table-json", None)) is not None

@@ -195,3 +195,25 @@ def test_a_settings_change_waits_for_writes_checked_against_the_old_settings(tmp
         assert done.is_set() and registry.record("gpt").settings["num_stages"] == 4
     finally:
         registry.close()
+
+
+def test_the_record_posts_check_against_is_replaced_before_the_settings_lock_is_let_go(tmp_path, monkeypatch):
+    import contextlib
+
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False})
+    try:
+        registry.register("gpt", {"init_batch_size": 16, "num_stages": 2})
+        lock, seen = registry.settings_lock("gpt"), {}
+        exclusive = lock.exclusive
+
+        @contextlib.contextmanager
+        def watching():
+            with exclusive():
+                yield
+                seen["at release"] = registry.record("gpt").settings["num_stages"]
+
+        monkeypatch.setattr(lock, "exclusive", watching)
+        registry.register("gpt", {"init_batch_size": 16, "num_stages": 4})
+        assert seen["at release"] == 4  # a POST that takes the lock next checks against the new stages
+    finally:
+        registry.store.close()
