@@ -24,10 +24,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -150,6 +151,7 @@ class Client:
         self.timeout = timeout if timeout is None or isinstance(timeout, httpx.Timeout) else \
             check_float("timeout", timeout, positive=True)
         self.wait = check_float("wait", wait, nonnegative=True)
+        self._deadline: float | None = None  # deadline(): no request outlasts it
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, transport=transport)
 
     def close(self) -> None:
@@ -177,8 +179,25 @@ class Client:
                     raise
                 time.sleep(pause)
 
+    @contextlib.contextmanager
+    def deadline(self, at: float | None) -> Iterator[None]:
+        """Within it, no request outlasts ``at`` (``time.monotonic()``): each one's timeout is cut to what is left,
+        and one started after it is a :class:`ServiceUnavailableError` (a reporter's bounded close). Not for
+        several threads at once."""
+        saved, self._deadline = self._deadline, at
+        try:
+            yield
+        finally:
+            self._deadline = saved
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request; the decoded JSON answer, or the text of a non-JSON one (``/metrics``)."""
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise ServiceUnavailableError(f"{method} {self.url}{path}: not sent, the caller's deadline has passed")
+            own = kwargs.get("timeout", self.timeout)
+            kwargs["timeout"] = min(left, own) if isinstance(own, (int, float)) else left
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import fcntl
 import glob
 import json
@@ -343,6 +344,8 @@ class GoodputReporter:
         deadline = None if wait is None else time.monotonic() + max(wait, 0.0)
         if not self._io_lock.acquire(timeout=-1 if wait is None else max(wait, 0.0)):
             return len(self._unsent)
+        bounded = self.client.deadline(deadline) if deadline is not None else contextlib.nullcontext()
+        bounded.__enter__()  # every request of this flush (settings, registration, records) ends by the deadline
         try:
             try:
                 self._fold_gradients()
@@ -365,6 +368,7 @@ class GoodputReporter:
                 self._fault("send", exc)
             return len(self._unsent)
         finally:
+            bounded.__exit__(None, None, None)
             self._io_lock.release()
 
     def _fold_gradients(self) -> None:

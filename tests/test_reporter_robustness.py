@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from goodput.client import Client, NotReadyError
+from goodput.client import Client, NotReadyError, ServiceUnavailableError
 from goodput.errors import ValidationError
 from profilers.reporter import GoodputReporter
 from tests.service_helpers import live_server
@@ -224,3 +224,20 @@ print("attached")
 @pytest.mark.parametrize("timeout", [None, httpx.Timeout(5.0)])
 def test_a_client_takes_httpx_s_own_timeouts(timeout):
     assert Client("http://127.0.0.1:9", timeout=timeout).timeout is timeout
+
+
+def test_a_client_deadline_bounds_every_request_inside_it():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # accepts, never answers
+    try:
+        client = Client(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=10)
+        started = time.monotonic()
+        with client.deadline(started + 0.5):
+            with pytest.raises(ServiceUnavailableError):
+                client.job("j")  # a settings read, as a reporter's gradient fold makes: cut to the deadline
+            with pytest.raises(ServiceUnavailableError, match="deadline has passed"):
+                client.job("j")
+        assert time.monotonic() - started < 2.0
+    finally:
+        server.close()
