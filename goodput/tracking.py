@@ -38,15 +38,24 @@ class TrackingError(ValidationError):
     """The MLflow store refused a run or could not be reached (the field is ``tracking_uri``)."""
 
 
+# MLflow's codes for a request the caller got wrong (a parameter logged twice with two values, a bad name):
+# inside a run these pass unchanged; the store's own refusals (locked, unreachable, ...) do not
+CALLER_ERRORS = ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST",
+                 "INVALID_STATE")
+
+
 @contextlib.contextmanager
-def _refusals_as_errors(uri: str) -> Iterator[None]:
+def _refusals_as_errors(uri: str, passing: tuple[str, ...] = ()) -> Iterator[None]:
     """MLflow's refusals (a file store in maintenance mode, a deleted experiment, a server that does not
-    answer) as a :class:`TrackingError` naming the store, not a traceback."""
+    answer, a locked database) as a :class:`TrackingError` naming the store, not a traceback; those whose
+    ``error_code`` is in ``passing`` go on unchanged."""
     from mlflow.exceptions import MlflowException
 
     try:
         yield
     except MlflowException as exc:
+        if getattr(exc, "error_code", None) in passing:
+            raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TrackingError("tracking_uri", uri, f"MLflow refused: {first[:300]} "
                             "(set MLFLOW_TRACKING_URI or the command's tracking option)") from None
@@ -63,7 +72,8 @@ def start_run(
 ) -> Iterator[Any]:
     """Open an MLflow run in ``experiment`` (created if needed) on the chosen store; a store that refuses it
     (a file store in maintenance mode, a deleted experiment, a server that does not answer) is a
-    :class:`TrackingError`. Errors inside the run are the caller's and pass unchanged."""
+    :class:`TrackingError`, there, inside the run (a locked or unreachable store) and at its end; the caller's
+    own mistakes inside it (:data:`CALLER_ERRORS`: a parameter changed) pass unchanged."""
     _quiet_mlflow()
     import mlflow
 
@@ -72,7 +82,7 @@ def start_run(
         mlflow.set_tracking_uri(store)
         mlflow.set_experiment(experiment)
         opened = mlflow.start_run(run_name=run_name, nested=nested, tags=dict(tags or {}))
-    with opened as run:
+    with _refusals_as_errors(store, CALLER_ERRORS), opened as run:  # the store's refusals in the run and at its end
         yield run
 
 

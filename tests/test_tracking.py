@@ -90,3 +90,13 @@ def test_errors_inside_a_run_are_the_callers_not_the_stores():
         with tracking.start_run("mine"):
             mlflow.log_param("a", 1)
             mlflow.log_param("a", 2)
+
+
+def test_the_store_s_refusals_inside_a_run_are_tracking_errors():
+    """A store locked or gone mid-run (MLflow's TEMPORARILY_UNAVAILABLE; a locked SQLite store gives it after
+    its busy timeout) is the store's refusal, as when the run is opened: goodput accuracy prints its results first."""
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(tracking.TrackingError, match="database is locked"):
+        with tracking.start_run("mine"):
+            raise MlflowException("(sqlite3.OperationalError) database is locked", error_code="TEMPORARILY_UNAVAILABLE")
