@@ -6,12 +6,12 @@ import argparse
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from experiments.benchutil import console  # noqa: F401  (re-exported for the subcommands)
 from goodput.cluster import Cluster
 from goodput.errors import ValidationError
+from goodput.io import check_out_path
 
 EXAMPLE_CLUSTER = "t4:6x4,a100:2x8,rtx2080ti:3x8"
 
@@ -34,25 +34,8 @@ def check_out(args: argparse.Namespace) -> None:
     place that cannot be created (an ancestor that is a file, or a folder without write permission)."""
     path = getattr(args, "out", None)
     kind = OUT_KINDS.get(getattr(args, "command", None))
-    if not path or kind is None:
-        return
-    target = Path(path)
-    if kind == "file" and target.is_dir():
-        raise ValidationError("out", path, "is a directory; expected a file")
-    if kind == "folder" and target.exists() and not target.is_dir():
-        raise ValidationError("out", path, "is a file; expected a directory")
-    _check_writable_folder(path, target.parent if kind == "file" else target)
-
-
-def _check_writable_folder(given: str, folder: Path) -> None:
-    """``folder`` exists or can be made, and files can be written in it."""
-    existing = folder.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValidationError("out", given, f"{existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValidationError("out", given, f"permission denied: cannot write in {existing}")
+    if path and kind is not None:
+        check_out_path("out", path, kind)
 
 
 @contextlib.contextmanager

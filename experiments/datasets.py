@@ -215,6 +215,8 @@ def read_csv_rows(
                 yield line_no, row
     except UnicodeDecodeError as exc:
         raise not_utf8(path, exc) from None
+    except csv.Error as exc:  # an unclosed quote that swallows the rest of the file, a NUL byte
+        raise DataFormatError(path, getattr(reader, "line_num", None), "csv", str(exc)[:120], "not a CSV table") from None
 
 
 def _read_text(path: Path) -> str:
@@ -564,14 +566,14 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
             models.setdefault(o.job, []).append(o)
         notes = [f"gavel: {len(data.skipped)} entries left out (infeasible or no batch size)",
                  "gavel: *_unconsolidated entries read as one GPU per node (num_nodes = GPUs)"]
-        return Measurements("gavel", models, notes)
+        return _some("gavel", models, notes, root / "simulation_throughputs.json")
     if any(root.glob("summary_power_*.csv")):
         zeus = read_zeus(root)
         models = {}
         for o in zeus.observations:
             models.setdefault(o.job, []).append(o)
         notes = [f"zeus: {job}: optimizer {c['optimizer']}, power limit {c['power_limit']}" for job, c in sorted(zeus.choices.items())]
-        return Measurements("zeus", models, notes)
+        return _some("zeus", models, notes, root)
     profiles = sorted(root.glob("*.jsonl"))
     if profiles:
         return _read_profiles(profiles)
@@ -591,6 +593,13 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     if not models:
         raise FileNotFoundError(f"no <model>/placements-<gpu_type>.csv, Gavel, Zeus or *.jsonl data in {root}")
     return Measurements("placements", models, notes)
+
+
+def _some(kind: str, models: dict[str, list[Observation]], notes: list[str], where: Path) -> Measurements:
+    """The measurements read, or a FileNotFoundError when the data hold none (every format alike)."""
+    if not models:
+        raise FileNotFoundError(f"no measurements in {where} ({kind} data without a usable row)")
+    return Measurements(kind, models, notes)
 
 
 def table_files(model_dir: str | os.PathLike[str], default_gpu_type: str = "t4") -> list[tuple[Path, str, str, bool]]:
@@ -656,6 +665,8 @@ def _read_profiles(paths: list[Path]) -> Measurements:
             size = _parameter_count((own.metadata or {}).get("num_parameters"))  # recorded by profile_job
             if size is not None and own.job == job:
                 sizes[job] = size
+    if not models:
+        raise FileNotFoundError(f"no measurements in {', '.join(map(str, paths))} (profiles without an observation)")
     return Measurements("profiles", models, [f"profiles: {len(paths)} file(s)"], sizes)
 
 

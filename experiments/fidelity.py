@@ -26,7 +26,8 @@ from experiments.datasets import default_data_dir
 from experiments.simulator.runner import Task, check_task, run_sweep
 from experiments.simulator.workload import read_workload
 from goodput.errors import ValidationError
-from goodput.io import atomic_write_text
+from goodput.io import atomic_write_text, check_out_path
+from goodput.validation import check_int
 
 CLUSTER = "t4:16x4"
 POLLUX_RESTART_COST_S = 30.0  # Pollux's simulator charges every job the same delay per reallocation (not Sia's per-application costs)
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                       config={"restart_cost_s": POLLUX_RESTART_COST_S}) for name in names]
         for task in tasks:
             check_task(task)
+        if args.processes is not None:
+            check_int("processes", args.processes, minimum=1)
+        check_out_path("out", args.out, "file")
     except (ValidationError, OSError, json.JSONDecodeError) as exc:
         parser.error(str(exc))
     rows, ratios, correlations = [], [], []

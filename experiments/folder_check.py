@@ -3,13 +3,14 @@
 ``python -m experiments.<check> DIR [DIR ...] [--out FILE]``: each folder read with
 :func:`experiments.datasets.read_measurements`, its figures computed and printed on one
 line, and all of them written as JSON (atomically) with ``--out``; a folder that does
-not exist exits with status 2.
+not exist, or an ``--out`` that cannot be written, exits with status 2 before any work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from experiments.datasets import read_measurements
 from goodput.errors import ValidationError
-from goodput.io import atomic_write_text
+from goodput.io import atomic_write_text, check_out_path
 from goodput.observations import Observation
 
 __all__ = ["run"]
@@ -32,11 +33,18 @@ def run(argv: Sequence[str] | None, prog: str, description: str,
     parser.add_argument("dirs", nargs="+", help="measurement folders (the layout goodput accuracy reads)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args(argv)
+    missing = [folder for folder in args.dirs if not Path(folder).is_dir()]  # every folder and --out before the work
+    if missing:
+        print(f"{prog}: error: {missing[0]}: not a directory", file=sys.stderr)
+        return 2
+    if args.out:
+        try:
+            check_out_path("out", args.out, "file")
+        except ValidationError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
     results = {}
     for folder in args.dirs:
-        if not Path(folder).is_dir():
-            print(f"error: {folder}: not a directory", file=sys.stderr)
-            return 2
         try:
             models = read_measurements(folder).models
         except (ValidationError, OSError) as exc:  # a malformed table (DataFormatError), a folder without data
@@ -44,6 +52,16 @@ def run(argv: Sequence[str] | None, prog: str, description: str,
             return 2
         results[folder] = figures_of(models)
         print(f"{folder}: {line_of(results[folder])}")
-    if args.out:
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
+    if args.out:  # strict JSON: a figure a folder cannot give (no repeats, no cells) is null, not NaN
+        atomic_write_text(args.out, json.dumps(_no_nan(results), indent=1, allow_nan=False) + "\n")
     return 0
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value

@@ -53,6 +53,26 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise not_utf8(path, exc) from None
 
 
+def check_out_path(field: str, path: str | os.PathLike[str], kind: str) -> None:
+    """Refuse an unusable output path before the work that fills it, as a ValidationError naming ``field``:
+    ``kind`` ``"file"`` given a folder, ``"folder"`` given a file, or a place that cannot be created (an
+    ancestor that is a file, or a folder without write permission)."""
+    from .errors import ValidationError
+
+    target = Path(path)
+    if kind == "file" and target.is_dir():
+        raise ValidationError(field, os.fspath(path), "is a directory; expected a file")
+    if kind == "folder" and target.exists() and not target.is_dir():
+        raise ValidationError(field, os.fspath(path), "is a file; expected a directory")
+    existing = (target.parent if kind == "file" else target).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValidationError(field, os.fspath(path), f"{existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValidationError(field, os.fspath(path), f"permission denied: cannot write in {existing}")
+
+
 def not_utf8(path: str | os.PathLike[str], exc: UnicodeDecodeError) -> Exception:
     """The :class:`~goodput.errors.DataFormatError` for a file that is not UTF-8 text (a spreadsheet's cp1252
     export, a compressed file), naming the file, ``encoding`` and the first byte it could not read."""

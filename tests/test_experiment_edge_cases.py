@@ -230,3 +230,12 @@ def test_module_entry_points_print_one_line_errors_for_missing_or_malformed_data
     assert noise_floor.main([str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert "placements-t4.csv:2" in err and "step_time" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [(["--processes", "0"], "processes=0"), (["--out", "/"], "is a directory")])
+def test_fidelity_refuses_its_options_before_the_simulations(data_dir, argv, message, capsys):
+    from experiments import fidelity
+
+    with pytest.raises(SystemExit) as exit_info:
+        fidelity.main(["--data-dir", str(data_dir), "--workloads", "1", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

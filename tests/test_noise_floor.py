@@ -44,3 +44,37 @@ def test_command_line(tmp_path, capsys):
     saved = json.loads((tmp_path / "floors.json").read_text())
     assert saved[str(tmp_path / "data")]["measurements"] == 16
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_every_folder_and_the_out_path_are_checked_before_the_work_and_the_json_is_strict(tmp_path, capsys):
+    folder = tmp_path / "data" / "m"
+    folder.mkdir(parents=True)
+    (folder / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,32,0.1,0.0\n2,32,0.12,0.0\n")
+    (tmp_path / "afile").write_text("")
+    for argv in ([str(tmp_path / "data"), "--out", str(tmp_path / "afile" / "x.json")],  # under a file
+                 [str(tmp_path / "data"), "--out", str(tmp_path)],  # a folder
+                 [str(tmp_path / "data"), str(tmp_path / "missing"), "--out", str(tmp_path / "f.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr()
+        assert "error" in err.err and "data:" not in err.out  # refused before the first folder's figures
+    assert main([str(tmp_path / "data"), "--out", str(tmp_path / "f.json")]) == 0
+    text = (tmp_path / "f.json").read_text()
+    assert "NaN" not in text and json.loads(text)[str(tmp_path / "data")]["repeats_median_ape"] is None  # no repeats
+
+
+def test_a_stray_quote_and_data_without_a_row_are_one_line_errors(tmp_path, capsys):
+    from experiments.datasets import read_measurements
+    from goodput.errors import DataFormatError
+
+    folder = tmp_path / "quote" / "m"
+    folder.mkdir(parents=True)
+    (folder / "placements-t4.csv").write_text("placement,local_bsz,step_time,sync_time\n\"1,4,0.5,0.01\n" + "2,4,0.5,0.01\n" * 20000)
+    with pytest.raises(DataFormatError, match="placements-t4.csv"):
+        read_measurements(tmp_path / "quote")
+    (tmp_path / "gavel").mkdir()
+    (tmp_path / "gavel" / "simulation_throughputs.json").write_text("{}")
+    (tmp_path / "prof").mkdir()
+    (tmp_path / "prof" / "a.jsonl").write_text("")
+    for empty in ("gavel", "prof"):
+        with pytest.raises(FileNotFoundError, match="no measurements"):
+            read_measurements(tmp_path / empty)
