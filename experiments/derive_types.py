@@ -39,15 +39,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from experiments.datasets import default_data_dir, parse_placement, read_csv_rows
+from experiments.datasets import default_data_dir, read_csv_rows
 from goodput.errors import DataFormatError, ValidationError
-from goodput.io import atomic_write_text
+from goodput.io import atomic_write_text, check_out_path
 
 __all__ = ["DERIVED_TYPES", "SPLIT_SYNC_TYPES", "derive", "main"]
 
@@ -71,7 +73,7 @@ SPLIT_SYNC_TYPES: dict[str, tuple[float, float, float]] = {
     "rtx6000": (0.7, 1.2, 1.0),
     "2080ti": (0.8, 1.6, 1.2),
 }
-_PLACEMENTS = {"placement": "str", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
+_PLACEMENTS = {"placement": "placement", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _SCALABILITY = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -82,7 +84,7 @@ def _scaled(step: float, sync: float, compute_factor: float, sync_factor: float)
 
 def _nodes(row: Mapping[str, object]) -> int:
     """Nodes a placements row (its digit string) or a scalability row (``num_nodes``) spans."""
-    return int(row["num_nodes"]) if "num_nodes" in row else len(parse_placement(str(row["placement"])))
+    return int(row["num_nodes"]) if "num_nodes" in row else len(row["placement"])
 
 
 def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, ...]) -> str:
@@ -95,6 +97,8 @@ def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, 
             raise DataFormatError(source, line_no, "sync_time", row["sync_time"], f"must be <= step_time ({row['step_time']})")
         sync = factors[2] if len(factors) == 3 and _nodes(row) > 1 else factors[1]
         row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], factors[0], sync)
+        if "placement" in row:  # read as GPUs per node: written back as its digit string
+            row["placement"] = "".join(map(str, row["placement"]))
         lines.append(",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
     return "\n".join(lines) + "\n"
 
@@ -121,14 +125,37 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     if not types:
         raise ValidationError("types", dict(types), "need at least one derived type")
     for name, factors in types.items():
-        if len(factors) not in (2, 3) or not all(isinstance(f, (int, float)) and f > 0 for f in factors):
-            raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor[, inter-node sync factor]), all > 0")
+        if len(factors) not in (2, 3) or not all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in factors):
+            raise ValidationError(f"types[{name!r}]", factors, "expected (compute factor, sync factor[, inter-node sync factor]), "
+                                  "all finite and > 0")
     if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
                                                                        for v in interactions)):
         raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, finite and >= 0")
+    check_out_path("out_dir", out_dir, "folder")
     models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
     if not models:
         raise ValidationError("trace_dir", str(trace_dir), "no <model>/placements.csv below it")
+    # written beside it, then swapped in whole: the folder holds this run's types alone (an earlier run's stayed
+    # before, and a failed run left half a folder)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        written = _derive_all(models, building, types, interactions, seed)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old."))
+            out_dir.rename(old / "x")
+            building.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            building.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return [out_dir / p.relative_to(building) for p in written]
+
+
+def _derive_all(models: list[Path], out_dir: Path, types: Mapping[str, tuple[float, ...]],
+                interactions: tuple[float, float, float] | None, seed: int) -> list[Path]:
     rng = np.random.default_rng(seed)
     written = []
     for model in models:
@@ -192,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 raise ValidationError("--interactions", args.interactions, "expected C,S,S_N, e.g. 0.1,0.25,0.2") from None
         written = derive(data / "pollux" / "traces", args.out, types, interactions, args.seed)
-    except ValidationError as exc:
+    except (ValidationError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     models = len({p.parent for p in written})

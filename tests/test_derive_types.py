@@ -120,3 +120,20 @@ def test_interactions_give_each_model_its_own_factors_on_each_type_but_the_first
     assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--split-sync", "--interactions", "0.1,0.25,0.2"]) == 0
     assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--interactions", "a,b,c"]) == 2
     assert "--interactions" in capsys.readouterr().err
+
+
+def test_a_rerun_into_the_same_folder_holds_its_own_types_alone(tmp_path):
+    traces = _traces(tmp_path / "traces")
+    derive(traces, tmp_path / "out")
+    derive(traces, tmp_path / "out", {"t4": (1.0, 1.0), "half": (0.5, 0.5)})
+    assert {o.gpu_type for o in read_measurements(tmp_path / "out").models["cifar10"]} == {"t4", "half"}
+    (traces / "ncf" / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n2x,32,0.01,0.001\n")
+    with pytest.raises(DataFormatError, match="placement"):  # checked, not copied into the output
+        derive(traces, tmp_path / "out", SPLIT_SYNC_TYPES)
+    assert {o.gpu_type for o in read_measurements(tmp_path / "out").models["cifar10"]} == {"t4", "half"}  # untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # nothing half-written left
+    with pytest.raises(ValidationError, match="finite"):
+        derive(traces, tmp_path / "inf", {"t4": (1.0, 1.0), "x": (float("inf"), 1.0)})
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValidationError, match="out_dir"):
+        derive(_traces(tmp_path / "traces2"), tmp_path / "afile")
