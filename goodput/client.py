@@ -246,13 +246,10 @@ class Client:
             body["gpu_types"] = list(gpu_types)
         return self.request("PUT", _job_path(job), json=body)
 
-    def post_observations(self, job: str, observations: Iterable[Observation | Mapping[str, Any]], *,
-                          timeout: float | None = None) -> dict[str, int]:
-        """Store observations (``Observation`` objects, or record dicts with an optional ``id``): ``{accepted, total}``.
-        ``timeout``: this request's, in place of the client's."""
-        extra = {} if timeout is None else {"timeout": check_float("timeout", timeout, positive=True)}
+    def post_observations(self, job: str, observations: Iterable[Observation | Mapping[str, Any]]) -> dict[str, int]:
+        """Store observations (``Observation`` objects, or record dicts with an optional ``id``): ``{accepted, total}``."""
         return self.request("POST", _job_path(job, "observations"),
-                            json={"observations": observation_records(observations)}, **extra)
+                            json={"observations": observation_records(observations)})
 
     def jobs(self) -> list[str]:
         return self.request("GET", "/v1/jobs")["jobs"]

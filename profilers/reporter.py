@@ -517,7 +517,7 @@ class GoodputReporter:
                 pass
 
     def _send(self, deadline: float | None = None) -> None:
-        """Send the unsent records in chunks; with ``deadline`` (``time.monotonic()``), no request outlasts it
+        """Send the unsent records in chunks; with ``deadline`` (``time.monotonic()``), none is sent after it
         (what is left stays in the buffer file)."""
         from goodput.client import PayloadTooLargeError, ServiceValidationError, UnknownJobError
 
@@ -526,16 +526,11 @@ class GoodputReporter:
         changed = False
         try:
             while self._unsent:
-                timeout = None
-                if deadline is not None:
-                    timeout = deadline - time.monotonic()
-                    if timeout <= 0.01:
-                        return
-                    if isinstance(self.client.timeout, (int, float)):
-                        timeout = min(timeout, self.client.timeout)
+                if deadline is not None and deadline - time.monotonic() <= 0.01:
+                    return  # the rest stays in the buffer file (each request is cut to the deadline: flush)
                 chunk = self._unsent[:self._chunk]
                 try:
-                    self.client.post_observations(self.job, chunk, timeout=timeout)
+                    self.client.post_observations(self.job, chunk)
                 except PayloadTooLargeError as exc:  # over the server's --max-body-mb: send less at once
                     if len(chunk) > 1:
                         self._chunk = max(1, len(chunk) // 2)
