@@ -73,6 +73,21 @@ def check_out_path(field: str, path: str | os.PathLike[str], kind: str) -> None:
         raise ValidationError(field, os.fspath(path), f"permission denied: cannot write in {existing}")
 
 
+def try_lock_file(path: str | os.PathLike[str]) -> int | None:
+    """An exclusive, non-blocking ``flock`` on ``path`` (created if missing): its descriptor, held until closed
+    (``os.close``; the kernel lets it go when the process dies), or ``None`` when another holds it. A file that
+    cannot be opened (a missing folder, no permission) is the ``OSError``."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def not_utf8(path: str | os.PathLike[str], exc: UnicodeDecodeError) -> Exception:
     """The :class:`~goodput.errors.DataFormatError` for a file that is not UTF-8 text (a spreadsheet's cp1252
     export, a compressed file), naming the file, ``encoding`` and the first byte it could not read."""

@@ -62,7 +62,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import fcntl
 import glob
 import json
 import logging
@@ -78,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.errors import ValidationError
-from goodput.io import atomic_write_text
+from goodput.io import atomic_write_text, try_lock_file
 from goodput.validation import check_float, check_int, check_job_name, normalize_gpu_type
 
 __all__ = ["GoodputReporter", "default_buffer_dir"]
@@ -430,7 +429,11 @@ class GoodputReporter:
         for n in range(1000):  # a third reporter in this process (no close()) takes pid<pid>.<n>: never a shared file
             name = f"{stem}.jsonl" if n == 0 else f"{stem}.pid{os.getpid()}.jsonl" if n == 1 else f"{stem}.pid{os.getpid()}.{n}.jsonl"
             path = self._buffer_dir / name
-            fd = _try_lock(path.with_name(path.name + ".lock"))
+            try:
+                fd = try_lock_file(path.with_name(path.name + ".lock"))
+            except OSError as exc:  # a folder this process may not write in: the buffer faults as it did
+                self._fault("buffer", exc)
+                return
             if fd is not None:
                 self.buffer_path, self._lock_fd = path, fd
                 return
@@ -444,7 +447,7 @@ class GoodputReporter:
         stem = glob.escape(f"{self.job}.rank{self.rank}")
         for lock in sorted(self._buffer_dir.glob(f"{stem}.pid*.jsonl.lock")):  # dead reporters that left nothing
             if not lock.with_suffix("").exists() and lock.with_suffix("") != self.buffer_path:
-                fd = _try_lock(lock)
+                fd = _lock_if_free(lock)
                 if fd is not None:
                     lock.unlink(missing_ok=True)
                     os.close(fd)
@@ -452,8 +455,8 @@ class GoodputReporter:
             if path == self.buffer_path or path.name.endswith(".rejected.jsonl"):
                 continue
             lock = path.with_name(path.name + ".lock")
-            fd = _try_lock(lock)
-            if fd is None:  # its reporter is alive
+            fd = _lock_if_free(lock)
+            if fd is None:  # its reporter is alive (or the file is not ours to lock)
                 continue
             try:
                 records = self._read_records(path)
@@ -631,18 +634,12 @@ def _whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _try_lock(path: Path) -> int | None:
-    """An exclusive ``flock`` on ``path`` (created), its descriptor; ``None`` when another process holds it."""
+def _lock_if_free(path: Path) -> int | None:
+    """:func:`goodput.io.try_lock_file`, ``None`` also for a lock file this process cannot open (another user's)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return try_lock_file(path)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 # ---------------------------------------------------------------------- the environment

@@ -660,8 +660,9 @@ class Registry:
             with self._lock:
                 state = self._jobs.get(job)
                 pending = set() if state is None or state.state == "failed" else set(state.pending_types)
-            for gpu in sorted(pending & set(cluster.gpu_types)):
-                raise self.not_ready_for(job, gpu) or NotReadyError(job, 0, 0, None)
+            fitting = sorted(pending & set(cluster.gpu_types))
+            if fitting:  # its first observations there are being fitted
+                raise self.not_ready_for(job, fitting[0]) or NotReadyError(job, 0, 0, None)
             spec = given.get(job, JobSpec())
             allowed = self.record(job).settings.get("gpu_types")
             if allowed:

@@ -51,23 +51,40 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
 from goodput.errors import ValidationError
+from goodput.io import try_lock_file
+
+__all__ = ["Store", "StoreBusyError", "sqlite_file", "JobRecord", "StoredObservation", "StoredPrior", "AddResult", "UnknownJobError", "record_id",
+           "canonical_json", "SQLITE_SYNCHRONOUS"]
+
+log = logging.getLogger("goodput.service")
 
 _SERVER_LOCK_KEY = 0x676F6F64707574  # "goodput": PostgreSQL's advisory lock of the store's one server
 
 
 class StoreBusyError(ValidationError):
     """Another server process holds the store (:meth:`Store.claim`)."""
+
+
+@dataclass
+class _Descriptor:
+    """A held lock file's descriptor, closed as a connection is (:meth:`Store.close`)."""
+
+    fd: int
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def sqlite_file(url: Any) -> Path | None:
@@ -86,10 +103,6 @@ def sqlite_file(url: Any) -> Path | None:
             return None
     return Path(database)
 
-__all__ = ["Store", "StoreBusyError", "sqlite_file", "JobRecord", "StoredObservation", "StoredPrior", "AddResult", "UnknownJobError", "record_id",
-           "canonical_json", "SQLITE_SYNCHRONOUS"]
-
-log = logging.getLogger("goodput.service")
 
 SQLITE_SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")
 MAX_NAME = 128  # job names and record ids, characters
@@ -272,16 +285,11 @@ class Store:
             return
         where = self.url.render_as_string(hide_password=True)
         if self.dialect == "sqlite":
-            import fcntl
-
             lock = Path(f"{sqlite_file(self.url)}.server.lock")
-            handle = open(lock, "a+")  # noqa: SIM115 - held open while the server runs
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.close()
-                raise StoreBusyError("store", where, f"another goodput serve holds it ({lock} is locked)") from None
-            self._claim = handle
+            fd = try_lock_file(lock)
+            if fd is None:
+                raise StoreBusyError("store", where, f"another goodput serve holds it ({lock} is locked)")
+            self._claim = _Descriptor(fd)
         elif self.dialect == "postgresql":
             conn = self.engine.connect()
             if not conn.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": _SERVER_LOCK_KEY}).scalar():
@@ -381,7 +389,7 @@ class Store:
                 request.error = request.error or exc
                 request.done = True
             return
-        for job in set(uncounted):
+        for job in uncounted:
             self._counts[job] = int(counted.get(job, 0))
         for request in group:
             if request.error is None and request.job not in uncounted:
