@@ -40,14 +40,11 @@ def run(args: argparse.Namespace) -> int:
     model = JobModel.from_profile(profile, **overrides)
     table = model.table(args.cluster)
     if len(table) == 0:
-        covered = [pool for pool in args.cluster if pool.gpu_type in model.gpu_types]
-        if covered:  # observed types whose pools hold not one whole pipeline (min_replicas of them)
-            raise ValidationError("cluster", str(args.cluster), "no configuration of it holds "
-                                  + "; ".join(f"{model.min_replicas} pipeline(s) of {model.stages(p.gpu_type)} {p.gpu_type} GPUs"
-                                              for p in covered) + " (the job's num_stages, min_replicas)")
-        raise ValidationError("cluster", str(args.cluster),
-                              f"no observations in {args.profile} for its GPU type(s) "
-                              f"{', '.join(table.missing_gpu_types)}; the profile covers {', '.join(model.gpu_types)}")
+        reason = model.empty_table_reason(args.cluster)
+        if not any(pool.gpu_type in model.gpu_types for pool in args.cluster):
+            reason = (f"no observations in {args.profile} for its GPU type(s) {', '.join(table.missing_gpu_types)}; "
+                      f"the profile covers {', '.join(model.gpu_types)}")
+        raise ValidationError("cluster", str(args.cluster), reason)
     params = {gpu: model.params(gpu).to_dict() for gpu in model.gpu_types}
     if args.out:
         with writing(args.out):

@@ -647,6 +647,23 @@ class JobModel:
                           np.concatenate([np.asarray(p[name]) for p in parts])) for name in parts[0]}
         return GoodputTable.from_columns(self.job, columns, missing_gpu_types=missing)
 
+    def empty_table_reason(self, cluster: Cluster) -> str:
+        """Why :meth:`table` over ``cluster`` has no rows, in one sentence for a user: its observed GPU types'
+        pools hold not one whole pipeline (``min_replicas`` of them, a hybrid job's ``num_stages`` GPUs each),
+        or none of its GPU types has observations. Empty string when the table has rows."""
+        if not isinstance(cluster, Cluster):
+            raise ValidationError("cluster", cluster, "expected a Cluster")
+        covered = [pool for pool in cluster if pool.gpu_type in self._observations]
+        if any(pool.configurations(self._stages.of(pool.gpu_type), self.min_replicas) for pool in covered):
+            return ""
+        if covered:
+            return ("no configuration of it holds " + "; ".join(
+                f"{self.min_replicas} pipeline(s) of {self._stages.of(p.gpu_type)} {p.gpu_type} GPUs" for p in covered)
+                + " (the job's num_stages, min_replicas)")
+        observed = ", ".join(self._observations) or "none"
+        return (f"no observations for its GPU type(s) {', '.join(pool.gpu_type for pool in cluster)}; "
+                f"the job's observed types: {observed}")
+
     def __repr__(self) -> str:
         counts = ", ".join(f"{g}: {len(o)}" for g, o in self._observations.items())
         return f"JobModel(job={self.job!r}, init_batch_size={self.init_batch_size}, observations={{{counts}}})"

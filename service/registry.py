@@ -224,10 +224,13 @@ class Published:
 
     def table_json(self, cluster: Cluster, spec: str | None, reserved: bool = False) -> bytes:
         """The ``GET table`` answer's body, cached under the query's ``cluster`` as given (``None``: the server's)."""
-        def encode(_: JobModel) -> bytes:
+        def encode(model: JobModel) -> bytes:
             data = self.table(cluster, reserved).to_dict()
-            return json_bytes({"job": self.job, "cluster": str(cluster), "model_version": self.version,
-                               "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])})
+            body = {"job": self.job, "cluster": str(cluster), "model_version": self.version,
+                    "rows": data["rows"], "missing_gpu_types": data.get("missing_gpu_types", [])}
+            if not data["rows"]:  # say why, as `goodput fit` does: a scheduler's log should not show a bare []
+                body["reason"] = model.empty_table_reason(cluster)
+            return json_bytes(body)
 
         return self.answer(("table-json", spec), encode, str(cluster), reserved)
 

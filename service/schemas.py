@@ -189,6 +189,8 @@ class TableOut(BaseModel):
     model_version: int
     rows: list[dict[str, Any]]
     missing_gpu_types: list[str] = Field(default_factory=list)
+    reason: str | None = Field(None, description="why rows is empty (absent when it is not): no whole pipeline "
+                               "of a hybrid job fits a pool of its observed types, or no observations for the cluster's types")
 
 
 class AllocateIn(BaseModel):

@@ -222,3 +222,16 @@ def test_goodput_fit_says_when_no_pipeline_fits_the_cluster(tmp_path, capsys):
     assert main(["fit", str(path), "--cluster", "rtx2080ti:1x4"]) == 2  # 8-GPU pipelines, 4-GPU node
     err = capsys.readouterr().err
     assert "pipeline(s) of 8 rtx2080ti GPUs" in err and "no observations" not in err
+
+
+def test_empty_table_reason_names_what_is_missing():
+    from goodput import Cluster
+
+    model = JobModel("gpt", 16, max_batch_size=512, local_bsz_bounds=(1, 4), num_stages=STAGES, bayesian=False).observe(
+        [o for o in pipeline_observations() if o.gpu_type == "rtx2080ti"])
+    assert model.empty_table_reason(Cluster.parse("rtx2080ti:2x8")) == ""
+    assert "1 pipeline(s) of 8 rtx2080ti GPUs" in model.empty_table_reason(Cluster.parse("rtx2080ti:1x4"))
+    reason = model.empty_table_reason(Cluster.parse("v100:1x8"))
+    assert "no observations for its GPU type(s) v100" in reason and "rtx2080ti" in reason
+    with pytest.raises(ValidationError, match="cluster"):
+        model.empty_table_reason("rtx2080ti:2x8")

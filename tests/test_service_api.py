@@ -215,6 +215,10 @@ def test_a_hybrid_parallel_job_is_scaled_in_whole_pipelines(server):
     assert client.goodput("pipe", "cpu", 1, 3)["goodput"] == 0  # not whole pipelines
     frame = client.table("pipe", "cpu:2x4").frame
     assert frame["num_gpus"].tolist() == [2, 4, 8] and frame["num_replicas"].tolist() == [1, 2, 4]
+    assert "reason" not in httpx.get(f"{url}/v1/jobs/pipe/table", params={"cluster": "cpu:2x4"}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    empty = httpx.get(f"{url}/v1/jobs/pipe/table", params={"cluster": "cpu:1x1"},
+                      headers={"Authorization": f"Bearer {TOKEN}"}).json()  # 1 GPU: no 2-GPU pipeline
+    assert empty["rows"] == [] and "1 pipeline(s) of 2 cpu GPUs" in empty["reason"]
     with pytest.raises(ServiceValidationError, match="num_stages"):
         client.put_job("pipe-bad", 8, num_stages={"cpu": 0})
 
