@@ -103,10 +103,29 @@ def test_sia_resolves_when_a_placement_fails():
     check_invariants(result, tables, cluster)
     assert len(result.allocated) == 3
     assert result.info.attempts == 2 and "placement failed" in result.info.notes[0]
+    # the retry's bound is the first solve's, which holds for every placeable answer: the retry's own
+    # (of a problem with options excluded) had claimed "optimal" with gap 0 while a better placeable answer existed
+    assert result.info.status == "heuristic" and result.info.gap > 0
     # the retries share the time limit: with none left after the first solve, no second one
     hurried = allocate(tables, cluster, lam=3.0, time_limit=1e-6)
     assert hurried.info.attempts == 1 and "no time left" in hurried.info.notes[0]
     check_invariants(hurried, tables, cluster)
+
+
+def test_sia_after_a_placement_retry_claims_no_optimum_that_a_placeable_answer_beats():
+    from tests.allocator_cases import table
+
+    cluster = Cluster.parse("t4:2x6")
+    configs = [("t4", 1, 1), ("t4", 1, 2), ("t4", 1, 4), ("t4", 1, 6), ("t4", 2, 12)]
+    goodput = {"a": [1.0, 1.24833, 1.55833, 1.77422, 2.21482], "b": [1.0, 2.0, 4.0, 6.0, 12.0],
+               "c": [1.0, 1.34723, 1.81504, 2.16075, 2.91104]}
+    tables = {j: table(j, dict(zip(configs, values))) for j, values in goodput.items()}
+    placeable = sum(goodput[j][configs.index(("t4", 1, g))] ** -0.5 for j, g in (("a", 2), ("b", 6), ("c", 4)))
+    for solver in ("milp", "auto"):
+        result = allocate(tables, cluster, p=-0.5, solver=solver)  # minimised: a bound lies below every answer
+        check_invariants(result, tables, cluster)
+        assert result.info.attempts == 2 and result.info.status != "optimal"
+        assert result.info.bound <= placeable + 1e-9 and result.info.gap > 0
 
 
 # ---------------------------------------------------------------------------- properties

@@ -12,7 +12,11 @@ for every ``μ ≥ 0`` (weak duality), and each job then picks its cheapest
 option alone. ``L`` is concave and piecewise linear in only T variables; its
 maximum equals the LP relaxation's value (the one-choice rows make the
 subproblem's polytope integral), so at most T jobs are split in the LP
-optimum and rounding loses little.
+optimum and rounding loses little when jobs are many and each is small
+against a type's capacity. With few jobs it can lose much (4 jobs on 7
+GPUs: 43% below the optimum, one job left waiting), which the reported
+bound and gap show; ``solver="auto"`` then solves the MILP (up to
+``exact_limit`` options).
 
 The prices come from two steps. First a smoothed dual: replacing each job's
 ``min`` (over its options and "none") by the soft minimum

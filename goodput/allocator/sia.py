@@ -246,6 +246,10 @@ def allocate_sia(
                                mip_rel_gap=mip_rel_gap, presolve=presolve, exact_limit=exact_limit, start_prices=start)
         notes.extend(more)
         solve_seconds += solution.seconds
+        if attempts == 1:
+            # A retry solves a smaller problem (options excluded), whose bound does not bound the first's
+            # optimum: the first solve's bound is the one that holds for every placeable answer.
+            first_bound = solution.bound
         assignments = {job: alloc.configuration for job, alloc in prep.pinned.items()}
         option_of: dict[str, int] = {}
         for i in np.flatnonzero(solution.choice >= 0):
@@ -290,7 +294,7 @@ def allocate_sia(
             else:
                 unallocated[job] = "not selected: the optimum gives the GPUs to other jobs"
     objective = problem.objective(total)
-    bound = problem.objective(solution.bound) if solution.bound is not None else None
+    bound = problem.objective(first_bound) if first_bound is not None else None
     if bound is not None and not placed.failed:
         gap = abs(objective - bound) / max(abs(objective), 1e-9)
     else:
@@ -298,6 +302,8 @@ def allocate_sia(
         if placed.failed:
             notes.append("a placement failure left jobs unallocated; the bound no longer applies")
     status = solution.status if not placed.failed else "placement_failed"
+    if status == "optimal" and attempts > 1 and (gap is None or gap > 1e-9):
+        status = "heuristic"  # the exclusions may have dropped an option that a placeable optimum uses
     info = SolverInfo(
         policy="sia", solver=solution.solver, status=status, objective=objective, bound=bound, gap=gap,
         sense=problem.sense, wall_time=time.perf_counter() - started, solve_time=solve_seconds,
