@@ -22,6 +22,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from typing import Any
 
 from goodput.errors import ValidationError
@@ -142,7 +143,14 @@ def run(args: argparse.Namespace) -> int:
             with Client(args.server, args.token) as client:
                 client.put_job(kwargs["job"], init_batch_size=kwargs["init_batch_size"], max_batch_size=kwargs.get("max_batch_size"),
                                model_size=trainable_parameters(kwargs["model"]) or None)
-        profile = profile_job(**kwargs, devices=args.devices, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", message="profile_job: nothing measured", category=RuntimeWarning)
+            profile = profile_job(**kwargs, devices=args.devices, **options)
+        for warning in caught:  # a type that measured nothing while others did: said once, in the CLI's form
+            if str(warning.message).startswith("profile_job: nothing measured") and profile.observations:
+                print(f"goodput profile: warning: {str(warning.message).split(': ', 1)[1]}", file=sys.stderr)
+            elif not str(warning.message).startswith("profile_job: nothing measured"):
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if args.server is not None:
             with Client(args.server, args.token) as client:
                 answer = client.post_observations(kwargs["job"], profile.observations)

@@ -32,8 +32,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["CpuStepMemory", "tensor_bytes", "is_out_of_memory", "release_cuda_memory", "reset_cuda_peak", "cuda_peak"]
@@ -45,21 +46,29 @@ def _storage_key(tensor: Any) -> tuple[int, int]:
 
 
 def _tensors(obj: Any) -> Iterator[Any]:
-    """Every tensor in a nested structure of tuples, lists, dicts and dataclass-like objects."""
+    """Every strided tensor in a nested structure of tuples, lists, mappings (dicts, ``BatchEncoding``)
+    and dataclasses; a sparse COO tensor (an ``nn.Embedding(sparse=True)`` gradient) as its indices and values."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
+        if obj.layout == torch.sparse_coo:
+            yield obj._indices()
+            yield obj._values()
+        elif obj.layout == torch.strided:
+            yield obj
+    elif isinstance(obj, Mapping):
         for value in obj.values():
             yield from _tensors(value)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from _tensors(value)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, field.name, None))
 
 
 def tensor_bytes(obj: Any, seen: set[tuple[int, int]] | None = None) -> int:
-    """Bytes of the distinct storages of the tensors in ``obj`` (nested tuples/lists/dicts).
+    """Bytes of the distinct storages of the tensors in ``obj`` (nested tuples/lists/mappings/dataclasses).
 
     Storages already in ``seen`` are skipped; those counted are added to it.
     """
@@ -95,10 +104,11 @@ class CpuStepMemory:
         tensor_bytes([*model.parameters(), batch], exclude)
 
         def pack(tensor: Any) -> Any:
-            if tensor.device.type != "meta":
-                key = _storage_key(tensor)
-                if key not in exclude:
-                    self._saved[key] = key[1]
+            for part in _tensors(tensor):
+                if part.device.type != "meta":
+                    key = _storage_key(part)
+                    if key not in exclude:
+                        self._saved[key] = key[1]
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -61,7 +61,8 @@ class GradientStats:
 
 
 def flat_grad(model: Any) -> Any:
-    """All parameter gradients of ``model`` as one float64 vector (missing gradients are zeros)."""
+    """All parameter gradients of ``model`` as one float64 vector (missing gradients are zeros; a sparse
+    gradient, as ``nn.Embedding(sparse=True)`` gives, densified)."""
     import torch
 
     parts = []
@@ -69,6 +70,8 @@ def flat_grad(model: Any) -> Any:
         if not p.requires_grad:
             continue
         g = p.grad if p.grad is not None else torch.zeros_like(p)
+        if g.layout != torch.strided:
+            g = g.to_dense()
         parts.append(g.detach().reshape(-1).to(torch.float64))
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
@@ -89,8 +92,9 @@ def gradient_noise(
     """Estimate ``grad_sqr`` and ``grad_var`` at ``init_batch_size`` from real gradients.
 
     Args:
-        model: the model, already on ``device`` (its parameters are not changed;
-            its ``.grad`` fields are overwritten).
+        model: the model, already on ``device``. Its parameters are not changed; its ``.grad`` fields
+            are cleared. It runs in training mode, as in training, and is put back in the mode it was in;
+            its buffers (BatchNorm's running statistics) are restored too.
         loss_fn: ``loss_fn(model, batch) -> scalar mean loss``.
         make_batch: ``make_batch(batch_size, device) -> batch``.
         device: where the batches go.
@@ -108,7 +112,27 @@ def gradient_noise(
     min_rounds = min(check_int("min_rounds", min_rounds, minimum=1), rounds)
     b = max(1, init_batch_size // n)
     tracker = GradientNoiseTracker(init_batch_size)
+    was_training = model.training
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     model.train()
+    try:
+        done = _rounds(model, loss_fn, make_batch, device, tracker, n, b, rounds, min_rounds, deadline, check_loss)
+    finally:
+        for p in model.parameters():
+            p.grad = None
+        import torch
+
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        model.train(was_training)
+    return GradientStats(tracker.grad_sqr, tracker.grad_var, init_batch_size, b, n, done)
+
+
+def _rounds(model: Any, loss_fn: Callable[[Any, Any], Any], make_batch: Callable[[int, Any], Any], device: Any,
+            tracker: GradientNoiseTracker, n: int, b: int, rounds: int, min_rounds: int, deadline: float | None,
+            check_loss: Callable[[Any, int], None] | None) -> int:
+    """:func:`gradient_noise`'s rounds of ``n`` micro-batches of ``b`` samples each; returns how many ran."""
     done = 0
     for r in range(rounds):
         if r >= min_rounds and deadline is not None and time.perf_counter() >= deadline:
@@ -132,6 +156,4 @@ def gradient_noise(
             raise FloatingPointError(f"non-finite gradient norm at micro-batch size {b}")
         tracker.update_micro_batches(sqr_norms, total_sqr, micro_bsz=b)
         done += 1
-    for p in model.parameters():
-        p.grad = None
-    return GradientStats(tracker.grad_sqr, tracker.grad_var, init_batch_size, b, n, done)
+    return done

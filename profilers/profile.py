@@ -302,6 +302,10 @@ def profile_job(
     Raises:
         ValidationError: a bad argument (names it).
         ModelFailureError: the model failed (names the device type and batch size).
+
+    Warns:
+        RuntimeWarning: a device type measured nothing (out of memory at the smallest batch, or
+            ``memory_cap_bytes`` below it); its summary row and ``metadata["profiler.<type>"]`` say why.
     """
     _refuse_in_bootstrapping_replica()
     job = check_str("job", job)
@@ -388,6 +392,10 @@ def profile_job(
         max_local_bsz=max_local,
         metadata=metadata,
     )
+    for gpu, report in reports.items():
+        if not any(o.gpu_type == gpu for o in profile.observations):
+            warnings.warn(f"profile_job: nothing measured on {gpu} ({report.sweep_stopped or 'no step completed'}); "
+                          "the profile holds no observations of it", RuntimeWarning, stacklevel=2)
     if progress:
         from .summary import summary_table
 
@@ -475,6 +483,8 @@ def load_previous(out: Any, job: str, init_batch_size: int) -> Profile:
     """What ``out`` holds of ``job`` (an empty profile when there is no file), checked against ``job`` and M0."""
     if out is None or not Path(out).exists():
         return Profile()
+    if Path(out).is_dir():
+        raise ValidationError("out", str(out), "is a directory; expected the path of a .jsonl file")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a torn tail is cut (and warned about) by ProfileWriter
         previous = Profile.load(out)

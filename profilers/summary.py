@@ -28,7 +28,11 @@ def _noise_scale(grad: Mapping[str, Any], init_batch_size: int | None) -> str:
 def summary_rows(profile: Profile, reports: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
     """Per device type: batch sizes measured, step-time range, largest batch, synchronisation, seconds spent."""
     rows = []
-    for gpu in profile.gpu_types:
+    profiled = [key.split(".", 1)[1] for key, value in profile.metadata.items()
+                if key.startswith("profiler.") and isinstance(value, dict)]
+    # a type that measured nothing (out of memory at the smallest batch, or the memory cap below it) has a
+    # row too, saying so, not a table with a header alone
+    for gpu in dict.fromkeys([*profile.gpu_types, *(reports or {}), *profiled]):
         single = sorted((o for o in profile.observations if o.gpu_type == gpu and o.num_replicas == 1), key=lambda o: o.local_bsz)
         multi = [o for o in profile.observations if o.gpu_type == gpu and o.num_replicas > 1]
         report = (reports or {}).get(gpu)
@@ -49,7 +53,7 @@ def summary_rows(profile: Profile, reports: Mapping[str, Any] | None = None) -> 
             "device type": gpu,
             "batch sizes": f"{len(sizes)}: {sizes[0]}–{sizes[-1]}" if sizes else "0",
             "step time (ms)": _range([o.step_time for o in single], 1e3),
-            "largest batch": f"{largest} ({stopped})" if largest and stopped else str(largest or "-"),
+            "largest batch": f"{largest or '-'} ({stopped})" if stopped else str(largest or "-"),
             "replicas": sync or "-",
             "noise scale": _noise_scale(grad, profile.init_batch_size),
             "seconds": f"{info['seconds']:.1f}" if info.get("seconds") is not None else "-",

@@ -112,6 +112,26 @@ def test_running_out_of_host_memory_ends_the_sweep_like_a_cuda_oom(tmp_path):
     assert profile.max_local_bsz == {"cpu": 32}
 
 
+def test_a_type_that_measures_nothing_warns_and_keeps_its_summary_row(tmp_path):
+    from rich.console import Console
+
+    from profilers.summary import summary_rows
+
+    work = tiny_mlp()
+    with pytest.warns(RuntimeWarning, match=r"nothing measured on cpu \(oom\)"):
+        profile = profile_job(HostOomFromBatch(threshold=1), work.optimizer_factory, work.loss_fn, work.make_batch,
+                              job="oom", init_batch_size=16, batch_sizes=[8, 16], time_budget_s=20,
+                              **{**QUICK, "progress": True}, console=Console(file=open(os.devnull, "w")))
+    assert profile.observations == []
+    rows = summary_rows(profile)  # had been no row at all: a table with a header alone
+    assert [(r["device type"], r["batch sizes"], r["largest batch"]) for r in rows] == [("cpu", "0", "- (oom)")]
+
+
+def test_out_that_is_a_directory_is_refused_by_name(tmp_path):
+    with pytest.raises(ValidationError, match="out=.*is a directory"):
+        profile_job(**tiny_mlp().profile_args(), batch_sizes=[4], out=tmp_path, time_budget_s=5, **QUICK)
+
+
 def test_profiling_leaves_the_callers_random_generators_as_they_were():
     import random
 

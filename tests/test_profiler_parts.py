@@ -183,6 +183,47 @@ def test_tensor_bytes_counts_each_storage_once():
     assert tensor_bytes((x, torch.zeros(5, dtype=torch.float64))) == 440
 
 
+def test_tensor_bytes_reads_dataclass_batches_and_sparse_tensors():
+    from collections import UserDict
+    from dataclasses import dataclass
+
+    @dataclass
+    class Batch:
+        inputs: torch.Tensor
+        labels: torch.Tensor
+        name: str = "b"
+
+    x, y = torch.zeros(100), torch.zeros(10, dtype=torch.int64)
+    assert tensor_bytes(Batch(x, y)) == tensor_bytes((x, y)) == 480  # a dataclass had counted 0 bytes
+    assert tensor_bytes(UserDict(inputs=x)) == 400  # a Mapping that is not a dict (HF BatchEncoding)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 3]]), torch.tensor([1.0, 2.0]), (1000,), check_invariants=True)
+    assert tensor_bytes(sparse) == 2 * 8 + 2 * 4  # its indices and values, not 1000 floats
+
+
+def test_sparse_gradients_are_profiled():
+    from profilers import profile_job
+
+    class Bag(torch.nn.Module):  # a recommendation job's shape: a sparse embedding trained by plain SGD
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.EmbeddingBag(1000, 16, sparse=True)
+            self.head = torch.nn.Linear(16, 1)
+
+        def forward(self, ids):
+            return self.head(self.embed(ids)).squeeze(1)
+
+    def make_batch(n, device):
+        return torch.randint(0, 1000, (n, 4), device=device), torch.randn(n, device=device)
+
+    profile = profile_job(Bag(), lambda ps: torch.optim.SGD(ps, lr=0.01), lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(),
+                          make_batch, job="bag", init_batch_size=8, batch_sizes=[4, 8], devices="cpu", replicas=[],
+                          progress=False, cpu_threads=1, min_steps=3, max_steps=5, time_budget_s=20)
+    assert sorted({o.local_bsz for o in profile.observations}) == [4, 8]  # had failed: reshape of a sparse .grad
+    assert all(o.memory_bytes > 0 for o in profile.observations)
+    carrier = next(o for o in profile.observations if o.grad_sqr is not None)
+    assert 0 < carrier.grad_sqr < float("inf") and 0 < carrier.grad_var < float("inf")
+
+
 def _step_memory(work, optimizer, bsz):
     meter = CpuStepMemory()
     batch = work.make_batch(bsz, "cpu")
@@ -216,6 +257,23 @@ def test_gradient_noise_is_positive_finite_and_leaves_the_model_alone():
     assert stats.noise_scale == pytest.approx(32 * stats.grad_var / stats.grad_sqr)
     assert all(torch.equal(a, b) for a, b in zip(before, work.model.parameters()))
     assert all(p.grad is None for p in work.model.parameters())
+
+
+def test_gradient_noise_puts_the_models_mode_and_buffers_back():
+    from tests.profiler_jobs import BufferedClassifier
+
+    model = BufferedClassifier().eval()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+
+    def loss_fn(m, batch):
+        return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    def make_batch(n, device):
+        return torch.randn(n, 16, device=device) * 3 + 1, torch.randint(0, 4, (n,), device=device)
+
+    gradient_noise(model, loss_fn, make_batch, "cpu", 16, rounds=3)
+    assert not model.training  # had been left in training mode, its BatchNorm statistics moved by 12 batches
+    assert all(torch.equal(buffers[name], b) for name, b in model.named_buffers())
 
 
 def test_gradient_noise_respects_its_deadline():
