@@ -43,7 +43,8 @@ import numpy as np
 from .errors import ValidationError
 from .validation import check_float, check_int
 
-__all__ = ["efficiency", "noise_scale", "describe_noise_scale", "noise_scale_resolved", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR"]
+__all__ = ["efficiency", "noise_scale", "describe_noise_scale", "noise_scale_resolved", "two_batch_estimates", "GradientNoiseTracker", "GRAD_SQR_FLOOR",
+           "check_batch_sizes"]
 
 GRAD_SQR_FLOOR = 1e-30  # |g|² estimates at or below 0 are stored as this: the gradient's mean is not resolved
 _FLOAT_TINY = float(np.finfo(float).tiny)  # smallest normal float: a quotient below it has lost precision
@@ -100,17 +101,24 @@ def efficiency(grad_sqr: float, grad_var: float, init_batch_size: float, batch_s
     grad_sqr = check_float("grad_sqr", grad_sqr, positive=True)
     grad_var = check_float("grad_var", grad_var, nonnegative=True)
     m0 = check_float("init_batch_size", init_batch_size, positive=True)
+    m = check_batch_sizes(batch_size, m0)
+    scale = max(grad_sqr, grad_var)
+    var, sqr = grad_var / scale, grad_sqr / scale  # in [0, 1], the larger one exactly 1
+    result = (var + sqr) / (var + _batch_term(m, m0, grad_sqr, scale))
+    return float(result) if result.ndim == 0 else result
+
+
+def check_batch_sizes(batch_size: Any, init_batch_size: float) -> np.ndarray:
+    """``batch_size`` (a number or an array of them, samples) as a float array, each finite and at least
+    ``init_batch_size``; else :class:`ValidationError` naming ``batch_size``."""
     if np.asarray(batch_size).dtype.kind not in "iuf":  # not bools, strings or objects
         raise ValidationError("batch_size", batch_size, "expected a number or an array of numbers")
     m = np.asarray(batch_size, dtype=float)
     if not np.all(np.isfinite(m)):
         raise ValidationError("batch_size", batch_size, "must be finite")
-    if np.any(m < m0):
-        raise ValidationError("batch_size", batch_size, f"must be >= init_batch_size ({m0:g})")
-    scale = max(grad_sqr, grad_var)
-    var, sqr = grad_var / scale, grad_sqr / scale  # in [0, 1], the larger one exactly 1
-    result = (var + sqr) / (var + _batch_term(m, m0, grad_sqr, scale))
-    return float(result) if result.ndim == 0 else result
+    if np.any(m < init_batch_size):
+        raise ValidationError("batch_size", batch_size, f"must be >= init_batch_size ({init_batch_size:g})")
+    return m
 
 
 def _batch_term(m: np.ndarray, m0: float, grad_sqr: float, scale: float) -> np.ndarray:
@@ -134,6 +142,9 @@ def two_batch_estimates(sqr_small: Any, batch_small: Any, sqr_large: Any, batch_
     """
     b = np.asarray(batch_small, dtype=float)
     big = np.asarray(batch_large, dtype=float)
+    for name, value, array in (("batch_small", batch_small, b), ("batch_large", batch_large, big)):
+        if not np.all(np.isfinite(array)):
+            raise ValidationError(name, value, "must be finite")
     if np.any(b <= 0):
         raise ValidationError("batch_small", batch_small, "must be > 0")
     if np.any(big <= b):

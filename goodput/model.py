@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from .cluster import Cluster
+from .efficiency import check_batch_sizes
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
@@ -531,7 +532,8 @@ class JobModel:
     def efficiency(self, batch_size: Any) -> Any:
         """Statistical efficiency E(batch_size); 1 at M0, and 1 everywhere until gradient statistics arrive."""
         if self.grad_sqr is None:
-            return np.ones_like(np.asarray(batch_size, dtype=float)) if np.ndim(batch_size) else 1.0
+            m = check_batch_sizes(batch_size, self.init_batch_size)  # the same checks as with statistics
+            return np.ones_like(m) if m.ndim else 1.0
         return _efficiency(self.grad_sqr, self.grad_var, self.init_batch_size, batch_size)
 
     def limits(self, gpu_type: str) -> BatchLimits:

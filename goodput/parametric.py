@@ -122,10 +122,6 @@ def reference_bsz(observations: Sequence[Observation]) -> float:
     return float(np.exp(np.mean(np.log([o.local_bsz for o in observations]))))
 
 
-def _split(u1: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(u1, dtype=float)))
-
-
 def power_from_log(log_power: np.ndarray | float) -> np.ndarray:
     """Compute's power ``p`` from its coordinate ``u7 = log p``, held within ``|log p| ≤`` :data:`LOG_POWER_MAX`."""
     return np.exp(np.clip(log_power, -LOG_POWER_MAX, LOG_POWER_MAX))
@@ -138,8 +134,12 @@ def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
     maximum's terms, ``C(b) = (α_c^p + (β_c·b)^p)^{1/p}``, Pollux's sum where ``p = 1``.
     """
     u = np.asarray(u, dtype=float)
-    c, f, p = np.exp(u[..., 0]), _split(u[..., 1]), power_from_log(u[..., 7])
-    a_c, b_c, a_r = c * (1.0 - f) ** (1.0 / p), c * f ** (1.0 / p) / ref_bsz, np.exp(u[..., 2])
+    c, p = np.exp(u[..., 0]), power_from_log(u[..., 7])
+    # (1 - f)^(1/p) and f^(1/p) of the share f = sigmoid(u1), from logs: 1 - f rounds to 0 above u1 ≈ 37,
+    # where a large p still leaves α_c a part of the small batches' compute
+    a_c = c * np.exp(-np.logaddexp(0.0, u[..., 1]) / p)
+    b_c = c * np.exp(-np.logaddexp(0.0, -u[..., 1]) / p) / ref_bsz
+    a_r = np.exp(u[..., 2])
     a_n = np.exp(u[..., 3])
     b_r, b_n = a_r * np.exp(u[..., 4]), a_n * np.exp(u[..., 5])
     gamma = np.minimum(1.0 + np.exp(u[..., 6]), _GAMMA_MAX)

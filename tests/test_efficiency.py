@@ -96,6 +96,12 @@ def test_two_batch_estimator_matches_mccandlish_by_hand():
     with pytest.raises(ValidationError) as info:
         two_batch_estimates(1.0, 0, 1.0, 8)
     assert info.value.field == "batch_small"
+    for args, field in (((1.0, float("nan"), 1.0, 4.0), "batch_small"), ((1.0, 2.0, 1.0, float("inf")), "batch_large")):
+        with pytest.raises(ValidationError) as info:  # NaN had passed both comparisons: (nan, nan) returned
+            two_batch_estimates(*args)
+        assert info.value.field == field
+    with pytest.raises(ValidationError, match="batch_large"):  # had blamed grad_sqr
+        GradientNoiseTracker(8).update_two_batches(1.0, 2.0, 1.0, float("inf"))
 
 
 def test_bias_correction_makes_a_single_update_exact():

@@ -307,6 +307,15 @@ def test_computes_power_bends_the_sum_and_survives_a_new_reference_batch():
         assert moved[K - 1] == pytest.approx(np.log(power)) and (power == 1.0) == np.allclose(moved[1], u[1] + np.log(5 / 32))
 
 
+def test_theta_keeps_the_per_step_term_when_the_share_rounds_to_one():
+    from goodput.parametric import theta_from_u, u_from_theta
+
+    theta = np.array([3.3e-4, 2e-4, 1e-3, 1e-4, 1e-3, 1e-4, 2.0])  # α_c, β_c, ..., at p = 14: u1 ≈ 42.6
+    u = u_from_theta(theta, 231.0, 14.0)
+    assert u[1] > 37  # 1 - sigmoid(u1) is 0 in floats: α_c had come back 0
+    np.testing.assert_allclose(theta_from_u(u, 231.0), theta, rtol=1e-9)
+
+
 def test_the_weak_default_prior_is_read_off_the_jobs_compute():
     rng = np.random.default_rng(2)
     obs = observe("j", "t4", TYPE_MEANS["t4"], [(1, 1)], rng)

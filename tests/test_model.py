@@ -121,6 +121,10 @@ def test_without_gradient_statistics_batch_stays_at_m0():
     assert not model.has_gradient_stats
     best = model.goodput("t4", 1, 4)
     assert best.batch_size == 64 and best.efficiency == 1.0
+    assert model.efficiency(256) == 1.0 and model.efficiency([64, 128]).tolist() == [1.0, 1.0]
+    for bad in (float("nan"), -5, 10, "x"):  # refused as with statistics, not 1.0 until they arrive
+        with pytest.raises(ValidationError, match="batch_size"):
+            model.efficiency(bad)
 
 
 def test_table_covers_the_configuration_set_and_reports_missing_types():
