@@ -20,8 +20,9 @@ maximum a posteriori parameters (the linearisation point) and the GP
 hyperparameters are refitted now and then, lazily at the next question: after
 ``refit_every`` new observations (default: a quarter of those held at the last
 refit, at least 5; the hyperparameters too), when an observation is
-surprising (``|z| > surprise``: the parameters only), when a new GPU type
-appears, or on :meth:`JobModel.refit`. Numerical trouble never raises: the GP
+surprising (``|z| > surprise``: the hyperparameters too, as the GP's scale
+and length scales of the fewer observations before it may not hold for it),
+when a new GPU type appears, or on :meth:`JobModel.refit`. Numerical trouble never raises: the GP
 escalates jitter, then the prediction falls back to the parametric one with an
 inflated ``std`` (:attr:`JobModel.diagnostics`).
 
@@ -369,7 +370,12 @@ class JobModel:
             return
         threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
         if self.last_z > self.surprise:
-            self._refit_due = True  # the linearisation point is off: a new MAP (hyperparameters when due)
+            # the linearisation point is off, and the GP's hyperparameters were fitted to residuals that did
+            # not include this one: both refitted, so the model is the one a fresh fit to the same observations
+            # gives. (The MAP alone under the old hyperparameters let the GP carry a 2.6-log-unit miss to
+            # other configurations: a step predicted 80 times faster than any measured, whether or not a
+            # question had come between two observe() calls deciding which.)
+            self._refit_due = self._hyper_due = True
         if self._pending >= threshold or len(state.posterior) >= 2 * (self.max_gp_points + max(5, self.max_gp_points // 4)):
             self._refit_due = self._hyper_due = True
 
