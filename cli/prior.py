@@ -85,7 +85,7 @@ def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:
 
     if url.startswith("sqlite:") and not (sqlite_file(url) or Path()).is_file():  # not create an empty one
         raise ValidationError("store", url, "no such SQLite file")
-    store = Store(url)
+    store = Store(url, create=False)  # reading: a database that is not a store is refused, not given its tables
     try:
         observations: dict[str, list[Any]] = {}
         sizes: dict[str, float] = {}

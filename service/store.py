@@ -217,9 +217,12 @@ class Store:
         url: any SQLAlchemy URL; ``sqlite:///goodput.db`` (relative to the working directory) by default.
         sqlite_synchronous: SQLite's ``synchronous`` setting in WAL mode: ``"FULL"`` (default; durable
             across power cuts), ``"NORMAL"`` (durable across a killed process only) or ``"EXTRA"``.
+        create: create the store's tables where they are missing (default). ``False`` for a reader
+            (``goodput prior --store``): a database without them is refused, not changed (nor is a SQLite
+            file's journal mode).
     """
 
-    def __init__(self, url: str = "sqlite:///goodput.db", *, sqlite_synchronous: str = "FULL") -> None:
+    def __init__(self, url: str = "sqlite:///goodput.db", *, sqlite_synchronous: str = "FULL", create: bool = True) -> None:
         if not isinstance(url, str) or not url.strip():
             raise ValidationError("store", url, "expected a SQLAlchemy URL, e.g. sqlite:///goodput.db")
         try:
@@ -247,7 +250,8 @@ class Store:
             @event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_connection: Any, _record: Any) -> None:
                 cursor = dbapi_connection.cursor()
-                cursor.execute("PRAGMA journal_mode=WAL")
+                if create:  # persistent in the file: a reader leaves it as it found it
+                    cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute(f"PRAGMA synchronous={synchronous}")
                 cursor.execute("PRAGMA busy_timeout=30000")
                 cursor.close()
@@ -260,7 +264,15 @@ class Store:
         self._counts: dict[str, int] = {}
         self._claim: Any = None  # what holds the server's claim on the store (claim())
         try:
-            metadata.create_all(self.engine)
+            if create:
+                metadata.create_all(self.engine)
+            else:
+                needed = {jobs_table.name, observations_table.name}  # a store older than the priors' table is read
+                missing = sorted(needed - set(sa.inspect(self.engine).get_table_names()))
+                if missing:
+                    self.engine.dispose()
+                    raise ValidationError("store", self.url.render_as_string(hide_password=True),
+                                          f"is not a goodput store (no {' or '.join(missing)} table)")
         except sa.exc.SQLAlchemyError as exc:  # a file that is no database, a folder that is missing, a server down
             self.engine.dispose()
             cause = getattr(exc, "orig", None) or exc  # the driver's error, without SQLAlchemy's statement

@@ -139,6 +139,10 @@ def test_goodput_prior_refuses_what_it_cannot_learn_from(tmp_path, capsys):
     assert "holds no job with observations" in capsys.readouterr().err
     assert main(["prior", "--store", f"sqlite:///{tmp_path / 'missing.db'}", "--out", str(tmp_path / "p.json")]) == 2
     assert "no such SQLite file" in capsys.readouterr().err
+    (tmp_path / "other.db").touch()  # a database that is not a store (an empty file, an MLflow store) stays as it was
+    assert main(["prior", "--store", f"sqlite:///{tmp_path / 'other.db'}", "--out", str(tmp_path / "p.json")]) == 2
+    assert "is not a goodput store" in capsys.readouterr().err
+    assert (tmp_path / "other.db").stat().st_size == 0  # had become a 28 KB store
     assert main(["prior", "--store", empty, "--model-sizes", "sizes.json", "--out", str(tmp_path / "p.json")]) == 2
     assert "model_sizes='sizes.json': applies to a directory" in capsys.readouterr().err  # not silently ignored
     assert not (tmp_path / "p.json").exists()
