@@ -265,3 +265,24 @@ def test_compare_creates_no_tracking_store(tmp_path, capsys):
 def test_compare_on_an_unsupported_store_is_a_clean_error(capsys):
     assert main(["compare", "x", "--tracking-uri", "bogus://x"]) == 2
     error_line(capsys, "compare", "tracking_uri='bogus://x': cannot read the MLflow store")
+
+
+def test_compare_leaves_a_sqlite_file_that_is_not_an_mlflow_store_as_it_was(tmp_path, capsys):
+    import sqlite3
+
+    from service.store import Store
+
+    text = tmp_path / "bad.json"
+    text.write_text("not json")
+    assert main(["compare", "x", "--tracking-uri", f"sqlite:///{text}"]) == 2  # had been SQLAlchemy's traceback
+    error_line(capsys, "compare", "cannot read the MLflow store: file is not a database")
+    Store(f"sqlite:///{tmp_path / 'goodput.db'}").close()
+    assert main(["compare", "x", "--tracking-uri", f"sqlite:///{tmp_path / 'goodput.db'}"]) == 2
+    error_line(capsys, "compare", "is not an MLflow store")
+    with sqlite3.connect(tmp_path / "goodput.db") as connection:  # MLflow's migrations had added 65 tables
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"goodput_jobs", "goodput_observations", "goodput_cluster_priors"}
+    (tmp_path / "empty.db").touch()
+    assert main(["compare", "x", "--tracking-uri", f"sqlite:///{tmp_path / 'empty.db'}"]) == 2
+    error_line(capsys, "compare", "is empty")
+    assert (tmp_path / "empty.db").stat().st_size == 0

@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def runs_frame(experiment: str, uri: str | None = None) -> Any:
     store = sqlite_path(uri)
     if store is not None and not store.is_file():  # reading only: MLflow would create an empty store there
         raise FileNotFoundError(f"no MLflow experiment named {experiment!r}: no tracking store at {store.absolute()} ({uri})")
+    if store is not None:
+        _check_mlflow_sqlite(store, uri)
     mlflow.set_tracking_uri(uri)
     try:
         if mlflow.get_experiment_by_name(experiment) is None:
@@ -45,6 +48,26 @@ def runs_frame(experiment: str, uri: str | None = None) -> Any:
     if runs.empty or "params.policy" not in runs:
         return runs.iloc[0:0]
     return runs[runs["params.policy"].notna()].reset_index(drop=True)
+
+
+def _check_mlflow_sqlite(path: Path, uri: str) -> None:
+    """Refuse a SQLite file that is not an MLflow store, opened read-only: MLflow would run its migrations on
+    any database it is given (the service's goodput.db had gained 65 tables) and a file that is no database
+    reached the user as SQLAlchemy's traceback."""
+    import sqlite3
+
+    from goodput.errors import ValidationError
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        raise ValidationError("tracking_uri", uri, f"cannot read the MLflow store: {exc}") from None
+    if not tables:  # reading only: MLflow would set up its tables in an empty file
+        raise FileNotFoundError(f"no MLflow experiment: the tracking store at {path.absolute()} is empty ({uri})")
+    if not {"experiments", "runs"} <= tables:
+        raise ValidationError("tracking_uri", uri, "is not an MLflow store (no experiments and runs tables); "
+                                                   "goodput serve's store is another database")
 
 
 def sqlite_path(uri: str) -> Path | None:
