@@ -106,6 +106,8 @@ def test_cluster_types_without_ground_truth_are_refused(tmp_path, capsys):
         Simulator([WorkloadJob("a", 0.0, "toy", 1, 32)], {"toy": TOY}, SimConfig(cluster=cluster), FixedPolicy("t4", 1))
     with pytest.raises(ValidationError, match="h100"):
         load_truth("catalog", cluster)
+    with pytest.raises(ValidationError, match=r"the truth covers a100, rtx2080ti, t4, v100\)"):  # not the cluster's
+        load_truth("catalog", Cluster.parse("h100:1x8"))  # had said "covers none"
     path = write_workload([WorkloadJob("c", 0.0, "cifar10", 1, 128)], tmp_path / "w.csv")
     code = main(["simulate", "--workload", str(path), "--policy", "fifo", "--cluster", "t4:1x4,h100:1x8", "--processes", "1",
                  "--no-mlflow", "--out", str(tmp_path / "out")])

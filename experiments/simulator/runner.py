@@ -63,14 +63,17 @@ def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4", *,
     Raises :class:`~goodput.errors.ValidationError` when a GPU type of ``cluster`` has no data in the truth
     (of those applications), :class:`~goodput.errors.DataFormatError` for a bad table of a needed one.
     """
-    if truth == "catalog":
-        families: dict[str, Family] = dict(load_catalog(CATALOG_PATH, cluster.gpu_types))
-    elif Path(truth).is_file():
-        families = dict(load_catalog(Path(truth), cluster.gpu_types))
+    catalog = CATALOG_PATH if truth == "catalog" else (Path(truth) if Path(truth).is_file() else None)
+    if catalog is not None:
+        families: dict[str, Family] = dict(load_catalog(catalog, cluster.gpu_types))
+        # the types the whole catalog covers, for the message (the families above are cut to the cluster's)
+        covered = None if all(any(g in f.gpu_types for f in families.values()) for g in cluster.gpu_types) else \
+            {g for family in load_catalog(catalog).values() for g in family.gpu_types}
     else:
         families = dict(load_measured(Path(truth), default_gpu_type=default_gpu_type, applications=applications,
                                       skipped=skipped))
-    check_cluster_types(families, cluster)
+        covered = None
+    check_cluster_types(families, cluster, covered)
     return families
 
 

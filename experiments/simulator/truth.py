@@ -431,15 +431,17 @@ def _interp(x: float, xp: Any, fp: Any) -> float:
     return value
 
 
-def check_cluster_types(families: Mapping[str, Family], cluster: Any) -> None:
+def check_cluster_types(families: Mapping[str, Family], cluster: Any, covered: Iterable[str] | None = None) -> None:
     """Raise :class:`~goodput.errors.ValidationError` naming the cluster's GPU types that no family of the
     ground truth has data for (their GPUs could never run a job, yet would count in the cluster's capacity
-    and utilisation)."""
+    and utilisation). ``covered``: every type the truth covers, for the message, where ``families`` were
+    cut to the cluster's types (default: theirs)."""
     known = {g for family in families.values() for g in family.gpu_types}
     missing = [g for g in cluster.gpu_types if g not in known]
     if missing:
+        listed = sorted(set(covered) if covered is not None else known)
         raise ValidationError("cluster", ",".join(missing), f"no ground truth for GPU type(s) {', '.join(missing)} "
-                              f"(the truth covers {', '.join(sorted(known)) or 'none'}); remove them from the cluster")
+                              f"(the truth covers {', '.join(listed) or 'none'}); remove them from the cluster")
 
 
 def load_catalog(path: str | Path = CATALOG_PATH, gpu_types: list[str] | None = None) -> dict[str, ParametricFamily]:
