@@ -165,11 +165,23 @@ def run_sweep(tasks: Sequence[Task], processes: int | None = None,
     by_index: dict[int, tuple[Task, SimResult]] = {}
     # spawn, not fork: the parent may hold live threads (torch's pools, a progress bar's refresh
     # thread), and a forked child of a multithreaded process can deadlock on a lock one of them held.
-    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn"))
+    try:
         futures = {pool.submit(run_task, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             pair = future.result()
             by_index[futures[future]] = pair
             if on_done:
                 on_done(*pair)
+    except BaseException:
+        # a failed simulation or Ctrl-C stops the sweep now: leaving the pool's with-block had waited for
+        # every queued simulation (their results then discarded), and a worker that took Ctrl-C as its task's
+        # error went on to the next one. What on_done has seen is kept.
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers:
+            process.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return [by_index[i] for i in range(len(tasks))]
