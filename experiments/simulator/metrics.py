@@ -115,9 +115,13 @@ def summarize(jobs: Any, rounds: Any, sim_jobs: list[Any], cluster: Cluster, rou
     summary["gpu_hours_per_job"] = float(arrived["gpu_hours"].mean()) if len(arrived) else 0.0
     summary["restarts_per_job"] = float(arrived["restarts"].mean()) if len(arrived) else 0.0
     if len(rounds):
-        summary["contention_mean"] = float(rounds["queued"].mean())
+        # over time, from the first round to the end: the engine records no round while no job is active
+        # (it jumps to the next arrival), and those rounds count as idle (two short jobs 10 h apart on one
+        # GPU had averaged to utilisation 1.0, not 0.03)
+        slots = max(round((end - float(rounds["time_s"].min())) / round_s), len(rounds))
+        summary["contention_mean"] = float(rounds["queued"].sum() / slots)
         summary["contention_max"] = int(rounds["queued"].max())
-        summary["utilization_mean"] = float(rounds["utilization"].mean())
+        summary["utilization_mean"] = float(rounds["utilization"].sum() / slots)
     rho = []
     for job in sim_jobs:
         if not job.active_jobs_seen:
