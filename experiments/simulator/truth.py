@@ -167,6 +167,10 @@ class Family(ABC):
         self._knots = np.array([b for b, _, _ in self._noise_runs])
         if self.work <= 0:
             raise ValidationError(f"{self.name}.work", self.work, "must be > 0")
+        for gpu, largest in self.max_local_bsz.items():  # no micro-batch would fit: found only when the job ran
+            if largest < self.min_local_bsz:
+                raise ValidationError(f"{self.name}.max_local_bsz[{gpu}]", largest,
+                                      f"must be >= min_local_bsz ({self.min_local_bsz})")
 
     @property
     def gpu_types(self) -> list[str]:
