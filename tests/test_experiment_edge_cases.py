@@ -143,6 +143,70 @@ def test_settings_that_change_results_are_recorded():
     assert truth_settings("some/measured-dir", "a100") == {"truth": "some/measured-dir", "truth_gpu_type": "a100"}
 
 
+def test_a_sweep_that_fails_stops_at_once():
+    """A failed simulation, Ctrl-C or an error in ``on_done`` ends a parallel sweep now: leaving the pool had
+    waited for every queued simulation (a Ctrl-C'd 20-workload sweep exited 20 s later, its results discarded)."""
+    import time
+    from dataclasses import replace
+
+    from experiments.simulator.runner import run_sweep
+
+    jobs = tuple(WorkloadJob(f"c{i}", 60.0 * i, "cifar10", 1, 128) for i in range(12))
+    task = Task("w", jobs, "sia", "t4:1x4", config={"max_hours": 2.0})  # about 1.5 s each on this VM
+    seen = []
+
+    def stop(task, result):
+        seen.append(time.perf_counter())
+        raise RuntimeError("stop")
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stop"):
+        run_sweep([replace(task, workload_name=f"w{i}") for i in range(16)], processes=2, on_done=stop)
+    # the first result came after the workers' start and one simulation; the 15 left would take 7 more
+    assert len(seen) == 1 and time.perf_counter() - seen[0] < seen[0] - start
+
+
+def test_compare_counts_a_workload_run_again_once(tmp_path, monkeypatch):
+    import mlflow
+
+    from experiments.simulator.compare import compare_runs
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("e")
+    for workload, jct in (("wA", 510.0), ("wB", 780.0), ("wA", 520.0)):  # wA again: a sweep rerun after Ctrl-C
+        with mlflow.start_run():
+            mlflow.log_params({"policy": "fifo", "workload": workload, "cluster": "t4:1x1"})
+            mlflow.log_metric("avg_jct_s", jct)
+    row = compare_runs("e", metrics=("avg_jct_s",), uri=f"sqlite:///{tmp_path / 'mlflow.db'}").iloc[0]
+    assert row["runs"] == 2 and row["avg_jct_s_mean"] == pytest.approx((520.0 + 780.0) / 2)  # had been 3 runs
+
+
+def test_idle_time_counts_in_the_mean_utilisation():
+    """Two short jobs 10 h apart on one GPU: the engine records no round between them (it jumps to the next
+    arrival); the mean over the recorded rounds had been 1.0."""
+    cluster = Cluster.parse("t4:1x1")
+    jobs = [WorkloadJob("early", 0.0, "toy", 1, 32), WorkloadJob("late", 36000.0, "toy", 1, 32)]
+    result = Simulator(jobs, {"toy": TOY}, SimConfig(cluster=cluster), FixedPolicy("t4", 1)).run()
+    used = float((result.jobs["gpu_hours"] * 3600.0).sum())  # GPU-seconds, against 36,000 s and more of the run
+    assert used < 1000 and 0 < result.summary["utilization_mean"] < 0.05
+
+
+def test_a_catalog_entry_whose_micro_batches_cannot_fit_is_refused_at_load(tmp_path):
+    from experiments.simulator.truth import CATALOG_PATH, load_catalog
+    from goodput.errors import DataFormatError
+
+    data = json.loads(Path(CATALOG_PATH).read_text())
+    name = next(iter(data["families"]))
+    entry = data["families"][name]
+    gpu = next(iter(entry["max_local_bsz"]))
+    entry["max_local_bsz"][gpu] = entry["min_local_bsz"] - 1 if entry["min_local_bsz"] > 1 else 0
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataFormatError, match=rf"families.{name}.*max_local_bsz\[{gpu}\]"):
+        load_catalog(path)  # had failed only when a job of it arrived, naming neither file nor family
+
+
 def test_compare_does_not_pool_runs_with_other_time_limits(tmp_path):
     import mlflow
 

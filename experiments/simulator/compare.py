@@ -87,7 +87,8 @@ SETTINGS = ("cluster", "truth", "truth_gpu_type", "round_s", "step_noise", "grad
 def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, uri: str | None = None) -> Any:
     """Per policy: number of runs and mean ± std of each metric over them.
 
-    Runs of one policy are pooled only when they share their settings (:data:`SETTINGS`):
+    One run per workload counts (its latest, where a workload was simulated again with the same
+    policy and settings). Runs of one policy are pooled only when they share their settings (:data:`SETTINGS`):
     where the experiment holds runs on several clusters, truths, round lengths, noise
     levels, time limits (``max_hours``), ..., those become columns and each combination
     its own row.
@@ -97,6 +98,12 @@ def compare_runs(experiment: str, metrics: tuple[str, ...] = DEFAULT_METRICS, ur
     runs = runs_frame(experiment, uri)
     if runs.empty:
         return pd.DataFrame(columns=["policy", "runs"])
+    if "params.workload" in runs:
+        # a workload run again (a sweep rerun after Ctrl-C logs the finished ones again) counts once, its
+        # latest run: each run had been one more workload in the mean ± std
+        same = ["params.policy", "params.workload"] + [f"params.{name}" for name in SETTINGS if f"params.{name}" in runs]
+        order = runs.sort_values("start_time", kind="stable") if "start_time" in runs else runs
+        runs = order.drop_duplicates(subset=same, keep="last")
     varying = [name for name in SETTINGS if f"params.{name}" in runs and runs[f"params.{name}"].nunique(dropna=False) > 1]
     keys = ["params.policy"] + [f"params.{name}" for name in varying]
     rows = []
