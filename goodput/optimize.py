@@ -155,10 +155,14 @@ def candidate_batches(
         # The largest micro-batch that fits in memory, at each accumulation count the grid uses: goodput
         # often peaks there (the cheapest samples before one more micro-batch), and the geometric grid
         # rounds past it (t4:4x4, micro-batches of at most 48: 1.6-2.2% below the best before).
-        steps_used = np.unique(accum[valid]) if valid.any() else np.zeros(0)
-        edge_accum = np.broadcast_to(steps_used[:, None], (steps_used.size, batch.shape[1]))
+        # Per column (its own counts, so that a column alone gets the same candidates), padded to the most.
+        used = [np.unique(accum[valid[:, k], k]) for k in range(batch.shape[1])]
+        edge_accum = np.zeros((max((u.size for u in used), default=0), batch.shape[1]))
+        edge_used = np.zeros(edge_accum.shape, dtype=bool)
+        for k, counts in enumerate(used):
+            edge_accum[:counts.size, k], edge_used[:counts.size, k] = counts, True
         edge_batch = replicas * max_local * (edge_accum + 1.0)
-        edge_valid = (edge_batch >= low) & (edge_batch <= max_bs)
+        edge_valid = edge_used & (edge_batch >= low) & (edge_batch <= max_bs)
         batch = np.concatenate([batch, edge_batch])
         micro = np.concatenate([micro, np.full(edge_batch.shape, max_local)])
         accum = np.concatenate([accum, edge_accum])
