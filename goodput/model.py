@@ -22,9 +22,9 @@ hyperparameters are refitted now and then, lazily at the next question: after
 refit, at least 5; the hyperparameters too), when an observation is
 surprising (``|z| > surprise``: the hyperparameters too, as the GP's scale
 and length scales of the fewer observations before it may not hold for it),
-when a new GPU type appears, or on :meth:`JobModel.refit`. Numerical trouble never raises: the GP
-escalates jitter, then the prediction falls back to the parametric one with an
-inflated ``std`` (:attr:`JobModel.diagnostics`).
+when a new GPU type appears, or on :meth:`JobModel.refit`. Numerical trouble
+never raises: the GP escalates jitter, then the prediction falls back to the
+parametric one with an inflated ``std`` (:attr:`JobModel.diagnostics`).
 
 With ``bayesian=False`` the model is the plain per-type Pollux fit, refitted
 lazily whenever a type's data change, with ``std`` 0.
