@@ -7,7 +7,11 @@ this project's 2-core CI machine under load, ``fit_throughput`` of 70
 observations took 0.84 s with the default thread pool and 9 ms with one thread,
 a 200×200 Cholesky 0.55 ms against 0.10 ms. :func:`single_threaded` limits BLAS
 to one thread for the duration of a call (threadpoolctl; about 10 µs to enter),
-and restores the caller's setting afterwards.
+and restores the caller's setting afterwards. BLAS's thread count is the
+process's, so calls that overlap in several threads (a service's worker and its
+requests) share one limit: the first to enter sets it, the last to leave
+restores what was there before the first (each restoring what it found had left
+the process at one thread for good).
 
 Example::
 
@@ -19,25 +23,39 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["blas_single_thread", "single_threaded"]
 
 _controller: Any = None
+_lock = threading.Lock()
+_active = 0  # blocks inside blas_single_thread now, in every thread
+_limiter: Any = None  # the limit the first of them set, which the last restores
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextlib.contextmanager
 def blas_single_thread() -> Iterator[None]:
-    """Limit BLAS/LAPACK to one thread inside the block."""
-    global _controller
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
+    """Limit BLAS/LAPACK to one thread inside the block (shared by blocks that overlap in other threads)."""
+    global _controller, _active, _limiter
+    with _lock:
+        if _active == 0:
+            if _controller is None:
+                from threadpoolctl import ThreadpoolController
 
-        _controller = ThreadpoolController()
-    with _controller.limit(limits=1, user_api="blas"):
+                _controller = ThreadpoolController()
+            _limiter = _controller.limit(limits=1, user_api="blas")
+        _active += 1
+    try:
         yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                _limiter.restore_original_limits()
+                _limiter = None
 
 
 def single_threaded(fn: F) -> F:

@@ -138,3 +138,42 @@ def test_a_type_outside_the_window_keeps_its_certainty():
     assert model.diagnostics["gp_points"] == 64
     assert after.log_std < 1.5 * inside.log_std
     assert abs(math.log(after.step_time / inside.step_time)) < 0.03
+
+
+def test_overlapping_single_threaded_calls_in_two_threads_restore_the_process_blas_setting():
+    """BLAS's thread count is the process's: two decorated calls overlapping in two threads (a service's worker
+    and a request: A enters, B enters, A leaves, B leaves) had left the whole process at one thread for good."""
+    import threading
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from goodput.threads import single_threaded
+
+    def blas_threads():
+        return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+
+    before = blas_threads()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    @single_threaded
+    def call_a():
+        a_in.set()
+        b_in.wait(10)
+
+    @single_threaded
+    def call_b():
+        b_in.set()
+        a_out.wait(10)
+
+    first = threading.Thread(target=call_a)
+    first.start()
+    a_in.wait(10)
+    second = threading.Thread(target=call_b)
+    second.start()
+    first.join(10)
+    a_out.set()
+    second.join(10)
+    after = blas_threads()
+    if after != before:  # put the process back for the tests after this one
+        threadpool_limits(limits=max(before), user_api="blas")
+    assert after == before
