@@ -407,6 +407,8 @@ class JobModel:
     def refit(self, *, hyperparameters: bool = True) -> JobModel:
         """Refit now: the MAP parameters on every type and the GP posterior on all observations (its
         hyperparameters too unless ``hyperparameters=False``). Lazy refits pass ``hyperparameters`` only when due."""
+        if not isinstance(hyperparameters, bool):  # "no" or 0 read as a wish, not a flag
+            raise ValidationError("hyperparameters", hyperparameters, "expected True or False")
         if not self._observations:
             return self
         if not self.bayesian:

@@ -367,12 +367,14 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         steps.append((k, rows, y))
     starts = []
     if initial is None and cov is not None:
-        known = dict(carried or {})
+        # a fresh fit's starts (the prior mean, and the types whose 1-replica steps pin their compute), and the
+        # previous MAP's rows where given (``carried``): the lowest optimum wins
         pinned = [k for k, gpu in enumerate(types) if any(o.num_replicas == 1 for o in observations[gpu])]
-        if not known and 0 < len(pinned) < len(types):
-            known = _pinned_rows(steps, pinned, mean, cov, noise)
-        start = _conditional_start(known, mean, cov) if known else None
-        starts = [start] if start is not None else []
+        for known in ((_pinned_rows(steps, pinned, mean, cov, noise) if 0 < len(pinned) < len(types) else {}),
+                      dict(carried or {})):
+            start = _conditional_start(known, mean, cov) if known else None
+            if start is not None:
+                starts.append(start)
     fit = fit_map(steps, mean, chol, noise, initial, starts)
     noise = _shrunk(fit.rms, fit.n, residual_std)
     base = chol
@@ -421,9 +423,12 @@ def build_posterior(
     ref_bsz = reference_bsz([o for t in types for o in observations[t]])
     residual_std = math.sqrt(hyper_prior.signal_var + hyper_prior.noise)
     chol = prior_cholesky(prior_cov)
-    same = previous is not None and previous.types == types and previous.ref_bsz == ref_bsz
-    fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes,
-                                previous.noise_std if same else residual_std, previous.u_hat if same else None,
+    # A refit on the same types is a fresh fit (its noise from the prior's, its starts a fresh fit's): the
+    # previous fit's noise and MAP as its only start had made each refit of the same observations move a
+    # prediction's std by up to 1%, and a service's model differ from the one a restart rebuilds. Where the
+    # types changed, the previous MAP's rows are one more start.
+    same = previous is not None and previous.types == types
+    fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None,
                                 residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
