@@ -320,6 +320,10 @@ class HyperPrior:
     noise_dof: float = math.inf
 
     def __post_init__(self) -> None:
+        if isinstance(self.lengthscale, (str, bytes)) or not isinstance(self.lengthscale, Iterable) \
+                or len(tuple(self.lengthscale)) != len(FEATURE_NAMES):
+            raise ValidationError("lengthscale", self.lengthscale, f"expected {len(FEATURE_NAMES)} length scales, one per "
+                                  f"feature ({', '.join(FEATURE_NAMES)})")
         object.__setattr__(self, "lengthscale", tuple(check_float(f"lengthscale[{i}]", v, positive=True) for i, v in enumerate(self.lengthscale)))
         for name in ("signal_var", "noise", "log_std", "correlation"):
             object.__setattr__(self, name, check_float(name, getattr(self, name), positive=True))

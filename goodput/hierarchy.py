@@ -71,7 +71,7 @@ from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
 from .tails import fit_noise_dof
 from .threads import single_threaded
-from .validation import check_float, check_sizes, normalize_gpu_type
+from .validation import check_float, check_int, check_sizes, check_str, normalize_gpu_type
 
 __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
            "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS", "SCALE_BLOCK_NAMES"]
@@ -251,7 +251,8 @@ class CellSummary:
             u, info = np.append(u, 0.0), np.pad(info, (0, 1))
         if u.shape != (K,) or info.shape != (K, K) or not (np.all(np.isfinite(u)) and np.all(np.isfinite(info))):
             raise ValidationError("u", data.get("u"), f"expected {K} finite coordinates and a {K}x{K} finite information matrix")
-        return cls(str(data["job"]), normalize_gpu_type(data["gpu_type"]), u, 0.5 * (info + info.T), int(data["n"]),
+        return cls(check_str("job", data["job"]), normalize_gpu_type(data["gpu_type"]), u, 0.5 * (info + info.T),
+                   check_int("n", data["n"], minimum=1),
                    check_float("noise", data["noise"], nonnegative=True),
                    None if data.get("size") is None else check_float("size", data["size"], positive=True))
 
@@ -685,10 +686,14 @@ class ClusterPrior:
         for index, item in enumerate(data["summaries"]):
             try:
                 summaries.append(CellSummary.from_dict(item))
+            except ValidationError as exc:  # the field itself, not the whole summary
+                raise ValidationError(f"cluster_prior.summaries[{index}].{exc.field}", exc.value, exc.reason) from None
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise ValidationError(f"cluster_prior.summaries[{index}]", item, f"not a cell summary ({type(exc).__name__}: {exc})") from None
         try:
             gp_prior = HyperPrior.from_dict(data["gp_prior"]) if data.get("gp_prior") is not None else None
+        except ValidationError as exc:
+            raise ValidationError(f"cluster_prior.gp_prior.{exc.field}", exc.value, exc.reason) from None
         except (KeyError, TypeError) as exc:
             raise ValidationError("cluster_prior.gp_prior", data.get("gp_prior"), f"not a GP prior ({exc})") from None
         return cls(summaries, shapes={normalize_gpu_type(t): SyncShape.from_dict(v) for t, v in shapes.items()}, gp_prior=gp_prior)
@@ -702,7 +707,10 @@ class ClusterPrior:
         data = read_json(path)  # not JSON, not UTF-8: a DataFormatError with its line
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, OverflowError, ValidationError) as exc:  # OverflowError: a count of 1e400
+        except ValidationError as exc:  # the field and why, the value cut short (a whole summary is long)
+            value = exc.value if len(repr(exc.value)) <= 80 else f"{repr(exc.value)[:80]}..."
+            raise DataFormatError(path, None, exc.field, value, f"{exc.reason} (not a saved ClusterPrior)") from None
+        except (KeyError, TypeError, OverflowError) as exc:  # OverflowError: a count of 1e400
             raise DataFormatError(path, None, "cluster_prior", str(exc)[:80], "not a saved ClusterPrior") from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -269,10 +270,20 @@ def test_save_load_and_exclude(prior, tmp_path):
     data["summaries"][0]["n"] = 1e400  # written by hand: an OverflowError had escaped
     (tmp_path / "huge.json").write_text(json.dumps(data).replace("Infinity", "1e400"))
     (tmp_path / "prior.json.gz").write_bytes(b"\x1f\x8b\x08\x00binary")
-    for name, field in (("huge.json", "cluster_prior"), ("prior.json.gz", "encoding")):
+    for name, field in (("huge.json", "cluster_prior.summaries[0].n"), ("prior.json.gz", "encoding")):
         with pytest.raises(DataFormatError) as info:
             ClusterPrior.load(tmp_path / name)
         assert info.value.field == field
+    # values a hand-edited file may hold, refused at load: had loaded (n truncated, a null job pooled as
+    # "None"; two length scales for six features failed in predict with numpy's broadcast error)
+    for edit, words in ((lambda d: d["summaries"][0].update(n=-5), "n=-5"), (lambda d: d["summaries"][0].update(n=2.7), "n=2.7"),
+                        (lambda d: d["summaries"][0].update(job=None), "job=None"),
+                        (lambda d: d["gp_prior"].update(lengthscale=[1.0, 2.0]), "6 length scales")):
+        data = json.loads(path.read_text())
+        edit(data)
+        (tmp_path / "edited.json").write_text(json.dumps(data))
+        with pytest.raises(DataFormatError, match=re.escape(words)):
+            ClusterPrior.load(tmp_path / "edited.json")
 
 
 def test_a_summary_saved_before_computes_power_loads_with_pollux_sum(prior):
