@@ -111,6 +111,8 @@ def gradient_noise(
     rounds = check_int("rounds", rounds, minimum=1)
     min_rounds = min(check_int("min_rounds", min_rounds, minimum=1), rounds)
     b = max(1, init_batch_size // n)
+    import torch
+
     tracker = GradientNoiseTracker(init_batch_size)
     was_training = model.training
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
@@ -120,8 +122,6 @@ def gradient_noise(
     finally:
         for p in model.parameters():
             p.grad = None
-        import torch
-
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)

@@ -66,9 +66,9 @@ def load_truth(truth: str, cluster: Cluster, default_gpu_type: str = "t4", *,
     catalog = CATALOG_PATH if truth == "catalog" else (Path(truth) if Path(truth).is_file() else None)
     if catalog is not None:
         families: dict[str, Family] = dict(load_catalog(catalog, cluster.gpu_types))
-        # the types the whole catalog covers, for the message (the families above are cut to the cluster's)
-        covered = None if all(any(g in f.gpu_types for f in families.values()) for g in cluster.gpu_types) else \
-            {g for family in load_catalog(catalog).values() for g in family.gpu_types}
+        known = {g for family in families.values() for g in family.gpu_types}
+        # a type missing: the message lists what the whole catalog covers (the families above are cut to the cluster's)
+        covered = None if set(cluster.gpu_types) <= known else {g for f in load_catalog(catalog).values() for g in f.gpu_types}
     else:
         families = dict(load_measured(Path(truth), default_gpu_type=default_gpu_type, applications=applications,
                                       skipped=skipped))
