@@ -155,12 +155,18 @@ def candidate_batches(
         # The largest micro-batch that fits in memory, at each accumulation count the grid uses: goodput
         # often peaks there (the cheapest samples before one more micro-batch), and the geometric grid
         # rounds past it (t4:4x4, micro-batches of at most 48: 1.6-2.2% below the best before).
-        # Per column (its own counts, so that a column alone gets the same candidates), padded to the most.
-        used = [np.unique(accum[valid[:, k], k]) for k in range(batch.shape[1])]
-        edge_accum = np.zeros((max((u.size for u in used), default=0), batch.shape[1]))
-        edge_used = np.zeros(edge_accum.shape, dtype=bool)
-        for k, counts in enumerate(used):
-            edge_accum[:counts.size, k], edge_used[:counts.size, k] = counts, True
+        # Per column (its own counts, so that a column alone gets the same candidates): each distinct count
+        # once, ascending, moved to the top and the rest cut (numpy's unique per column, vectorised).
+        if batch.shape[1] == 1:  # one allocation (JobModel.goodput): numpy's unique directly, a third the cost
+            edge_accum = np.unique(accum[valid])[:, None]
+            edge_used = np.ones(edge_accum.shape, dtype=bool)
+        else:
+            counts = np.sort(np.where(valid, accum, np.inf), axis=0)
+            distinct = np.isfinite(counts)
+            distinct[1:] &= counts[1:] != counts[:-1]
+            order = np.argsort(~distinct, axis=0, kind="stable")[: int(distinct.sum(axis=0).max(initial=0))]
+            edge_used = np.take_along_axis(distinct, order, axis=0)
+            edge_accum = np.where(edge_used, np.take_along_axis(counts, order, axis=0), 0.0)
         edge_batch = replicas * max_local * (edge_accum + 1.0)
         edge_valid = edge_used & (edge_batch >= low) & (edge_batch <= max_bs)
         batch = np.concatenate([batch, edge_batch])
