@@ -40,11 +40,7 @@ def run(args: argparse.Namespace) -> int:
     model = JobModel.from_profile(profile, **overrides)
     table = model.table(args.cluster)
     if len(table) == 0:
-        reason = model.empty_table_reason(args.cluster)
-        if not any(pool.gpu_type in model.gpu_types for pool in args.cluster):
-            reason = (f"no observations in {args.profile} for its GPU type(s) {', '.join(table.missing_gpu_types)}; "
-                      f"the profile covers {', '.join(model.gpu_types)}")
-        raise ValidationError("cluster", str(args.cluster), reason)
+        raise ValidationError("cluster", str(args.cluster), f"{model.empty_table_reason(args.cluster)} (profile {args.profile})")
     params = {gpu: model.params(gpu).to_dict() for gpu in model.gpu_types}
     if args.out:
         with writing(args.out):

@@ -146,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.filterwarnings("always", message="profile_job: nothing measured", category=RuntimeWarning)
             profile = profile_job(**kwargs, devices=args.devices, **options)
-        for warning in caught:  # a type that measured nothing while others did: said once, in the CLI's form
-            if str(warning.message).startswith("profile_job: nothing measured") and profile.observations:
-                print(f"goodput profile: warning: {str(warning.message).split(': ', 1)[1]}", file=sys.stderr)
-            elif not str(warning.message).startswith("profile_job: nothing measured"):
+        for warning in caught:
+            text = str(warning.message)
+            if not text.startswith("profile_job: nothing measured"):
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            elif profile.observations:  # others did measure: said once, in the CLI's form (else the error below)
+                print(f"goodput profile: warning: {text.split(': ', 1)[1]}", file=sys.stderr)
         if args.server is not None:
             with Client(args.server, args.token) as client:
                 answer = client.post_observations(kwargs["job"], profile.observations)
