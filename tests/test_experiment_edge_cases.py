@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments import accuracy
@@ -190,6 +191,24 @@ def test_idle_time_counts_in_the_mean_utilisation():
     result = Simulator(jobs, {"toy": TOY}, SimConfig(cluster=cluster), FixedPolicy("t4", 1)).run()
     used = float((result.jobs["gpu_hours"] * 3600.0).sum())  # GPU-seconds, against 36,000 s and more of the run
     assert used < 1000 and 0 < result.summary["utilization_mean"] < 0.05
+
+
+def test_the_utilisation_plot_drops_to_zero_across_idle_gaps():
+    """The plot's series gets one zero row where the engine skipped rounds while idle: it had held the
+    last busy round's 1.0, or drawn a line to the next, across 10 h of an idle cluster."""
+    from experiments.simulator.report import with_idle_rounds
+
+    cluster = Cluster.parse("t4:1x1")
+    jobs = [WorkloadJob("early", 0.0, "toy", 1, 32), WorkloadJob("late", 36000.0, "toy", 1, 32)]
+    result = Simulator(jobs, {"toy": TOY}, SimConfig(cluster=cluster), FixedPolicy("t4", 1)).run()
+    round_s = float(result.settings["round_s"])
+    padded = with_idle_rounds(result.rounds, round_s)
+    assert len(padded) == len(result.rounds) + 1 and list(padded.dtypes) == list(result.rounds.dtypes)
+    times = padded["time_s"].to_numpy()
+    gap = int(np.argmax(np.diff(times)))  # the idle stretch starts at the padded row and lasts to the next
+    assert times[gap + 1] - times[gap] > 30000 and padded["utilization"].iloc[gap] == 0.0
+    assert padded["utilization"].iloc[gap - 1] > 0 and times[gap] - times[gap - 1] == round_s
+    assert with_idle_rounds(result.rounds.iloc[:1], round_s).equals(result.rounds.iloc[:1])
 
 
 def test_a_catalog_entry_whose_micro_batches_cannot_fit_is_refused_at_load(tmp_path):

@@ -17,7 +17,7 @@ from goodput.io import atomic_write_text
 
 from .engine import SimResult
 
-__all__ = ["write_outputs", "plot_result", "log_result", "summary_payload"]
+__all__ = ["write_outputs", "plot_result", "log_result", "summary_payload", "with_idle_rounds"]
 
 
 def summary_payload(result: SimResult, workload: str) -> dict[str, Any]:
@@ -64,12 +64,13 @@ def plot_result(result: SimResult, out_dir: str | Path) -> list[Path]:
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "jct_cdf.png"))
 
-    rounds = result.rounds
+    rounds = with_idle_rounds(result.rounds, float(result.settings.get("round_s", 0.0)))
     hours = rounds["time_s"].to_numpy(dtype=float) / 3600.0 if len(rounds) else np.array([])
     fig, ax = plt.subplots(figsize=(7, 3.5))
     if len(rounds):
-        ax.plot(hours, rounds["utilization"], lw=1)
-        ax.plot(hours, rounds["queued"] / max(rounds["active"].max(), 1), lw=1, alpha=0.6, label="queued / max active")
+        ax.step(hours, rounds["utilization"], where="post", lw=1)
+        ax.step(hours, rounds["queued"] / max(rounds["active"].max(), 1), where="post", lw=1, alpha=0.6,
+                label="queued / max active")
         ax.legend(loc="upper right")
     ax.set_xlabel("time (hours)")
     ax.set_ylabel("GPU utilisation")
@@ -87,6 +88,24 @@ def plot_result(result: SimResult, out_dir: str | Path) -> list[Path]:
     ax.set_title(f"allocation by GPU type — {policy}")
     paths.append(_save(fig, out / "allocation_timeline.png"))
     return paths
+
+
+def with_idle_rounds(rounds: Any, round_s: float) -> Any:
+    """``rounds`` with one all-zero row at the start of each stretch the engine skipped while no job was
+    active (it records no round then), so a step plot drops to zero across the gap instead of holding the
+    last round's value or drawing a line to the next one. ``round_s``: the round length in seconds."""
+    import pandas as pd
+
+    if len(rounds) < 2 or round_s <= 0:
+        return rounds
+    times = rounds["time_s"].to_numpy(dtype=float)
+    gap_starts = times[:-1][times[1:] - times[:-1] > round_s * 1.5] + round_s
+    if not len(gap_starts):
+        return rounds
+    idle = pd.DataFrame({column: 0 for column in rounds.columns}, index=range(len(gap_starts)))
+    idle["time_s"] = gap_starts
+    idle = idle.astype(rounds.dtypes.to_dict())
+    return pd.concat([rounds, idle], ignore_index=True).sort_values("time_s", kind="stable").reset_index(drop=True)
 
 
 def _save(fig: Any, path: Path) -> Path:
