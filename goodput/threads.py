@@ -13,6 +13,15 @@ requests) share one limit: the first to enter sets it, the last to leave
 restores what was there before the first (each restoring what it found had left
 the process at one thread for good).
 
+threadpoolctl (3.8) lets only one "controlling" thread change OpenBLAS's
+process-wide count and silently ignores the others; a limit set through
+``ThreadpoolController.limit`` keeps that thread in control after it is
+restored. Once the main thread had run one decorated call, the model's numerics
+in every other thread (a service's worker and requests) ran unlimited:
+CPU / wall time 1.98 for a 1500×1500 product against 1.0. As this module already
+keeps the one process-wide limit under its lock, it releases the control before
+setting the limit and after restoring it.
+
 Example::
 
     @single_threaded
@@ -46,6 +55,7 @@ def blas_single_thread() -> Iterator[None]:
                 from threadpoolctl import ThreadpoolController
 
                 _controller = ThreadpoolController()
+            _release_openblas_control()
             _limiter = _controller.limit(limits=1, user_api="blas")
         _active += 1
     try:
@@ -54,8 +64,20 @@ def blas_single_thread() -> Iterator[None]:
         with _lock:
             _active -= 1
             if _active == 0:
+                _release_openblas_control()  # the last to leave may not be the thread that set the limit
                 _limiter.restore_original_limits()
                 _limiter = None
+                _release_openblas_control()
+
+
+def _release_openblas_control() -> None:
+    """Let this thread set OpenBLAS's count: threadpoolctl 3.8 ignores every thread but the first to set it
+    (``OpenBLASController.clear_controlling_thread``; versions without it let any thread set it)."""
+    from threadpoolctl import OpenBLASController
+
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
 
 
 def single_threaded(fn: F) -> F:

@@ -177,3 +177,33 @@ def test_overlapping_single_threaded_calls_in_two_threads_restore_the_process_bl
     if after != before:  # put the process back for the tests after this one
         threadpool_limits(limits=max(before), user_api="blas")
     assert after == before
+
+
+def test_a_single_threaded_block_limits_blas_in_a_worker_thread_after_the_main_thread_used_one():
+    """threadpoolctl lets only the first thread to set OpenBLAS's count change it and ignores the others:
+    once the main thread had run one decorated call, the model's numerics in a service's worker or request
+    thread ran on every core (CPU / wall 1.98, not 1.0)."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from goodput.threads import blas_single_thread
+
+    def openblas_counts() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"]
+
+    before = openblas_counts()
+    if not before or max(before) == 1:
+        pytest.skip("no OpenBLAS running several threads here")
+    with blas_single_thread():  # the main thread first
+        assert openblas_counts() == [1] * len(before)
+    seen: dict[str, list[int]] = {}
+
+    def worker():
+        with blas_single_thread():
+            seen["inside"] = openblas_counts()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(10)
+    assert seen["inside"] == [1] * len(before) and openblas_counts() == before
