@@ -28,7 +28,7 @@ from typing import Any
 from .errors import UnknownGPUTypeError, ValidationError
 from .validation import check_int, normalize_gpu_type
 
-__all__ = ["NodePool", "Cluster", "Configuration"]
+__all__ = ["NodePool", "Cluster", "Configuration", "MAX_NODES", "MAX_GPUS_PER_NODE"]
 
 Configuration = tuple[str, int, int]  # (gpu_type, num_nodes, num_gpus)
 
@@ -36,9 +36,17 @@ Configuration = tuple[str, int, int]  # (gpu_type, num_nodes, num_gpus)
 _SPEC_ITEM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.\-]*)\s*:\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*$")
 
 
+# Bounds of a pool: Sia's set holds one configuration per whole-node count, so a mistyped count (1e9 nodes)
+# would fill memory building it. The largest clusters run about 10⁴ nodes and rack-scale "nodes" (NVLink
+# domains) hold up to a few hundred GPUs.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1024
+
+
 @dataclass(frozen=True)
 class NodePool:
-    """``nodes`` identical nodes of ``gpus_per_node`` GPUs of one type."""
+    """``nodes`` identical nodes of ``gpus_per_node`` GPUs of one type (at most :data:`MAX_NODES` and
+    :data:`MAX_GPUS_PER_NODE`)."""
 
     gpu_type: str
     nodes: int
@@ -46,10 +54,11 @@ class NodePool:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_type", normalize_gpu_type(self.gpu_type))
-        object.__setattr__(self, "nodes", check_int(f"{self.gpu_type}.nodes", self.nodes, minimum=1))
-        object.__setattr__(
-            self, "gpus_per_node", check_int(f"{self.gpu_type}.gpus_per_node", self.gpus_per_node, minimum=1)
-        )
+        for name, limit in (("nodes", MAX_NODES), ("gpus_per_node", MAX_GPUS_PER_NODE)):
+            value = check_int(f"{self.gpu_type}.{name}", getattr(self, name), minimum=1)
+            if value > limit:
+                raise ValidationError(f"{self.gpu_type}.{name}", value, f"must be <= {limit:,}")
+            object.__setattr__(self, name, value)
 
     @property
     def gpus(self) -> int:

@@ -149,3 +149,75 @@ def test_property_efficiency_is_finite_in_unit_interval_and_exact_at_any_magnitu
 def test_efficiency_at_normal_magnitudes_matches_pollux_formula(grad_sqr, grad_var, m0, m):
     phi = m0 * grad_var / grad_sqr
     assert efficiency(grad_sqr, grad_var, m0, m) == pytest.approx((phi + m0) / (phi + m), rel=4 * np.finfo(float).eps)
+
+
+# ---------------------------------------------------------------------- a fifth review round: the public API fuzzed
+
+
+@pytest.mark.parametrize("spec, field", [("t4:1000000000x8", "t4.nodes"), ("a100:2x4096", "a100.gpus_per_node")])
+def test_a_pool_beyond_any_real_cluster_is_refused_by_name(spec, field):
+    """Sia's set holds one configuration per whole-node count: 10⁹ nodes had been accepted, and building the
+    set then filled the machine's memory (OOM-killed at 24 GB)."""
+    with pytest.raises(ValidationError) as info:
+        Cluster.parse(spec)
+    assert info.value.field == field
+    assert Cluster.parse("t4:100000x8").total_gpus == 800_000  # the bounds themselves are allowed
+
+
+def test_appending_to_a_profile_with_a_nan_record_names_file_line_and_field(tmp_path):
+    """A record another tool wrote with json's default NaN: appending had raised json's bare ValueError."""
+    from goodput import Observation, Profile, ProfileWriter
+    from goodput.errors import DataFormatError
+
+    path = tmp_path / "p.jsonl"
+    good = {"job": "j", "gpu_type": "t4", "num_nodes": 1, "num_replicas": 1, "local_bsz": 8, "step_time": 0.1}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "step_time": float("nan")}) + "\n")
+    for append in (lambda: ProfileWriter(path),
+                   lambda: Profile([Observation(**{**good, "step_time": 0.2})]).save(path)):
+        with pytest.raises(DataFormatError) as info:
+            append()
+        assert info.value.line == 2 and info.value.field == "step_time" and str(path) in str(info.value)
+
+
+def test_table_cells_holding_numpy_arrays_are_read_or_refused_by_name():
+    """A 0-d array (what predict_step_time returns for scalars) is its number; an array or a list as a GPU
+    type is refused by name. They had raised TypeError (len() of unsized object, unhashable type)."""
+    from goodput import GoodputTable
+
+    row = {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": np.array(4.0)}
+    assert GoodputTable("j", [row]).best()["goodput"] == 4.0
+    for bad in (np.array(["t4"]), ["t4"]):
+        with pytest.raises(ValidationError, match="gpu_type"):
+            GoodputTable("j", [{**row, "gpu_type": bad}])
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: __import__("goodput").Observation(job="j", gpu_type="t4", num_nodes=1, num_replicas=2, local_bsz=8,
+                                               step_time=0.1, placement=np.array(2)), "placement"),
+    (lambda: __import__("goodput").JobSpec(gpu_types=np.array("t4")), "gpu_types"),
+    (lambda: __import__("goodput").Profile(observations=1.5), "observations"),
+    (lambda: __import__("goodput").Profile(observations=None), "observations"),
+    (lambda: __import__("goodput.throughput").throughput.fit_throughput(None), "observations"),
+    (lambda: __import__("goodput").save_tables(5, "never-written.json"), "tables"),
+    (lambda: __import__("goodput.throughput").throughput.ThroughputParams(0.1, 0.01, 0.1, 0.01, 0.1, 0.01, 2.0,
+                                                                          fixed=1.5), "fixed"),
+    (lambda: __import__("goodput.throughput").throughput.ThroughputParams.from_dict(None), "params"),
+    (lambda: __import__("goodput").Observation(job="j", gpu_type="t4", num_nodes=1, num_replicas=1, local_bsz=8,
+                                               step_time=1e-320), "step_time"),
+])
+def test_arguments_of_the_wrong_kind_are_refused_by_name(make, field):
+    """0-d arrays where a sequence is expected, numbers or None where a collection is, and a subnormal step
+    time (its throughput had been inf): each had raised TypeError or passed."""
+    with pytest.raises(ValidationError) as info:
+        make()
+    assert info.value.field == field
+
+
+def test_profile_metadata_is_kept_as_it_loads_back(tmp_path):
+    """JSON turns tuples into lists and keys into strings: a saved profile had loaded back unequal."""
+    from goodput import Profile
+
+    profile = Profile([], job="j", metadata={"grid": (16, 32), 1: "x"})
+    assert profile.metadata == {"grid": [16, 32], "1": "x"}
+    profile.save(tmp_path / "p.jsonl")
+    assert Profile.load(tmp_path / "p.jsonl") == profile
