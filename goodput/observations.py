@@ -45,7 +45,9 @@ from .validation import (
     normalize_gpu_type,
 )
 
-__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type", "indices_by_gpu_type"]
+__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type", "indices_by_gpu_type", "MIN_STEP_TIME"]
+
+MIN_STEP_TIME = 1e-9  # seconds: the shortest step an observation may record (a kernel launch takes microseconds)
 
 
 class TornRecordWarning(UserWarning):
@@ -123,6 +125,8 @@ class Observation:
         set_(self, "local_bsz", check_int("local_bsz", self.local_bsz, minimum=1))
         set_(self, "accum_steps", check_int("accum_steps", self.accum_steps, minimum=0))
         step_time = check_float("step_time", self.step_time, positive=True)
+        if step_time < MIN_STEP_TIME:
+            raise ValidationError("step_time", step_time, f"must be >= {MIN_STEP_TIME:g} s (a shorter one is not a measured step)")
         set_(self, "step_time", step_time)
         sync_time = check_optional_float("sync_time", self.sync_time, nonnegative=True)
         if sync_time is not None and sync_time > step_time:
@@ -223,7 +227,7 @@ def indices_by_gpu_type(observations: Sequence[Observation]) -> dict[str, list[i
 
 
 def _check_placement(placement: Any, num_nodes: int, num_replicas: int, num_stages: int = 1) -> tuple[int, ...]:
-    if isinstance(placement, (str, bytes)) or not isinstance(placement, Iterable):
+    if isinstance(placement, (str, bytes)) or not isinstance(placement, Iterable) or getattr(placement, "ndim", None) == 0:
         raise ValidationError("placement", placement, "expected a sequence of GPUs per node, e.g. (4, 4)")
     values = tuple(check_int("placement", p, minimum=1) for p in placement)
     if len(values) != num_nodes:
@@ -272,6 +276,8 @@ class Profile:
     job_meta: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.observations, Iterable) or isinstance(self.observations, (str, bytes, Mapping)):
+            raise ValidationError("observations", self.observations, "expected a sequence of Observations")
         self.observations = [self._check_observation(o, i) for i, o in enumerate(self.observations)]
         if self.job is not None:
             self.job = check_str("job", self.job)
@@ -288,11 +294,13 @@ class Profile:
         if not isinstance(self.metadata, Mapping):
             raise ValidationError("metadata", self.metadata, "expected a mapping")
         try:  # it is saved as JSON: refused here, not by a save that has opened the file
-            json.dumps(self.metadata, allow_nan=False)
+            text = json.dumps(self.metadata, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValidationError("metadata", self.metadata, f"must be JSON (strings, finite numbers, booleans, "
                                                              f"None, lists and mappings of them): {exc}") from None
-        self.metadata = dict(self.metadata)
+        # kept as it will load back: a tuple is a list and a key a string in JSON (a profile loaded again
+        # had compared unequal to the one saved)
+        self.metadata = json.loads(text)
         self.job_meta = _check_job_meta(self.job_meta)
 
     @staticmethod
@@ -579,6 +587,20 @@ def _from_pandas(value: Any) -> Any:
     return value
 
 
+def _first_non_finite(record: Any, prefix: str = "") -> tuple[str, Any]:
+    """The first field (dotted path) of a JSON record holding NaN or ±inf, and its value."""
+    items = record.items() if isinstance(record, Mapping) else enumerate(record) if isinstance(record, list) else ()
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return name, value
+        if isinstance(value, (Mapping, list)):
+            found = _first_non_finite(value, f"{name}.")
+            if found[0]:
+                return found
+    return "", None
+
+
 def _canonical(record: Mapping[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -693,7 +715,11 @@ class ProfileWriter:
     def _read_existing(self) -> None:
         records, _ = _read_jsonl(self.path)
         for line_no, record in records:
-            key = _canonical(record)
+            try:
+                key = _canonical(record)
+            except ValueError:  # NaN or inf, which Python's json writes by default and this file format refuses
+                field, value = _first_non_finite(record)
+                raise DataFormatError(self.path, line_no, field, value, "must be finite") from None
             if record.get("record") == "meta":
                 self.existing_meta.append({k: v for k, v in record.items() if k != "record"})
             elif record.get("record", "observation") == "observation":

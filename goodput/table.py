@@ -177,6 +177,8 @@ class GoodputTable:
                 values = np.asarray(series, dtype=float)
             else:
                 _reject_booleans(f"{self.job}: {column}", series)
+                # a 0-d array in a cell is its number (pandas' coercion had raised TypeError on it)
+                series = series.map(lambda v: v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v)
                 values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)
             if column in ("num_nodes", "num_gpus"):
@@ -433,7 +435,7 @@ def _gpu_types(values: list[Any], field: str) -> list[str]:
     names: dict[str, str] = {}
     for value in dict.fromkeys(v for v in values if type(v) is str):
         names[value] = normalize_gpu_type(value, field)
-    if len(names) == len(set(values)) and all(k == v for k, v in names.items()):
+    if all(type(v) is str for v in values) and len(names) == len(set(values)) and all(k == v for k, v in names.items()):
         return values  # all plain, already normalized names (the usual case)
     out = []
     for value in values:
@@ -489,6 +491,8 @@ def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], pat
         ValidationError: a value that is not a table, two tables of one job, or a mapping's key that is
             not its table's job (:func:`load_tables` keys tables by job: such a file would not read back).
     """
+    if not isinstance(tables, (Mapping, Iterable)) or isinstance(tables, (str, bytes)):
+        raise ValidationError("tables", tables, "expected GoodputTables, or a mapping job -> GoodputTable")
     pairs = list(tables.items()) if isinstance(tables, Mapping) else [(None, t) for t in tables]
     items, seen = [], set()
     for key, item in pairs:

@@ -101,6 +101,8 @@ class ThroughputParams:
         object.__setattr__(self, "gamma", gamma)
         if self.alpha_c + self.beta_c <= 0.0:
             raise ValidationError("alpha_c", self.alpha_c, "alpha_c + beta_c must be > 0 (a step takes compute time)")
+        if isinstance(self.fixed, (str, bytes)) or not isinstance(self.fixed, Iterable):
+            raise ValidationError("fixed", self.fixed, "expected a sequence of parameter names")
         unknown = set(self.fixed) - set(PARAM_NAMES)
         if unknown:
             raise ValidationError("fixed", self.fixed, f"unknown parameter names {sorted(unknown)}")
@@ -118,6 +120,8 @@ class ThroughputParams:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ThroughputParams:
+        if not isinstance(data, Mapping):
+            raise ValidationError("params", data, "expected a mapping of throughput parameters")
         missing = [n for n in PARAM_NAMES if n not in data]
         if missing:
             raise ValidationError(missing[0], None, "missing throughput parameter")
@@ -429,6 +433,8 @@ def fit_throughput(
         The fitted :class:`ThroughputParams`; ``fixed`` names the parameters
         set by a prior rather than by the data.
     """
+    if not isinstance(observations, Iterable) or isinstance(observations, (str, bytes, Mapping)):
+        raise ValidationError("observations", observations, "expected a sequence of Observations")
     obs = list(observations)
     if not obs:
         raise ValidationError("observations", obs, "need at least one observation to fit")

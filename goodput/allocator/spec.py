@@ -149,7 +149,7 @@ class JobSpec:
             set_(self, "rigid_gpus", rigid)
         if self.gpu_types is not None:
             types = (self.gpu_types,) if isinstance(self.gpu_types, str) else self.gpu_types
-            if not isinstance(types, Iterable):
+            if not isinstance(types, Iterable) or getattr(types, "ndim", None) == 0:  # a 0-d array is not iterable
                 raise ValidationError("gpu_types", self.gpu_types, "expected GPU type names")
             names = tuple(dict.fromkeys(normalize_gpu_type(t, "gpu_types") for t in types))
             if not names:
