@@ -515,8 +515,9 @@ class Registry:
             with self._lock:
                 self._pending.setdefault(job, []).extend((row, by_id[rid]) for row, rid in inserted)
                 state = self._jobs.get(job)
-                if state is not None:
-                    state.pending_types.update(by_id[rid].gpu_type for _, rid in inserted)
+                if state is not None:  # types the published model lacks: a type it has answers from it meanwhile
+                    modelled = set(state.published.gpu_types) if state.published is not None else set()
+                    state.pending_types.update({by_id[rid].gpu_type for _, rid in inserted} - modelled)
                 self._dirty[job] = None
                 if inserted:
                     self._prior_changes += 1

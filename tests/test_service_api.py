@@ -349,6 +349,33 @@ def test_a_round_over_a_cluster_without_a_job_s_types_leaves_that_job_out_with_t
         assert answer["anywhere"] is None and "empty" in answer.unallocated["anywhere"]  # no t4 data
 
 
+def test_a_round_answers_from_the_published_model_while_a_job_reports_on_types_it_has(tmp_path):
+    """Every report had marked its type as being fitted, modelled or not: with one job reporting every 0.2 s,
+    163 of 177 rounds in 10 s had been 503s (all 4,602 under 8 reporters). Only a type the published model
+    lacks holds the round back."""
+    from service.registry import NotReadyError as NotBuilt
+
+    prof = profile("mlp")
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}).start()
+    try:
+        registry.register(prof.job, {"init_batch_size": prof.init_batch_size})
+        registry.add(prof.job, prof.observations, [f"r{i}" for i in range(len(prof.observations))])
+        assert registry.wait_idle(60)
+        before = registry.allocate(Cluster.parse("cpu:1x4"))
+        with registry._lock:  # the worker stops, so no update comes between a report and the round
+            registry._stop = True
+            registry._wake.notify_all()
+        registry._thread.join(10)
+        registry.add(prof.job, prof.observations[:1], ["again"])
+        assert registry.allocate(Cluster.parse("cpu:1x4")).to_dict()["allocations"] == before.to_dict()["allocations"]
+        registry.add(prof.job, [dataclasses.replace(prof.observations[0], gpu_type="t4")], ["first-t4"])
+        with pytest.raises(NotBuilt, match="on t4"):
+            registry.allocate(Cluster.parse("cpu:1x4,t4:1x4"))
+    finally:
+        registry.close()
+        registry.store.close()
+
+
 def test_a_round_waits_for_a_job_whose_first_observations_are_being_fitted(tmp_path):
     """Its GPUs are not handed out meanwhile: the round is a NotReadyError (503) until the model is built."""
     from service.registry import NotReadyError as NotBuilt
