@@ -66,7 +66,7 @@ from .table import GoodputTable
 from .tails import gaussian_t_quantile, split_std
 from .threads import single_threaded
 from .throughput import ThroughputParams, _step_time, config_arrays, fit_throughput
-from .validation import check_bounds, check_float, check_int, check_str, normalize_gpu_type
+from .validation import MAX_BATCH, check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
 
@@ -204,9 +204,9 @@ class JobModel:
         self.job = check_str("job", job)
         self._stages = Stages.parse(num_stages)
         self.min_replicas = check_min_replicas(min_replicas)
-        self.init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1)
+        self.init_batch_size = check_int("init_batch_size", init_batch_size, minimum=1, maximum=MAX_BATCH)
         if max_batch_size is not None:
-            max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
+            max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, maximum=MAX_BATCH)
             if max_batch_size < self.init_batch_size:
                 raise ValidationError("max_batch_size", max_batch_size, f"must be >= init_batch_size ({self.init_batch_size})")
         self.max_batch_size = max_batch_size

@@ -17,12 +17,16 @@ import numpy as np
 
 from .errors import ValidationError
 
-_GPU_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+MAX_GPU_TYPE_LENGTH = 64  # characters: what the service's goodput query takes (a longer type had been stored, never queryable)
+_GPU_TYPE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,%d}$" % (MAX_GPU_TYPE_LENGTH - 1))
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # the service's job names: safe in URLs, file names, labels
 
 
-def check_int(field: str, value: Any, minimum: int | None = None) -> int:
-    """Return ``value`` as an ``int``; it must be integral and at least ``minimum``."""
+MAX_BATCH = 2**53  # the largest batch size (samples) a job may name: tables hold counts as exact float64s
+
+
+def check_int(field: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` as an ``int``; it must be integral, at least ``minimum`` and at most ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
             value = int(value)
@@ -33,6 +37,8 @@ def check_int(field: str, value: Any, minimum: int | None = None) -> int:
         raise ValidationError(field, value, "too large (must fit a 64-bit integer)")
     if minimum is not None and value < minimum:
         raise ValidationError(field, value, f"must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValidationError(field, value, f"must be <= {maximum}" + (" (2**53)" if maximum == MAX_BATCH else ""))
     return value
 
 
@@ -89,7 +95,8 @@ def normalize_gpu_type(value: Any, field: str = "gpu_type") -> str:
     name = value.strip().lower()
     if not _GPU_TYPE_PATTERN.match(name):
         raise ValidationError(
-            field, value, "GPU type names are lower-case letters, digits, '_', '-' or '.' (e.g. 'a100')"
+            field, value, "GPU type names are lower-case letters, digits, '_', '-' or '.' (e.g. 'a100'), "
+                          f"at most {MAX_GPU_TYPE_LENGTH} characters"
         )
     return name
 
@@ -100,8 +107,8 @@ def check_bounds(field: str, value: Any) -> tuple[int, int] | None:
         return None
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise ValidationError(field, value, "expected a (low, high) pair")
-    low = check_int(f"{field}[0]", value[0], minimum=1)
-    high = check_int(f"{field}[1]", value[1], minimum=1)
+    low = check_int(f"{field}[0]", value[0], minimum=1, maximum=MAX_BATCH)
+    high = check_int(f"{field}[1]", value[1], minimum=1, maximum=MAX_BATCH)
     if low > high:
         raise ValidationError(field, value, "low must be <= high")
     return low, high

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from goodput import Observation
 from goodput.errors import ValidationError
 from goodput.hybrid import check_num_stages
-from goodput.validation import JOB_NAME_PATTERN, check_bounds, check_float, check_int, normalize_gpu_type
+from goodput.validation import JOB_NAME_PATTERN, MAX_BATCH, check_bounds, check_float, check_int, normalize_gpu_type
 
 __all__ = ["JOB_PATTERN", "RECORD_ID_PATTERN", "ObservationRecord", "ObservationBatch", "ObservationsAccepted",
            "JobSettings", "JobOut", "GoodputOut", "TableOut", "AllocateIn", "StoredRecord", "StoredRecords",
@@ -110,10 +110,10 @@ class JobSettings(BaseModel):
 
     def checked(self) -> dict[str, Any]:
         """The settings normalised (lower-case GPU types, bounds as lists), checked as the core checks them."""
-        init = check_int("init_batch_size", self.init_batch_size, minimum=1)
+        init = check_int("init_batch_size", self.init_batch_size, minimum=1, maximum=MAX_BATCH)
         out: dict[str, Any] = {"init_batch_size": init}
         if self.max_batch_size is not None:
-            top = check_int("max_batch_size", self.max_batch_size, minimum=1)
+            top = check_int("max_batch_size", self.max_batch_size, minimum=1, maximum=MAX_BATCH)
             if top < init:
                 raise ValidationError("max_batch_size", top, f"must be >= init_batch_size ({init})")
             out["max_batch_size"] = top
