@@ -39,7 +39,7 @@ from urllib.parse import parse_qs
 from fastapi import Body, FastAPI, Query, Request, Security
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
@@ -47,6 +47,7 @@ from starlette.concurrency import run_in_threadpool
 from goodput import Cluster, ClusterPrior, Observation
 from goodput.errors import UnknownGPUTypeError, ValidationError
 from goodput.hybrid import Stages
+from goodput.validation import MAX_GPU_TYPE_LENGTH
 
 from .auth import DEFAULT_MAX_BODY, BodyLimitMiddleware, TokenAuthMiddleware, read_tokens
 from .k8s import Extender
@@ -236,7 +237,7 @@ def create_app(
         finally:
             await run_in_threadpool(registry.close)
 
-    app = FastAPI(title="goodput", version=_version(), lifespan=lifespan,
+    app = FastAPI(title="goodput", version=_version(), lifespan=lifespan, responses=_ANY_ROUTE,
                   description="Jobs report observations as they train; schedulers query goodput, tables, allocations. "
                   "Writes need a bearer token when the server was started with --token-file.")
     app.state.registry = registry
@@ -272,7 +273,7 @@ def create_app(
                             headers={"Retry-After": str(RETRY_AFTER_S)})
 
     # ------------------------------------------------------------------ jobs and observations
-    @app.put("/v1/jobs/{job}", response_model=JobOut, dependencies=writes, tags=["jobs"])
+    @app.put("/v1/jobs/{job}", response_model=JobOut, dependencies=writes, tags=["jobs"], responses=_WRITE)
     def put_job(job: JobName, settings: JobSettings) -> Any:
         """Register a job or change its settings (its model is then rebuilt; the old one answers meanwhile)."""
         checked = settings.checked()
@@ -280,7 +281,8 @@ def create_app(
         registry.register(job, checked)
         return JSONResponse(json_safe(registry.status(job)))
 
-    @app.post("/v1/jobs/{job}/observations", response_model=ObservationsAccepted, dependencies=writes, tags=["jobs"])
+    @app.post("/v1/jobs/{job}/observations", response_model=ObservationsAccepted, dependencies=writes, tags=["jobs"],
+              responses={**_WRITE, **_JOB})
     def post_observations(job: JobName, batch: ObservationBatch) -> Any:
         """Store observations durably (answered after the commit); a record whose id is stored already is skipped."""
         registry.record(job)  # an unknown job: 404 (before it gets a settings lock)
@@ -313,12 +315,12 @@ def create_app(
         """The registered jobs' names."""
         return {"jobs": registry.jobs()}
 
-    @app.get("/v1/jobs/{job}", response_model=JobOut, tags=["jobs"])
+    @app.get("/v1/jobs/{job}", response_model=JobOut, tags=["jobs"], responses=_JOB)
     def get_job(job: JobName) -> Any:
         """Settings, observations stored, GPU types seen, the model's state and last refit, diagnostics."""
         return JSONResponse(json_safe(registry.status(job)))
 
-    @app.get("/v1/jobs/{job}/observations", response_model=StoredRecords, tags=["jobs"])
+    @app.get("/v1/jobs/{job}/observations", response_model=StoredRecords, tags=["jobs"], responses=_JOB)
     def get_observations(job: JobName, after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
                          limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000) -> Any:
         """The stored records in order of arrival, ``limit`` at a time after row ``after``."""
@@ -329,8 +331,8 @@ def create_app(
                                       "next_after": rows[-1].row_id if len(rows) == limit else None}))
 
     # ------------------------------------------------------------------ queries
-    @app.get("/v1/jobs/{job}/goodput", response_model=GoodputOut, tags=["queries"])
-    async def get_goodput(job: JobName, gpu_type: Annotated[str, Query(min_length=1, max_length=64)],
+    @app.get("/v1/jobs/{job}/goodput", response_model=GoodputOut, tags=["queries"], responses=_JOB)
+    async def get_goodput(job: JobName, gpu_type: Annotated[str, Query(min_length=1, max_length=MAX_GPU_TYPE_LENGTH)],
                           num_gpus: Annotated[int, Query(ge=1, le=1_000_000)],
                           num_nodes: Annotated[int, Query(ge=1, le=100_000)] = 1) -> Any:
         """The best batch configuration of an allocation and its goodput, from the last published model."""
@@ -352,7 +354,7 @@ def create_app(
                 raise registry.not_ready_for(job, str(exc.value).strip().lower()) or exc from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    @app.get("/v1/jobs/{job}/table", response_model=TableOut, tags=["queries"])
+    @app.get("/v1/jobs/{job}/table", response_model=TableOut, tags=["queries"], responses=_JOB)
     async def get_table(job: JobName, cluster: Annotated[str | None, Query(
             description="type:NODESxGPUS,... (default: the server's --cluster)")] = None) -> Any:
         """The job's goodput table over the cluster's configurations (Sia's set)."""
@@ -363,7 +365,7 @@ def create_app(
             body = await run_in_threadpool(published.table_json, _cluster(cluster), cluster)
         return _bytes_response(body)
 
-    @app.post("/v1/allocate", dependencies=writes, tags=["queries"])
+    @app.post("/v1/allocate", dependencies=writes, tags=["queries"], responses={**_WRITE, **_JOB})
     def post_allocate(request: AllocateIn) -> Any:
         """One scheduling round (goodput.allocate) over the jobs' tables -> Allocation.to_dict()."""
         allocation = registry.allocate(_cluster(request.cluster), request.jobs, request.current, request.policy,
@@ -403,12 +405,21 @@ def create_app(
         return {"status": "ok", "store": registry.store.dialect, "jobs": total, "ready": ready,
                 "rebuilding": total - ready, "worker": registry.backlog(), "cluster_prior": registry.prior_status()}
 
-    @app.get("/metrics", tags=["operations"])
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def get_metrics() -> Response:
         """Prometheus text: requests, latencies, observations stored, model publishes and refits."""
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+# The error answers the module docstring lists, declared in the OpenAPI document (it had listed 200 and 422 alone)
+_ANY_ROUTE: dict[int | str, dict[str, Any]] = {
+    413: {"description": "the request body is over the server's limit"},
+    503: {"description": "a model still being built, or the store unreachable; retry after Retry-After seconds"},
+}
+_WRITE: dict[int | str, dict[str, Any]] = {401: {"description": "a write without a valid bearer token (servers started with --token-file)"}}
+_JOB: dict[int | str, dict[str, Any]] = {404: {"description": "an unknown job: register it first (PUT /v1/jobs/{job})"}}
 
 
 def _version() -> str:

@@ -59,7 +59,12 @@ def test_put_job_registers_and_refuses_bad_settings(server):
            ({"init_batch_size": 64, "local_bsz_bounds": [9, 3]}, "local_bsz_bounds", [9, 3]),
            ({"init_batch_size": "64"}, "init_batch_size", "64"),
            ({"init_batch_size": 64, "gpu_types": []}, "gpu_types", []),
-           ({"init_batch_size": 64, "colour": "red"}, "colour", "red")]
+           ({"init_batch_size": 64, "colour": "red"}, "colour", "red"),
+           # accepted before, and then every default round and the job's table were 422s naming no sent field
+           ({"init_batch_size": 2**60}, "init_batch_size", 2**60),
+           ({"init_batch_size": 64, "max_batch_size": 2**60}, "max_batch_size", 2**60),
+           # stored and listed before, and never queryable (GET goodput takes 64 characters)
+           ({"init_batch_size": 64, "gpu_types": ["g" * 65]}, "gpu_types", "g" * 65)]
     for body, field, value in bad:
         response = httpx.put(f"{url}/v1/jobs/x", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
         assert response.status_code == 422, body
@@ -274,6 +279,10 @@ def test_job_records_stored_pages_health_metrics_and_docs(server):
     assert {"/v1/jobs/{job}", "/v1/jobs/{job}/observations", "/v1/jobs/{job}/goodput", "/v1/jobs/{job}/table",
             "/v1/allocate", "/v1/k8s/filter", "/v1/k8s/prioritize", "/healthz", "/metrics"} <= set(paths)
     assert "step_time" in json.dumps(httpx.get(f"{url}/openapi.json").json()["components"])
+    # the error answers the service gives are declared (the document had listed 200 and 422 alone)
+    assert {"401", "404", "413", "422", "503"} <= set(paths["/v1/allocate"]["post"]["responses"])
+    assert {"404", "503"} <= set(paths["/v1/jobs/{job}/table"]["get"]["responses"])
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert httpx.get(f"{url}/docs").status_code == 200
 
 
