@@ -74,6 +74,7 @@ import math
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,7 @@ import pandas as pd
 
 import goodput
 from experiments.accuracy_baselines import Predictions, nan_predictions, predict_linear, predict_pollux, predict_sia
-from experiments.accuracy_protocols import SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5
+from experiments.accuracy_protocols import P4_MIN_OBS, SPLITTERS, Split, splits_p1, splits_p2, splits_p3, splits_p5, untested
 from experiments.accuracy_reference import reference_by_model, reference_errors, summarize_reference
 from experiments.accuracy_report import P4_STEPS, evidence_check, markdown, per_model, summarize
 from experiments.datasets import Measurements, read_measurements, resolve_model_sizes
@@ -239,7 +240,7 @@ def evaluate_model(
     methods: Sequence[str] = METHODS,
     seeds: int = P4_SEEDS,
     p4_max_test: int = 400,
-    p4_min_obs: int = 15,
+    p4_min_obs: int = P4_MIN_OBS,
     on_step: Callable[[str], None] | None = None,
     model_size: float | None = None,
 ) -> pd.DataFrame:
@@ -476,7 +477,11 @@ def run(
         + (f": {', '.join(sorted(sizes))}" if sizes else "") + (f"; not in the data: {', '.join(unused)}" if unused else "")
         + f" (--model-sizes {given.source}" + (f"; {len(data.sizes)} recorded by the profiles" if data.sizes else "") + ")",
         f"{len(names)} model(s), {sum(len(data.models[n]) for n in names)} observations, {time.time() - started:.0f} s",
-    ]
+        "GPU types (rows): " + ", ".join(f"{gpu} {count}" for gpu, count in sorted(Counter(
+            o.gpu_type for n in names for o in data.models[n]).items())),
+    ] + untested({n: data.models[n] for n in names}, {
+        protocol: set(zip(*(rows.loc[rows["protocol"].str.startswith(protocol), c] for c in ("model", "gpu_type"))))
+        for protocol in protocols})
     title = f"goodput accuracy — {Path(data_dir).resolve().name} ({data.kind})"
     evidence = evidence_check(rows)
     text = markdown(summary, title, notes, by_model, reference, ref_by_model, evidence)

@@ -30,7 +30,7 @@ reveals a type's observations in random order and lives in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from goodput.observations import Observation, by_gpu_type
@@ -104,6 +104,36 @@ def splits_p5(obs: Sequence[Observation]) -> list[Split]:
         reference = max((t for t in by_type if t != gpu), key=lambda t: (len(by_type[t]), t))
         out.append(Split("P5", gpu, train, test, reference=reference))
     return out
+
+
+P4_MIN_OBS = 15  # P4 runs on a type with at least this many observations of the model
+
+# What each protocol tests of a type's rows, and what it needs to test them (for the report's notes)
+_TESTS: dict[str, tuple[Callable[[Observation], bool], str, str]] = {
+    "P1": (lambda o: o.num_replicas > 1, "multi-GPU", "1-GPU rows on that type"),
+    "P2": (lambda o: o.num_replicas > 1, "multi-GPU",
+           "1-GPU rows on that type and another type with 1-GPU and single-node multi-GPU rows"),
+    "P3": (lambda o: o.num_nodes > 1, "multi-node", "single-node multi-GPU rows on that type"),
+    "P4": (lambda o: True, "", f"at least {P4_MIN_OBS} rows on that type"),
+    "P5": (lambda o: o.num_replicas == 1 and o.accum_steps == 0, "1-GPU",
+           "3 or more 1-GPU batch sizes on that type, and another type's 1-GPU rows"),
+}
+
+
+def untested(models: Mapping[str, Sequence[Observation]], tested: Mapping[str, set[tuple[str, str]]]) -> list[str]:
+    """One note per protocol run, model and GPU type whose rows that protocol could have tested but did not
+    (``tested``: protocol → the (model, type) pairs its rows hold), with what the protocol needs; a type
+    had disappeared from every static protocol without a word."""
+    notes = []
+    for protocol, pairs in tested.items():
+        testable, kind, needs = _TESTS[protocol]
+        for model, observations in sorted(models.items()):
+            for gpu, items in sorted(by_gpu_type(observations).items()):
+                count = sum(1 for o in items if testable(o))
+                if count and (model, gpu) not in pairs:
+                    rows = f"{count} {kind} row(s)".replace("  ", " ")
+                    notes.append(f"{protocol}: {model}/{gpu}: {rows} not tested (it needs {needs})")
+    return notes
 
 
 SPLITTERS: dict[str, Callable[[Sequence[Observation]], list[Split]]] = {

@@ -265,7 +265,7 @@ def _timed_rows(
     ``sync_time`` above its ``step_time`` (sync is part of the step) is dropped
     from its row, each reported in ``skipped``.
     """
-    rows = read_csv_rows(path, schema, {"sync_time": "float0"},
+    rows = read_csv_rows(path, schema, {"sync_time": "float0", **{c: "str" for c in _LABEL_COLUMNS}},
                          skip=_unmeasured_step if skipped is not None else None, skipped=skipped)
     for line_no, row in rows:
         sync, step = row["sync_time"], row["step_time"]
@@ -273,6 +273,28 @@ def _timed_rows(
             skipped.append((f"{path.name}:{line_no}", f"sync_time={sync} > step_time={step}: sync_time not used"))
             row["sync_time"] = None
         yield line_no, row
+
+
+# Columns that would label a row's GPU type or model. The format takes both from the file's place
+# (<model>/placements-<gpu_type>.csv): a table holding several types or models in such a column had been read
+# as one, every row under the file's type. A value that agrees with the file's place is allowed.
+_LABEL_COLUMNS = ("gpu_type", "gpu", "model", "job")
+
+
+def _check_labels(path: Path, line_no: int, row: dict[str, Any], job: str, gpu_type: str) -> None:
+    """Refuse a row whose own ``gpu_type``/``gpu`` or ``model``/``job`` cell names another type or model than
+    the file's name and folder do (:data:`_LABEL_COLUMNS`); drop those cells from ``row``."""
+    for column in _LABEL_COLUMNS:
+        value = row.pop(column, None)
+        if value is None:
+            continue
+        if column.startswith("gpu"):
+            if gpu_slug(value) != gpu_type:
+                raise DataFormatError(path, line_no, column, value, f"differs from the file's GPU type {gpu_type!r}: "
+                                      "the type comes from the file's name (placements-<gpu_type>.csv), one file per type")
+        elif value != job:
+            raise DataFormatError(path, line_no, column, value, f"differs from the model {job!r} its folder names: "
+                                  "one folder per model (<model>/placements-<gpu_type>.csv)")
 
 
 def read_placements(
@@ -288,6 +310,7 @@ def read_placements(
     schema = {"placement": "placement", "local_bsz": "int+", "step_time": "float+"}
     out = []
     for line_no, row in _timed_rows(path, schema, skipped):
+        _check_labels(path, line_no, row, job, gpu_type)
         placement = row["placement"]
         out.append(
             _observation(
@@ -318,10 +341,11 @@ def read_scalability(
     """
     path = Path(path)
     schema = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+"}
-    return [
-        _observation(path, line_no, job=job, gpu_type=gpu_type, source=source, **row)
-        for line_no, row in _timed_rows(path, schema, skipped)
-    ]
+    out = []
+    for line_no, row in _timed_rows(path, schema, skipped):
+        _check_labels(path, line_no, row, job, gpu_type)
+        out.append(_observation(path, line_no, job=job, gpu_type=gpu_type, source=source, **row))
+    return out
 
 
 @dataclass(frozen=True)
@@ -518,7 +542,12 @@ def read_zeus(zeus_dir: str | os.PathLike[str]) -> ZeusData:
 
 # ====================================================================== measurement directories
 
-_TYPED_FILE = re.compile(r"^(?P<kind>placements|scalability)(?:-(?P<gpu>.+))?\.csv$")
+_TYPED_FILE = re.compile(r"^(?P<kind>placements|scalability)(?:-(?P<gpu>.+))?\.(?i:csv)$")
+
+
+def _csv_files(folder: Path) -> list[Path]:
+    """The CSV files of a folder, sorted by name, whatever the case of their suffix (``.csv``, ``.CSV``)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".csv")
 
 
 @dataclass
@@ -532,8 +561,9 @@ class Measurements:
 
 
 def gpu_slug(text: str) -> str:
-    """A GPU type name as table file names give it: ``"RTX 6000"`` → ``"rtx-6000"``."""
-    return re.sub(r"[^a-z0-9_.-]+", "-", text.strip().lower()).strip("-")
+    """A GPU type name as table file names give it: ``"RTX 6000"`` and ``"RTX_6000"`` → ``"rtx-6000"`` (runs of
+    anything but letters, digits and '.' are one '-')."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.strip().lower()).strip("-")
 
 
 _gpu_slug = gpu_slug
@@ -549,7 +579,10 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
       Tables directly in ``path`` are one model named after the directory.
       Rows that mark unmeasured configurations (empty, 0 or NaN step time) are
       left out and a ``sync_time`` above its step time is not used; both are
-      counted in the notes, with their lines.
+      counted in the notes, with their lines. Exact copies of a row are read
+      once, a ``gpu_type``/``model`` column must agree with the file's name
+      and folder, a sub-folder with no such table is named, and so are types
+      that differ only in separators (``rtx6000``, ``rtx-6000``).
     * a folder holding ``simulation_throughputs.json`` (Gavel) or
       ``summary_power_<gpu>.csv`` (Zeus);
     * JSON Lines profiles (``*.jsonl``), grouped by job.
@@ -580,18 +613,31 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
     models = {}
     notes: list[str] = []
     # <root>/<model>/placements-<type>.csv; tables directly in <root> are one model, named after it
-    holds_tables = any(_TYPED_FILE.match(p.name) for p in root.glob("*.csv"))
-    for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir()):
+    holds_tables = any(_TYPED_FILE.match(p.name) for p in _csv_files(root))
+    for model_dir in [root] * holds_tables + sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         name = model_dir.resolve().name if model_dir == root else model_dir.name
         observations = read_model_tables(model_dir, name, default_gpu_type, notes)
-        if not observations and any(_TYPED_FILE.match(p.name) for p in model_dir.glob("*.csv")):
+        if not observations and any(_TYPED_FILE.match(p.name) for p in _csv_files(model_dir)):
             notes.append(f"{name}: no measured rows in its tables, left out")
+        elif not observations:  # a folder the reader found nothing in had been dropped without a word
+            held = sorted(p.name + "/" * p.is_dir() for p in model_dir.iterdir() if not p.name.startswith("."))
+            shown = ", ".join(held[:5]) + (f" (and {len(held) - 5} more)" if len(held) > 5 else "")
+            notes.append(f"{name}/: no placements[-<gpu_type>].csv or scalability[-<gpu_type>].csv in it, left out "
+                         f"(it holds: {shown or 'nothing'})")
         if observations:
             if name in models:
                 raise DataFormatError(model_dir, None, "model", name, "tables both in the directory and in a sub-folder of that name")
             models[name] = observations
     if not models:
         raise FileNotFoundError(f"no <model>/placements-<gpu_type>.csv, Gavel, Zeus or *.jsonl data in {root}")
+    spellings: dict[str, set[str]] = {}
+    for observations in models.values():
+        for o in observations:
+            spellings.setdefault(o.gpu_type.replace("-", ""), set()).add(o.gpu_type)
+    for names in spellings.values():  # "RTX6000" and "RTX 6000" in two folders are two types to the model
+        if len(names) > 1:
+            notes.append(f"GPU types {', '.join(sorted(names))} differ only in separators: read as {len(names)} types "
+                         "(name their files alike to make them one)")
     return Measurements("placements", models, notes)
 
 
@@ -608,7 +654,7 @@ def table_files(model_dir: str | os.PathLike[str], default_gpu_type: str = "t4")
     GPU type the slug of the name's suffix (``placements-RTX 6000.csv`` → ``rtx-6000``), else
     ``default_gpu_type`` with ``typed`` False."""
     out = []
-    for csv_path in sorted(Path(model_dir).glob("*.csv")):
+    for csv_path in _csv_files(Path(model_dir)):
         match = _TYPED_FILE.match(csv_path.name)
         if match is not None:
             gpu = match.group("gpu")
@@ -630,7 +676,12 @@ def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu
     notes = [] if notes is None else notes
     default_gpu = _gpu_slug(default_gpu_type)
     observations: list[Observation] = []
-    for csv_path in sorted(model_dir.glob("*.csv")):
+    seen: dict[tuple[Any, ...], str] = {}  # each row's values -> the file it was first read from
+    for other in sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix.lower() != ".csv"
+                        and not p.name.startswith(".") and p.name != "model-sizes.json"):
+        if other.name.lower().startswith(("placements", "scalability")):  # e.g. placements-a100.csv.gz
+            notes.append(f"{model}/{other.name}: not a plain .csv table, left out")
+    for csv_path in _csv_files(model_dir):
         where = f"{model}/{csv_path.name}"
         match = _TYPED_FILE.match(csv_path.name)
         if match is None:
@@ -643,7 +694,19 @@ def read_model_tables(model_dir: str | os.PathLike[str], model: str, default_gpu
         reader = read_placements if match.group("kind") == "placements" else read_scalability
         skipped: list[tuple[str, str]] | None = None if strict else []
         read = reader(csv_path, model, gpu, source=f"{match.group('kind')}:{csv_path.name}", skipped=skipped)
-        observations.extend(read)
+        repeated = []
+        for observation in read:  # an exact copy of a row is one measurement (copies had counted as repeats)
+            key = (observation.gpu_type, observation.placement, observation.num_nodes, observation.num_replicas,
+                   observation.local_bsz, observation.accum_steps, observation.step_time, observation.sync_time)
+            if key in seen:
+                repeated.append(seen[key])
+            else:
+                seen[key] = csv_path.name
+                observations.append(observation)
+        if repeated:
+            first = ", ".join(sorted(set(repeated)))
+            notes.append(f"{where}: {len(repeated)} row(s) exact copies of rows read before (in {first}: same "
+                         "configuration, step and sync time), each read once")
         if not read and not skipped:
             notes.append(f"{where}: no rows")
         if skipped:

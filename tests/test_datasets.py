@@ -126,6 +126,64 @@ def test_measurement_directories(tmp_path):
     assert "resnet/placements-v100.csv: no rows" in data.notes and "resnet: no measured rows in its tables, left out" in data.notes
 
 
+def test_what_a_directory_holds_is_read_or_named(tmp_path):
+    """Data a held-out run could bring, each of which had changed the figures without a word: a .CSV suffix
+    (the model left out), a model's files one folder deeper or gzipped, exact copies of rows (they had
+    counted as repeated measurements: P4@40 at 0.2%), and one type spelled two ways."""
+    from experiments.datasets import read_measurements
+
+    header = "placement,local_bsz,step_time\n"
+    rows = "1,8,0.10\n2,8,0.15\n4,8,0.20\n"
+    for model, files in {"bert": {"placements-T4.CSV": rows + rows, "placements-V100.csv": rows},
+                         "cifar10": {"placements-RTX_6000.csv": rows, "placements-a100.csv.gz": "x"},
+                         "ncf": {"placements-rtx6000.csv": rows}}.items():
+        (tmp_path / model).mkdir()
+        for name, text in files.items():
+            (tmp_path / model / name).write_text(header + text)
+    (tmp_path / "yolov3" / "t4").mkdir(parents=True)
+    (tmp_path / "yolov3" / "t4" / "placements.csv").write_text(header + rows)
+    data = read_measurements(tmp_path)
+    assert sorted(data.models) == ["bert", "cifar10", "ncf"]
+    assert sorted(o.gpu_type for o in data.models["bert"]) == ["t4"] * 3 + ["v100"] * 3  # the copies read once
+    assert {o.gpu_type for o in data.models["cifar10"]} == {"rtx-6000"}  # '_' is a separator, as ' ' is
+    assert data.notes == [
+        "bert/placements-T4.CSV: 3 row(s) exact copies of rows read before (in placements-T4.CSV: same "
+        "configuration, step and sync time), each read once",
+        "cifar10/placements-a100.csv.gz: not a plain .csv table, left out",
+        "yolov3/: no placements[-<gpu_type>].csv or scalability[-<gpu_type>].csv in it, left out (it holds: t4/)",
+        "GPU types rtx-6000, rtx6000 differ only in separators: read as 2 types (name their files alike to make them one)",
+    ]
+
+
+@pytest.mark.parametrize("column, value, ok", [("gpu_type", "V100", True), ("gpu", "a100", False),
+                                               ("model", "bert", True), ("job", "ncf", False)])
+def test_a_column_naming_the_type_or_model_must_agree_with_the_file(tmp_path, column, value, ok):
+    """A table holding several types or models in a column had been read as one, every row under the file's
+    type: such a row is refused by line and column; a column that agrees with the file is read as before."""
+    path = tmp_path / "placements-v100.csv"
+    agreeing = "v100" if column.startswith("gpu") else "bert"
+    path.write_text(f"placement,local_bsz,step_time,{column}\n1,8,0.1,{agreeing}\n2,8,0.2,{value}\n")
+    if ok:
+        assert [o.step_time for o in read_placements(path, "bert", "v100")] == [0.1, 0.2]
+    else:
+        with pytest.raises(DataFormatError) as info:
+            read_placements(path, "bert", "v100")
+        assert info.value.line == 3 and info.value.field == column and info.value.value == value
+
+
+def test_the_report_names_the_rows_each_protocol_could_not_test():
+    from experiments.accuracy_protocols import untested
+    from goodput import Observation
+
+    def obs(gpu, nodes, replicas):
+        return Observation(job="m", gpu_type=gpu, num_nodes=nodes, num_replicas=replicas, local_bsz=8, step_time=0.1)
+
+    models = {"m": [obs("t4", 1, 1), obs("t4", 1, 2), obs("v100", 2, 4), obs("v100", 2, 8)]}
+    notes = untested(models, {"P1": {("m", "t4")}, "P3": set()})
+    assert notes == ["P1: m/v100: 2 multi-GPU row(s) not tested (it needs 1-GPU rows on that type)",
+                     "P3: m/v100: 2 multi-node row(s) not tested (it needs single-node multi-GPU rows on that type)"]
+
+
 def test_a_file_that_is_not_utf8_is_a_data_format_error(tmp_path):
     """A spreadsheet's cp1252 export had ended in a UnicodeDecodeError traceback."""
     path = tmp_path / "placements.csv"
