@@ -33,6 +33,10 @@ temporary directory:
    every job is republished. Last, the server restarted on the store: seconds
    until every job is rebuilt, with the prior the store kept.
 
+After the queries, scheduler rounds while the jobs go on reporting: ``POST /v1/allocate`` every
+50 ms for the same bounded time, while 8 reporters post 40 new steps of every job on its
+modelled types; rounds answered and refused (503), and the answered ones' p50/p99.
+
 A last row: what :class:`profilers.reporter.GoodputReporter` costs a training
 step (µs per ``with reporter.step(...)``), against a real step of the zoo's MLP
 on this CPU (target < 1%).
@@ -251,7 +255,9 @@ async def query_latency(url: str, paths: list[str], clients: int, count: int, se
 
 
 def _quantile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    """The ``q`` quantile of ``values`` (nearest rank; sorted here, so any order will do)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def wait_ready(url: str, jobs: list[str], timeout: float) -> float:
@@ -500,7 +506,35 @@ def load_figures(url: str, names: list[str], per_job: int, model: str, count: in
             figures = asyncio.run(query_latency(url, paths, clients, count, seconds))
             target = 10.0 if kind == "goodput" and clients == 8 else None
             rows.append({"what": f"GET {kind}, {clients} clients", **figures, "target_p99_ms": target})
+    rows.append(rounds_while_reporting(url, names, seconds))
     return rows
+
+
+def rounds_while_reporting(url: str, names: list[str], seconds: float) -> dict[str, Any]:
+    """``POST /v1/allocate`` every 50 ms for ``seconds`` once 8 reporters start posting new steps of every job on
+    the types its model has (batches of 5, fresh ids; the models absorb them meanwhile), as jobs do while they
+    train: rounds answered (200) and refused (503: a model being built), and the answered rounds' latency. A
+    round had been a 503 whenever any job's report was not yet in its model."""
+    reports = batches_of(names, 40, 5, shuffle_seed=2, fresh_ids=True)
+    sender = threading.Thread(target=lambda: asyncio.run(ingest(url, reports, 8)), daemon=True)
+    codes: dict[int, int] = {}
+    latencies: list[float] = []
+    with httpx.Client(base_url=url, timeout=60) as http:
+        sender.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            start = time.perf_counter()
+            status = http.post("/v1/allocate", json={}).status_code
+            codes[status] = codes.get(status, 0) + 1
+            if status == 200:
+                latencies.append((time.perf_counter() - start) * 1000.0)
+            time.sleep(0.05)
+        sender.join(seconds + 120)
+    return {"what": f"POST allocate (all {len(names)} jobs) every 50 ms while 8 reporters post steps",
+            "rounds": sum(codes.values()), "answered": codes.get(200, 0), "not_ready_503": codes.get(503, 0),
+            "other": sum(v for k, v in codes.items() if k not in (200, 503)),
+            "p50_ms": _quantile(latencies, 0.5) if latencies else None,
+            "p99_ms": _quantile(latencies, 0.99) if latencies else None}
 
 
 def main(argv: list[str] | None = None) -> int:
