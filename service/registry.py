@@ -675,7 +675,12 @@ class Registry:
                     left_out[job] = f"none of its GPU types ({', '.join(allowed)}) is in this cluster ({cluster})"
                     continue
                 spec = dataclasses.replace(spec, gpu_types=tuple(usable))
-            tables[job] = published.table(cluster)
+            try:
+                tables[job] = published.table(cluster)
+            except (ValueError, ArithmeticError) as exc:  # one job's model fails, not the round (LinAlgError is a ValueError)
+                log.exception("goodput serve: job %r's table failed; the round leaves it out", job)
+                left_out[job] = f"its goodput table failed: {exc}"
+                continue
             if spec != JobSpec():
                 job_specs[job] = spec
         last = {}

@@ -385,6 +385,32 @@ def test_a_round_answers_from_the_published_model_while_a_job_reports_on_types_i
         registry.store.close()
 
 
+def test_a_job_whose_table_fails_is_left_out_of_the_round_with_the_reason(tmp_path, monkeypatch):
+    """One job's failing table (a job registered before its batch sizes were bounded) had failed every round."""
+    from service.registry import Published
+
+    profiles = [profile("mlp"), profile("resnet")]
+    registry = Registry(Store(f"sqlite:///{tmp_path / 'g.db'}"), model_options={"bayesian": False}).start()
+    try:
+        for prof in profiles:
+            registry.register(prof.job, {"init_batch_size": prof.init_batch_size})
+            registry.add(prof.job, prof.observations, [f"{prof.job}-{i}" for i in range(len(prof.observations))])
+        assert registry.wait_idle(60)
+        table = Published.table
+
+        def failing(self, cluster, reserved=False):
+            if self.job == "zoo-resnet":
+                raise ValidationError("zoo-resnet: batch_size[0]", 2**60, "too large")
+            return table(self, cluster, reserved)
+
+        monkeypatch.setattr(Published, "table", failing)
+        answer = registry.allocate(Cluster.parse("cpu:1x4"))
+        assert answer["zoo-mlp"] is not None and answer["zoo-resnet"] is None
+        assert "its goodput table failed" in answer.unallocated["zoo-resnet"]
+    finally:
+        registry.close()
+
+
 def test_a_round_waits_for_a_job_whose_first_observations_are_being_fitted(tmp_path):
     """Its GPUs are not handed out meanwhile: the round is a NotReadyError (503) until the model is built."""
     from service.registry import NotReadyError as NotBuilt
