@@ -25,6 +25,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
 import json
 import math
 import time
@@ -174,10 +176,12 @@ class Client:
             try:
                 return self.request(method, path, **kwargs)
             except NotReadyError as exc:
-                pause = max(exc.retry_after, 0.05)
-                if time.monotonic() + pause > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise
-                time.sleep(pause)
+                # a wait shorter than the server's Retry-After had not waited at all: sleep what is left, one
+                # last try at the deadline
+                time.sleep(min(max(exc.retry_after, 0.05), left))
 
     @contextlib.contextmanager
     def deadline(self, at: float | None) -> Iterator[None]:
@@ -215,8 +219,7 @@ class Client:
             if response.status_code == 413:
                 raise PayloadTooLargeError(413, detail, method, where)
             if response.status_code == 503:
-                retry = float(response.headers.get("Retry-After", "1") or 1)
-                raise NotReadyError(503, detail, method, where, retry_after=retry)
+                raise NotReadyError(503, detail, method, where, retry_after=_retry_after(response.headers.get("Retry-After")))
             raise ServiceError(response.status_code, detail, method, where)
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
@@ -302,3 +305,22 @@ class Client:
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""
         return self.request("GET", "/metrics")
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds a ``Retry-After`` header asks for: a number, or an HTTP date (RFC 9110 §10.2.3: what a proxy in
+    front of the service may send; it had raised a bare ValueError); 1 s when absent or unreadable."""
+    if not value:
+        return 1.0
+    try:
+        seconds = float(value)
+        return max(seconds, 0.0) if math.isfinite(seconds) else 1.0
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 1.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max((when - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.0)

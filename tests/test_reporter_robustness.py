@@ -159,6 +159,32 @@ def test_queries_wait_while_a_new_job_s_model_is_built_as_retry_after_says():
         Client("http://goodput.test", wait=-1)
 
 
+def test_a_wait_shorter_than_retry_after_still_waits_and_tries_again():
+    """The server asks for 2 s; Client(wait=0.3) had given up at once, as if wait were 0."""
+    calls = []
+
+    def answer(request):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            return httpx.Response(503, json={"detail": "being fitted"}, headers={"Retry-After": "2"})
+        return httpx.Response(200, json={"goodput": 5.0})
+
+    client = Client("http://goodput.test", wait=0.3, transport=httpx.MockTransport(answer))
+    assert client.goodput("j", "t4")["goodput"] == 5.0 and 0.25 <= calls[1] - calls[0] < 1.5
+
+
+@pytest.mark.parametrize("header, seconds", [
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # an HTTP date (a proxy's), past: had been a bare ValueError
+    ("soon", 1.0), ("nan", 1.0), ("-3", 0.0), ("0.5", 0.5),
+])
+def test_retry_after_is_read_as_a_number_or_an_http_date(header, seconds):
+    client = Client("http://goodput.test", wait=0, transport=httpx.MockTransport(
+        lambda r: httpx.Response(503, json={"detail": "busy"}, headers={"Retry-After": header})))
+    with pytest.raises(NotReadyError) as info:
+        client.goodput("j", "t4")
+    assert info.value.retry_after == seconds
+
+
 def test_attach_refuses_a_model_that_is_not_ddp(tmp_path):
     import torch
 
