@@ -35,7 +35,11 @@ Guarantees:
   rank on the host keeps ``<job>.rank<r>.pid<pid>.jsonl``, and a reporter that
   starts adopts the files of reporters that died. A body over the server's
   limit (413) is sent in halves. ``close()`` returns within about its
-  ``timeout`` even when the service hangs.
+  ``timeout`` even when the service hangs. On SIGTERM (how Slurm and
+  Kubernetes stop or preempt a job) the reporters close within
+  :data:`SIGTERM_CLOSE_S` and the process then ends as SIGTERM would have
+  ended it (a SIGTERM handler set before the first reporter runs after them);
+  SIGKILL loses the steps timed since the last flush (``flush_interval``).
 - **Forks**: a forked child (``os.fork``, fork-started workers) records and
   sends nothing; the parent does.
 
@@ -67,6 +71,7 @@ import json
 import logging
 import numbers
 import os
+import signal
 import statistics
 import threading
 import time
@@ -209,6 +214,7 @@ class GoodputReporter:
             self._thread = threading.Thread(target=self._run, name=f"goodput-reporter-{self.job}", daemon=True)
             self._thread.start()
             atexit.register(self.close)
+            _flush_on_sigterm()
 
     # ------------------------------------------------------------------ the training loop's side
     def step(self, local_bsz: int, accum_steps: int = 0) -> _Step:
@@ -627,6 +633,42 @@ def _forget_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
+
+SIGTERM_CLOSE_S = 10.0  # what a SIGTERM leaves the reporters to close (Kubernetes' grace period is 30 s by default)
+_sigterm_previous: Any = None  # the SIGTERM handler before the reporters' own (None: not installed)
+
+
+def _flush_on_sigterm() -> None:
+    """Close the live reporters on SIGTERM, how Slurm and Kubernetes stop or preempt a job: Python's default
+    SIGTERM skips ``atexit``, and the steps timed since the last flush had been lost. Installed once, from
+    the main thread, unless SIGTERM is ignored; a handler set before is called after, else the process then
+    ends of SIGTERM as it would have."""
+    global _sigterm_previous
+    if _sigterm_previous is not None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_IGN or previous is None:  # ignored, or set outside Python: left alone
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+        return
+    _sigterm_previous = previous
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    deadline = time.monotonic() + SIGTERM_CLOSE_S
+    for reporter in list(_LIVE):
+        try:
+            reporter.close(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception:  # noqa: BLE001  (the process is ending: nothing here may stop it)
+            log.exception("goodput reporter: closing on SIGTERM failed")
+    previous = _sigterm_previous
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _whole(value: Any) -> bool:

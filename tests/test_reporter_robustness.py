@@ -267,3 +267,38 @@ def test_a_client_deadline_bounds_every_request_inside_it():
         assert time.monotonic() - started < 2.0
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("handler", ["default", "own"])
+def test_sigterm_keeps_the_steps_timed_since_the_last_flush(tmp_path, handler):
+    """How Slurm and Kubernetes stop a job: Python's default SIGTERM skips atexit, and the steps since the last
+    flush (up to flush_interval of them) had been lost. The reporter closes first; the process then ends as
+    SIGTERM would have ended it, or the training script's own handler runs."""
+    import signal
+    import subprocess
+    import sys
+
+    own = "signal.signal(signal.SIGTERM, lambda s, f: (print('own handler', flush=True), sys.exit(7)))\n"
+    code = (
+        "import signal, sys, time\n"
+        + (own if handler == "own" else "")
+        + "from profilers.reporter import GoodputReporter\n"
+        f"reporter = GoodputReporter('preempted', 'http://127.0.0.1:9', init_batch_size=8, buffer_dir={str(tmp_path)!r},\n"
+        "                           flush_interval=600, warmup_steps=0, timeout=1)\n"
+        "for _ in range(20):\n"
+        "    with reporter.step(local_bsz=8):\n"
+        "        time.sleep(0.001)\n"
+        "print('trained', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "trained"
+        child.send_signal(signal.SIGTERM)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == (-signal.SIGTERM if handler == "default" else 7)
+    assert ("own handler" in out) == (handler == "own")
+    records = [json.loads(line) for path in tmp_path.glob("preempted.rank0*.jsonl") for line in path.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["job"] == "preempted" and records[0]["local_bsz"] == 8
