@@ -38,8 +38,11 @@ Guarantees:
   ``timeout`` even when the service hangs. On SIGTERM (how Slurm and
   Kubernetes stop or preempt a job) the reporters close within
   :data:`SIGTERM_CLOSE_S` and the process then ends as SIGTERM would have
-  ended it (a SIGTERM handler set before the first reporter runs after them);
-  SIGKILL loses the steps timed since the last flush (``flush_interval``).
+  ended it (a SIGTERM handler set before the first reporter runs after them;
+  a main thread inside a long C call, such as a hung collective, handles it
+  when the call returns, and the scheduler's SIGKILL after its grace period
+  still ends it); SIGKILL loses the steps timed since the last flush
+  (``flush_interval``).
 - **Forks**: a forked child (``os.fork``, fork-started workers) records and
   sends nothing; the parent does.
 
