@@ -312,8 +312,8 @@ def test_a_server_without_tokens_takes_writes_and_answers_503_while_it_rebuilds(
         response = httpx.get(f"{server.url}/v1/jobs/{prof.job}/goodput", params={"gpu_type": "cpu", "num_gpus": 2})
         assert response.status_code == 503 and response.headers["retry-after"] == "2"
         assert "being rebuilt" in response.json()["detail"]
-        with pytest.raises(NotReadyError):
-            client.table(prof.job, "cpu:1x2")
+        with pytest.raises(NotReadyError), Client(server.url, wait=0) as impatient:  # the build is held back
+            impatient.table(prof.job, "cpu:1x2")
         # what does not need the model answers meanwhile
         assert client.job(prof.job)["observations"] == len(prof.observations)
         assert client.job(prof.job)["model"]["state"] == "rebuilding"
