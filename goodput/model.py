@@ -154,7 +154,10 @@ class JobModel:
             no limit beyond ``max_batch_size``.
         accumulation: allow gradient accumulation to reach large batches.
         bayesian: the hierarchical prior and GP residual with online updates
-            (``False``: the plain per-type Pollux fit, ``std`` 0).
+            (``False``: the plain per-type Pollux fit, ``std`` 0). The
+            Bayesian model's likelihood is of step times alone: an
+            observation's ``sync_time`` is not used there (the plain fit and
+            the cluster prior's sync shapes use it).
         cluster_prior: other jobs on the same cluster
             (:class:`~goodput.hierarchy.ClusterPrior`): the prior of this job's
             parameters on every type (weak defaults without one).
