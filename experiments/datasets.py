@@ -276,25 +276,24 @@ def _timed_rows(
 
 
 # Columns that would label a row's GPU type or model. The format takes both from the file's place
-# (<model>/placements-<gpu_type>.csv): a table holding several types or models in such a column had been read
-# as one, every row under the file's type. A value that agrees with the file's place is allowed.
+# (<model>/placements-<gpu_type>.csv), one type and one model per file: a table holding several types or
+# models in such a column had been read as one, every row under the file's type. A column with one value
+# throughout (a device's full name, say) is left alone.
 _LABEL_COLUMNS = ("gpu_type", "gpu", "model", "job")
 
 
-def _check_labels(path: Path, line_no: int, row: dict[str, Any], job: str, gpu_type: str) -> None:
-    """Refuse a row whose own ``gpu_type``/``gpu`` or ``model``/``job`` cell names another type or model than
-    the file's name and folder do (:data:`_LABEL_COLUMNS`); drop those cells from ``row``."""
+def _check_labels(path: Path, line_no: int, row: dict[str, Any], first: dict[str, tuple[int, str]]) -> None:
+    """Refuse a row whose ``gpu_type``/``gpu``/``model``/``job`` cell (:data:`_LABEL_COLUMNS`) differs from the
+    file's first such cell (``first``: column → its line and value); drop those cells from ``row``."""
     for column in _LABEL_COLUMNS:
         value = row.pop(column, None)
         if value is None:
             continue
-        if column.startswith("gpu"):
-            if gpu_slug(value) != gpu_type:
-                raise DataFormatError(path, line_no, column, value, f"differs from the file's GPU type {gpu_type!r}: "
-                                      "the type comes from the file's name (placements-<gpu_type>.csv), one file per type")
-        elif value != job:
-            raise DataFormatError(path, line_no, column, value, f"differs from the model {job!r} its folder names: "
-                                  "one folder per model (<model>/placements-<gpu_type>.csv)")
+        seen = first.setdefault(column, (line_no, value))
+        same = gpu_slug(value) == gpu_slug(seen[1]) if column.startswith("gpu") else value.strip().lower() == seen[1].strip().lower()
+        if not same:
+            raise DataFormatError(path, line_no, column, value, f"differs from line {seen[0]}'s {seen[1]!r}: one GPU type and "
+                                  "one model per file (<model>/placements-<gpu_type>.csv, the type from the name)")
 
 
 def read_placements(
@@ -309,8 +308,9 @@ def read_placements(
     path = Path(path)
     schema = {"placement": "placement", "local_bsz": "int+", "step_time": "float+"}
     out = []
+    labels: dict[str, tuple[int, str]] = {}
     for line_no, row in _timed_rows(path, schema, skipped):
-        _check_labels(path, line_no, row, job, gpu_type)
+        _check_labels(path, line_no, row, labels)
         placement = row["placement"]
         out.append(
             _observation(
@@ -341,9 +341,9 @@ def read_scalability(
     """
     path = Path(path)
     schema = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+"}
-    out = []
+    out, labels = [], {}
     for line_no, row in _timed_rows(path, schema, skipped):
-        _check_labels(path, line_no, row, job, gpu_type)
+        _check_labels(path, line_no, row, labels)
         out.append(_observation(path, line_no, job=job, gpu_type=gpu_type, source=source, **row))
     return out
 
@@ -580,9 +580,9 @@ def read_measurements(path: str | os.PathLike[str], default_gpu_type: str = "t4"
       Rows that mark unmeasured configurations (empty, 0 or NaN step time) are
       left out and a ``sync_time`` above its step time is not used; both are
       counted in the notes, with their lines. Exact copies of a row are read
-      once, a ``gpu_type``/``model`` column must agree with the file's name
-      and folder, a sub-folder with no such table is named, and so are types
-      that differ only in separators (``rtx6000``, ``rtx-6000``).
+      once, a ``gpu_type``/``model`` column must hold one value throughout a
+      file, a sub-folder with no such table is named, and so are types that
+      differ only in separators (``rtx6000``, ``rtx-6000``).
     * a folder holding ``simulation_throughputs.json`` (Gavel) or
       ``summary_power_<gpu>.csv`` (Zeus);
     * JSON Lines profiles (``*.jsonl``), grouped by job.

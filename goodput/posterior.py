@@ -193,7 +193,7 @@ class JobPosterior:
                 mu, var = self.posterior.predict(d.x, d.t, d.s, noise=True)
                 # at least the noise a new measurement has around the parametric fit (the MAP's residual, shrunk
                 # toward the cluster's): with few points the GP's noise fit takes noise for signal (10 noisy
-                # steps: σ 0.017 against a residual of 0.115, and 33-50% of new measurements in 90% intervals)
+                # steps: σ 0.017 against a residual of 0.115, and 33-56% of new measurements in 90% intervals)
                 floor = max(self.posterior.hyper.noise, self.noise_std**2)
                 var = np.maximum(var + self._unscented_correction(gpu, d, rows), floor)
         except (FloatingPointError, ValueError, np.linalg.LinAlgError):
