@@ -589,6 +589,9 @@ class GoodputReporter:
         self._wake.set()
         self._thread.join(timeout)
         left = self.flush(final=True, wait=deadline - time.monotonic())
+        if left:  # said once, where the training script's log shows it (the service's faults are rate-limited)
+            log.warning("goodput reporter %s: %d record(s) not sent, kept in %s for the job's next run",
+                        self.job, left, self.buffer_path)
         self._thread = None
         self.client.close()
         self._release_buffer()

@@ -68,7 +68,7 @@ def test_a_backlog_over_the_servers_body_limit_is_sent_in_halves(tmp_path):
     assert (tmp_path / "big.rank0.rejected.jsonl").read_text().count("\n") == 1
 
 
-def test_close_returns_in_about_its_timeout_when_the_service_hangs(tmp_path):
+def test_close_returns_in_about_its_timeout_when_the_service_hangs(tmp_path, caplog):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)  # accepts connections, never answers
@@ -81,6 +81,8 @@ def test_close_returns_in_about_its_timeout_when_the_service_hangs(tmp_path):
         left = reporter.close(timeout=1.0)
         assert time.monotonic() - started < 3.0
         assert left >= 1 and len((tmp_path / "hang.rank0.jsonl").read_text().splitlines()) >= 1  # kept for the next run
+        # and said where the script's log shows it (close had returned the count alone)
+        assert f"{left} record(s) not sent, kept in {tmp_path / 'hang.rank0.jsonl'}" in caplog.text
     finally:
         server.close()
 
