@@ -40,7 +40,7 @@ from .cluster import Cluster
 from .errors import ValidationError
 from .observations import Observation
 from .table import GoodputTable
-from .validation import check_float, check_job_name
+from .validation import check_float, check_job_name, is_collection
 
 __all__ = ["Client", "ServiceError", "ServiceValidationError", "UnknownJobError", "NotReadyError", "PayloadTooLargeError",
            "ServiceUnavailableError", "observation_records"]
@@ -101,7 +101,7 @@ def _job_path(job: str, *rest: str) -> str:
 
 def _pair(field: str, value: Any) -> list[Any]:
     """A (low, high) pair as a list (the service checks the numbers); anything else a ValidationError here."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    if not is_collection(value):
         raise ValidationError(field, value, "expected a (low, high) pair")
     pair = list(value)
     if len(pair) != 2:
@@ -244,7 +244,7 @@ class Client:
             body["local_bsz_bounds"] = ({k: _pair(f"local_bsz_bounds[{k!r}]", v) for k, v in local_bsz_bounds.items()}
                                         if isinstance(local_bsz_bounds, Mapping) else _pair("local_bsz_bounds", local_bsz_bounds))
         if gpu_types is not None:
-            if isinstance(gpu_types, str) or not isinstance(gpu_types, Iterable):  # "t4" is one name, not two
+            if not is_collection(gpu_types):
                 raise ValidationError("gpu_types", gpu_types, "expected a list of GPU type names, e.g. ['t4']")
             body["gpu_types"] = list(gpu_types)
         return self.request("PUT", _job_path(job), json=body)

@@ -55,10 +55,7 @@ class NodePool:
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu_type", normalize_gpu_type(self.gpu_type))
         for name, limit in (("nodes", MAX_NODES), ("gpus_per_node", MAX_GPUS_PER_NODE)):
-            value = check_int(f"{self.gpu_type}.{name}", getattr(self, name), minimum=1)
-            if value > limit:
-                raise ValidationError(f"{self.gpu_type}.{name}", value, f"must be <= {limit:,}")
-            object.__setattr__(self, name, value)
+            object.__setattr__(self, name, check_int(f"{self.gpu_type}.{name}", getattr(self, name), minimum=1, maximum=limit))
 
     @property
     def gpus(self) -> int:

@@ -71,7 +71,7 @@ import scipy.optimize
 import scipy.special
 
 from .errors import ValidationError
-from .validation import check_float
+from .validation import check_float, is_collection
 
 __all__ = [
     "FEATURE_NAMES",
@@ -220,7 +220,7 @@ class GPHyperparameters:
         # tuples of finite floats (lists from JSON or numpy arrays accepted), lengths consistent
         for name, lower in (("lengthscale", "positive"), ("task_factor", None), ("task_var", "nonnegative")):
             values = getattr(self, name)
-            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            if not is_collection(values):
                 raise ValidationError(name, values, "expected a sequence of numbers")
             checked = tuple(check_float(f"{name}[{i}]", v, positive=lower == "positive", nonnegative=lower == "nonnegative")
                             for i, v in enumerate(values))
@@ -320,8 +320,7 @@ class HyperPrior:
     noise_dof: float = math.inf
 
     def __post_init__(self) -> None:
-        if isinstance(self.lengthscale, (str, bytes)) or not isinstance(self.lengthscale, Iterable) \
-                or len(tuple(self.lengthscale)) != len(FEATURE_NAMES):
+        if not is_collection(self.lengthscale) or len(tuple(self.lengthscale)) != len(FEATURE_NAMES):
             raise ValidationError("lengthscale", self.lengthscale, f"expected {len(FEATURE_NAMES)} length scales, one per "
                                   f"feature ({', '.join(FEATURE_NAMES)})")
         object.__setattr__(self, "lengthscale", tuple(check_float(f"lengthscale[{i}]", v, positive=True) for i, v in enumerate(self.lengthscale)))

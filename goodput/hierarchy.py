@@ -71,7 +71,7 @@ from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
 from .tails import fit_noise_dof
 from .threads import single_threaded
-from .validation import check_float, check_int, check_sizes, check_str, normalize_gpu_type
+from .validation import check_float, check_int, check_sizes, check_str, is_collection, normalize_gpu_type
 
 __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
            "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS", "SCALE_BLOCK_NAMES"]
@@ -738,7 +738,7 @@ def _checked_observations(observations: Any) -> dict[str, list[Observation]]:
     for job, obs in observations.items():
         if not isinstance(job, str) or not job:
             raise ValidationError("observations", job, "job names must be non-empty strings")
-        if isinstance(obs, (str, bytes, Observation)) or not isinstance(obs, Iterable):
+        if isinstance(obs, Observation) or not is_collection(obs):
             raise ValidationError(f"observations[{job!r}]", type(obs).__name__, "expected an iterable of Observation")
         kept[job] = list(obs)
         for index, o in enumerate(kept[job]):

@@ -42,6 +42,7 @@ from .validation import (
     check_int,
     check_optional_float,
     check_str,
+    is_collection,
     normalize_gpu_type,
 )
 
@@ -227,7 +228,7 @@ def indices_by_gpu_type(observations: Sequence[Observation]) -> dict[str, list[i
 
 
 def _check_placement(placement: Any, num_nodes: int, num_replicas: int, num_stages: int = 1) -> tuple[int, ...]:
-    if isinstance(placement, (str, bytes)) or not isinstance(placement, Iterable) or getattr(placement, "ndim", None) == 0:
+    if not is_collection(placement):
         raise ValidationError("placement", placement, "expected a sequence of GPUs per node, e.g. (4, 4)")
     values = tuple(check_int("placement", p, minimum=1) for p in placement)
     if len(values) != num_nodes:
@@ -276,7 +277,7 @@ class Profile:
     job_meta: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.observations, Iterable) or isinstance(self.observations, (str, bytes, Mapping)):
+        if not is_collection(self.observations, mappings=False):
             raise ValidationError("observations", self.observations, "expected a sequence of Observations")
         self.observations = [self._check_observation(o, i) for i, o in enumerate(self.observations)]
         if self.job is not None:

@@ -37,7 +37,7 @@ import pandas as pd
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text, not_utf8, read_json
 from .lognormal import lognormal_log_std, lognormal_quantile
-from .validation import check_quantile, check_str, normalize_gpu_type
+from .validation import check_quantile, check_str, is_collection, normalize_gpu_type
 
 __all__ = ["GoodputTable", "save_tables", "load_tables"]
 
@@ -418,7 +418,7 @@ def _one_per_csv(frame: pd.DataFrame, column: str, path: Any, default: Any = Non
 
 
 def _missing_types(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, Iterable):  # "a100" is one name, not four
+    if not is_collection(value):
         raise ValidationError("missing_gpu_types", value, "expected a list of GPU type names")
     return tuple(normalize_gpu_type(t, "missing_gpu_types") for t in value)
 
@@ -491,7 +491,7 @@ def save_tables(tables: Mapping[str, GoodputTable] | Iterable[GoodputTable], pat
         ValidationError: a value that is not a table, two tables of one job, or a mapping's key that is
             not its table's job (:func:`load_tables` keys tables by job: such a file would not read back).
     """
-    if not isinstance(tables, (Mapping, Iterable)) or isinstance(tables, (str, bytes)):
+    if not is_collection(tables):
         raise ValidationError("tables", tables, "expected GoodputTables, or a mapping job -> GoodputTable")
     pairs = list(tables.items()) if isinstance(tables, Mapping) else [(None, t) for t in tables]
     items, seen = [], set()

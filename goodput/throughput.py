@@ -48,7 +48,7 @@ import scipy.optimize
 from .errors import ValidationError
 from .observations import Observation
 from .threads import single_threaded
-from .validation import check_allocations, check_float
+from .validation import check_allocations, check_float, is_collection
 
 __all__ = [
     "PARAM_NAMES",
@@ -101,7 +101,7 @@ class ThroughputParams:
         object.__setattr__(self, "gamma", gamma)
         if self.alpha_c + self.beta_c <= 0.0:
             raise ValidationError("alpha_c", self.alpha_c, "alpha_c + beta_c must be > 0 (a step takes compute time)")
-        if isinstance(self.fixed, (str, bytes)) or not isinstance(self.fixed, Iterable):
+        if not is_collection(self.fixed):
             raise ValidationError("fixed", self.fixed, "expected a sequence of parameter names")
         unknown = set(self.fixed) - set(PARAM_NAMES)
         if unknown:
@@ -433,7 +433,7 @@ def fit_throughput(
         The fitted :class:`ThroughputParams`; ``fixed`` names the parameters
         set by a prior rather than by the data.
     """
-    if not isinstance(observations, Iterable) or isinstance(observations, (str, bytes, Mapping)):
+    if not is_collection(observations, mappings=False):
         raise ValidationError("observations", observations, "expected a sequence of Observations")
     obs = list(observations)
     if not obs:

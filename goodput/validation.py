@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,15 @@ JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # the service's job na
 
 
 MAX_BATCH = 2**53  # the largest batch size (samples) a job may name: tables hold counts as exact float64s
+
+
+def is_collection(value: Any, *, mappings: bool = True) -> bool:
+    """Whether ``value`` holds items to check one by one: iterable, and not a string or bytes (``"t4"`` is one
+    name, not two), nor a 0-d numpy array (iterable by type, it raises when iterated), nor, with
+    ``mappings=False``, a mapping (its keys are not the items)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or getattr(value, "ndim", None) == 0:
+        return False
+    return mappings or not isinstance(value, Mapping)
 
 
 def check_int(field: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:

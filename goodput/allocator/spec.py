@@ -32,13 +32,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import ValidationError
 from ..hybrid import check_min_replicas, check_num_stages
-from ..validation import check_float, check_int, normalize_gpu_type
+from ..validation import check_float, check_int, is_collection, normalize_gpu_type
 
 __all__ = ["JobSpec", "restart_factor", "DEFAULT_RESTART_COST"]
 
@@ -149,7 +149,7 @@ class JobSpec:
             set_(self, "rigid_gpus", rigid)
         if self.gpu_types is not None:
             types = (self.gpu_types,) if isinstance(self.gpu_types, str) else self.gpu_types
-            if not isinstance(types, Iterable) or getattr(types, "ndim", None) == 0:  # a 0-d array is not iterable
+            if not is_collection(types):
                 raise ValidationError("gpu_types", self.gpu_types, "expected GPU type names")
             names = tuple(dict.fromkeys(normalize_gpu_type(t, "gpu_types") for t in types))
             if not names:
