@@ -73,7 +73,7 @@ from .tails import fit_noise_dof
 from .threads import single_threaded
 from .validation import check_float, check_int, check_sizes, check_str, is_collection, normalize_gpu_type
 
-__all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "DEFAULT_SHARED_STD",
+__all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_type", "default_prior", "summarize_cell", "step_rows", "compute_rows", "DEFAULT_SHARED_STD",
            "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS", "SCALE_BLOCK_NAMES"]
 
 # Weak defaults, std of each coordinate of COORDS: the part a job shares across its types, and the part
@@ -205,6 +205,13 @@ def step_rows(observations: Sequence[Observation], ref_bsz: float, shape: SyncSh
     return Rows.of(observations, ref_bsz, shape), np.log([o.step_time for o in observations])
 
 
+def compute_rows(observations: Sequence[Observation], ref_bsz: float) -> tuple[Rows, np.ndarray]:
+    """Configurations and log compute times (s per micro-batch, ``Observation.compute_time``) of the steps on
+    several replicas whose sync was measured (one type); on one replica the step time is the compute."""
+    chosen = [o for o in observations if o.num_replicas > 1 and o.compute_time is not None and o.compute_time > 0]
+    return Rows.of(chosen, ref_bsz), np.log([o.compute_time for o in chosen]) if chosen else np.zeros(0)
+
+
 @dataclass(frozen=True)
 class CellSummary:
     """What one job's data say about its coordinates on one GPU type (an entry of a :class:`ClusterPrior`).
@@ -262,7 +269,10 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
     """:class:`CellSummary` of one job's observations on one type: a MAP fit under a weak prior, then its data's information.
 
     The likelihood's scale is the fit's own residual std (shrunk toward :data:`CELL_NOISE_PRIOR` by
-    2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less.
+    2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less. Step
+    times alone: with the measured compute times (:func:`compute_rows`) fitted here as the job's own
+    posterior fits them, the cluster's priors moved and P1-P3 got worse on the derived sets (derived P1 17.4
+    → 17.9, P3 8.8 → 10.1; ``experiments/results/accuracy.md``'s history).
     """
     return _summarize(job, gpu_type, observations, ref_bsz, shape, size)[0]
 

@@ -154,10 +154,11 @@ class JobModel:
             no limit beyond ``max_batch_size``.
         accumulation: allow gradient accumulation to reach large batches.
         bayesian: the hierarchical prior and GP residual with online updates
-            (``False``: the plain per-type Pollux fit, ``std`` 0). The
-            Bayesian model's likelihood is of step times alone: an
-            observation's ``sync_time`` is not used there (the plain fit and
-            the cluster prior's sync shapes use it).
+            (``False``: the plain per-type Pollux fit, ``std`` 0). Where a
+            step on several replicas has its ``sync_time``, its compute
+            (``Observation.compute_time``) enters the Bayesian model's
+            likelihood beside its step time at each refit (the plain fit uses
+            it too; the cluster prior's cells fit step times alone).
         cluster_prior: other jobs on the same cluster
             (:class:`~goodput.hierarchy.ClusterPrior`): the prior of this job's
             parameters on every type (weak defaults without one).

@@ -70,7 +70,7 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "sigma_points",
+__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "log_compute_time", "sigma_points",
            "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess",
@@ -224,6 +224,24 @@ def log_step_time(u: np.ndarray, rows: Rows, jacobian: bool = True) -> tuple[np.
     return log_step, jac
 
 
+def log_compute_time(u: np.ndarray, rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """log C, the compute of one micro-batch (s), at each configuration under ``u`` (8,), and ``∂ log C / ∂u`` (N, 8).
+
+    What ``Observation.compute_time`` measures on several replicas (step minus the sync it waited on, per
+    micro-batch): Pollux's compute, the same on one replica or many (Qiao et al., OSDI'21, §3.2, which fits
+    it beside the step time).
+    """
+    u0, u1, u7 = (min(float(v), 700.0) for v in (u[0], u[1], u[7]))
+    compute, f, p, w, log_g = _compute(u0, u1, u7, rows.log_ratio)
+    jac = np.zeros((compute.size, K))
+    jac[:, 0] = 1.0
+    jac[:, 1] = (w - f) / p
+    if abs(u7) < LOG_POWER_MAX:
+        jac[:, 7] = w * rows.log_ratio - log_g / p
+    jac[~np.isfinite(jac)] = 0.0
+    return np.log(compute), jac
+
+
 UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(K + κ) std, the centre weighted κ / (K + κ)
 
 
@@ -282,6 +300,7 @@ def fit_map(
     noise_std: float,
     initial: np.ndarray | None = None,
     starts: Sequence[np.ndarray] = (),
+    computes: Sequence[tuple[int, Rows, np.ndarray]] = (),
 ) -> MapFit:
     """Maximum a posteriori ``u`` of a job on T types under the Gaussian prior N(prior_mean, L Lᵀ).
 
@@ -294,8 +313,11 @@ def fit_map(
         starts: further (T, 8) starting points; the optimum with the lowest objective wins. Pollux's soft
             maximum makes the posterior multimodal: one step that includes synchronisation is explained by
             a larger compute or a larger sync, and a local search settles in the basin nearest its start.
+        computes: per type, ``(type index, rows, log compute times)`` of steps on several replicas whose sync
+            was measured (:func:`log_compute_time`): they split such a step between compute and sync, which
+            its step time alone leaves to the prior. Same noise as the step times.
 
-    Minimises ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
+    Minimises ``Σ (log T − y)² / σ² + Σ (log C − y_c)² / σ² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
     :func:`scipy.optimize.leastsq`), the prior as pseudo-observations.
     """
     mean = np.asarray(prior_mean, dtype=float)
@@ -303,13 +325,16 @@ def fit_map(
     dim = num_types * K
     whiten = scipy.linalg.solve_triangular(prior_chol, np.eye(dim), lower=True)  # L⁻¹
     sigma = max(float(noise_std), 1e-4)
-    n_rows = sum(len(y) for _, _, y in steps)
+    n_steps = sum(len(y) for _, _, y in steps)
+    n_rows = n_steps + sum(len(y) for _, _, y in computes)
 
     def residuals(flat: np.ndarray) -> np.ndarray:
         u = flat.reshape(num_types, K)
         parts = [whiten @ (flat - mean.ravel())]
         for k, rows, y in steps:
             parts.append((log_step_time(u[k], rows, jacobian=False)[0] - y) / sigma)
+        for k, rows, y in computes:
+            parts.append((log_compute_time(u[k], rows)[0] - y) / sigma)
         return np.concatenate(parts)
 
     def jacobian(flat: np.ndarray) -> np.ndarray:
@@ -319,6 +344,9 @@ def fit_map(
         row = dim
         for k, rows, y in steps:
             jac[row:row + len(y), k * K:(k + 1) * K] = log_step_time(u[k], rows)[1] / sigma
+            row += len(y)
+        for k, rows, y in computes:
+            jac[row:row + len(y), k * K:(k + 1) * K] = log_compute_time(u[k], rows)[1] / sigma
             row += len(y)
         return jac
 
@@ -331,15 +359,15 @@ def fit_map(
     first = (mean if initial is None else np.asarray(initial, dtype=float)).ravel()
     best, (best_value, best_residuals) = first, evaluated(first)
     found_any = False
-    for start in [first, *(np.asarray(s, dtype=float).ravel() for s in starts)] if n_rows else []:
+    for start in [first, *(np.asarray(s, dtype=float).ravel() for s in starts)] if n_steps else []:
         # MINPACK's lmder with least_squares(method="lm")'s settings, through leastsq: the same iterates without
         # least_squares' wrappers (a third of a small fit's time)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # "reached maxfev" and the like: the point is checked below
-            found, _ = scipy.optimize.leastsq(residuals, start, Dfun=jacobian, ftol=1e-8, xtol=1e-8, gtol=1e-8,
+            found, _ = scipy.optimize.leastsq(residuals, start, Dfun=jacobian, ftol=1e-10, xtol=1e-10, gtol=1e-10,
                                               maxfev=200 * (dim + 1), factor=100.0)
         value, stacked = evaluated(found) if np.all(np.isfinite(found)) else (math.inf, None)
         if math.isfinite(value) and (not found_any or value < best_value):
             best, best_value, best_residuals, found_any = found, value, stacked, True
-    r = best_residuals[dim:] * sigma  # the log residuals of step time at the optimum
+    r = best_residuals[dim:dim + n_steps] * sigma  # the log residuals of step time at the optimum
     return MapFit(best.reshape(num_types, K), float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value)

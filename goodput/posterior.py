@@ -34,6 +34,15 @@ derived sets, experiments/results/accuracy.md);
 the noise's Student-t tails, learned from the cluster (:mod:`goodput.tails`),
 widen the intervals of :class:`goodput.model.Prediction` beyond the normal's.
 
+A step on several replicas whose sync was measured also gives its compute, ``(step − sync) / (a + 1)``
+(``Observation.compute_time``; Pollux's fit reads it beside the step time: Qiao et al., OSDI'21, §3.2), whose
+log is ``log C(û, x)`` plus noise of the same σ: the MAP fits both, and the prior the GP's linear part starts
+from is the prior conditioned on these compute times at ``û`` (the linear-Gaussian update), so the step
+times' GP conditions what they leave of the compute/sync split. Where the step time alone leaves that split
+to the prior (a type whose steps all include sync), the measured compute pins it (on Pollux's traces, P3
+6.8 → 6.5 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). New observations' compute
+times enter at the next refit; :meth:`JobPosterior.condition` conditions on step times.
+
 The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
 normals): the refit sets its scale from the job's own distance to it (E-steps
 of Lange, Little & Taylor, *JASA* 84, 1989), so an unusual job widens its own
@@ -58,9 +67,9 @@ from scipy.special import ndtri
 
 from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features,
                  fit_hyperparameters, keep_recent)
-from .hierarchy import step_rows
+from .hierarchy import compute_rows, step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
+from .parametric import K, MapFit, Rows, fit_map, log_compute_time, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -98,8 +107,8 @@ class JobPosterior:
 
     types: list[str]
     u_hat: np.ndarray  # (T, K) MAP coordinates
-    prior_mean: np.ndarray  # (T, K)
-    prior_chol: np.ndarray  # (KT, KT) lower Cholesky factor of the prior covariance (its scale set by the job)
+    prior_mean: np.ndarray  # (T, K) the prior's mean conditioned on the measured compute times (_conditioned_on_compute)
+    prior_chol: np.ndarray  # (KT, KT) lower Cholesky factor of that prior's covariance (its scale set by the job)
     shapes: dict[str, SyncShape | None]
     ref_bsz: float  # the job's reference micro-batch (goodput.parametric.reference_bsz)
     hyper: GPHyperparameters
@@ -323,13 +332,14 @@ def _coordinates(types: Sequence[int]) -> np.ndarray:
     return np.concatenate([np.arange(K * k, K * (k + 1)) for k in types])
 
 
-def _pinned_rows(steps: Sequence[tuple[int, Rows, np.ndarray]], pinned: Sequence[int], mean: np.ndarray, cov: np.ndarray,
-                 noise: float) -> dict[int, np.ndarray]:
+def _pinned_rows(steps: Sequence[tuple[int, Rows, np.ndarray]], computes: Sequence[tuple[int, Rows, np.ndarray]],
+                 pinned: Sequence[int], mean: np.ndarray, cov: np.ndarray, noise: float) -> dict[int, np.ndarray]:
     """The MAP of the types whose compute 1-replica steps pin (``pinned``), under their marginal prior, by index."""
     index = _coordinates(pinned)
     position = {k: i for i, k in enumerate(pinned)}
     sub = [(position[k], rows, y) for k, rows, y in steps if k in position]
-    fit = fit_map(sub, mean[list(pinned)], prior_cholesky(cov[np.ix_(index, index)]), noise)
+    sub_computes = [(position[k], rows, y) for k, rows, y in computes if k in position]
+    fit = fit_map(sub, mean[list(pinned)], prior_cholesky(cov[np.ix_(index, index)]), noise, computes=sub_computes)
     return {k: fit.u[i] for i, k in enumerate(pinned)}
 
 
@@ -357,29 +367,32 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None, cov: np.ndarray | None = None,
-             carried: Mapping[int, np.ndarray] | None = None) -> tuple[MapFit, float, np.ndarray]:
+             carried: Mapping[int, np.ndarray] | None = None) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]]]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
-    scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise
-    and the prior's Cholesky factor used.
+    scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise,
+    the prior's Cholesky factor used and the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`).
 
     Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
     previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
     optimum with the lowest objective wins."""
-    steps = []
+    steps, computes = [], []
     for k, gpu in enumerate(types):
         rows, y = step_rows(observations[gpu], ref_bsz, shapes.get(gpu))
         steps.append((k, rows, y))
+        rows, y = compute_rows(observations[gpu], ref_bsz)
+        if y.size:
+            computes.append((k, rows, y))
     starts = []
     if initial is None and cov is not None:
         # a fresh fit's starts (the prior mean, and the types whose 1-replica steps pin their compute), and the
         # previous MAP's rows where given (``carried``): the lowest optimum wins
         pinned = [k for k, gpu in enumerate(types) if any(o.num_replicas == 1 for o in observations[gpu])]
-        for known in ((_pinned_rows(steps, pinned, mean, cov, noise) if 0 < len(pinned) < len(types) else {}),
+        for known in ((_pinned_rows(steps, computes, pinned, mean, cov, noise) if 0 < len(pinned) < len(types) else {}),
                       dict(carried or {})):
             start = _conditional_start(known, mean, cov) if known else None
             if start is not None:
                 starts.append(start)
-    fit = fit_map(steps, mean, chol, noise, initial, starts)
+    fit = fit_map(steps, mean, chol, noise, initial, starts, computes)
     noise = _shrunk(fit.rms, fit.n, residual_std)
     base = chol
     prior_prec = np.linalg.inv(base @ base.T)
@@ -387,14 +400,52 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         if dof is not None:
             # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]), the expectation under the Laplace posterior of δ = u − m
             info = np.zeros_like(prior_prec)
-            for k, rows, _y in steps:
-                jac = log_step_time(fit.u[k], rows)[1]
+            for k, jac in _jacobians(fit.u, steps, computes):
                 info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac / noise**2
             delta = (fit.u - mean).ravel()
             quad = float(delta @ prior_prec @ delta + np.trace(prior_prec @ np.linalg.inv(info + prior_prec)))
             chol = base * math.sqrt((dof + quad) / (dof + delta.size))
-        fit = fit_map(steps, mean, chol, noise, fit.u)
-    return fit, noise, chol
+        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes)
+    return fit, noise, chol, computes
+
+
+def _jacobians(u: np.ndarray, steps: Sequence[tuple[int, Rows, np.ndarray]],
+               computes: Sequence[tuple[int, Rows, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """Per type index, the Jacobians at ``u`` (T, K) of its log step times and of its log compute times."""
+    return [(k, log_step_time(u[k], rows)[1]) for k, rows, _ in steps] + \
+        [(k, log_compute_time(u[k], rows)[1]) for k, rows, _ in computes]
+
+
+def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]],
+                            noise: float) -> tuple[np.ndarray, np.ndarray]:
+    """The prior N(m, L Lᵀ) conditioned on the measured compute times, linearised at the MAP ``û``: mean (T, K)
+    and lower Cholesky factor (KT, KT).
+
+    With ``g`` the log compute times, ``J`` their Jacobian at ``û`` and σ the noise, the linear-Gaussian
+    update (Bishop 2006, §2.3.3) has precision ``C⁻¹ + Jᵀ J / σ²`` and mean
+    ``m + C Jᵀ (J C Jᵀ + σ² I)⁻¹ (y − g(û) − J (m − û))``. The step times then condition the GP as before,
+    so the two kinds of measurement enter one linearised likelihood.
+    """
+    if not computes:
+        return mean, chol
+    dim = chol.shape[0]
+    rows = sum(y.size for _, _, y in computes)
+    jac = np.zeros((rows, dim))
+    target = np.zeros(rows)
+    at = 0
+    for k, r, y in computes:
+        log_c, j = log_compute_time(u_hat[k], r)
+        jac[at:at + y.size, K * k:K * (k + 1)] = j
+        target[at:at + y.size] = y - log_c - j @ (mean[k] - u_hat[k])
+        at += y.size
+    s = jac @ chol  # J L
+    # in the whitened coordinates z (u = m + L z): N(0, I) conditioned on s z + ε = target
+    gram = s.T @ s / noise**2 + np.eye(dim)
+    cov_z = np.linalg.inv(gram)
+    cov_z = 0.5 * (cov_z + cov_z.T)
+    mean_z = cov_z @ (s.T @ target) / noise**2
+    new_mean = mean + (chol @ mean_z).reshape(mean.shape)
+    return new_mean, prior_cholesky(chol @ cov_z @ chol.T)
 
 
 def build_posterior(
@@ -432,8 +483,9 @@ def build_posterior(
     # prediction's std by up to 1%, and a service's model differ from the one a restart rebuilds. Where the
     # types changed, the previous MAP's rows are one more start.
     same = previous is not None and previous.types == types
-    fit, noise, chol = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None,
-                                residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
+    fit, noise, chol, computes = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None,
+                                          residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
+    prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
     start = cold if start is None else start.for_types(types)  # kept as they are when not fitted now

@@ -359,6 +359,71 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_log_compute_time_is_the_one_replica_step_and_its_jacobian_matches_finite_differences(seed):
+    """:func:`goodput.parametric.log_compute_time`: the compute of one micro-batch, which is the step on one
+    replica without accumulation, at any placement; its Jacobian against central differences, 0 on sync's coordinates."""
+    from goodput.parametric import Rows, log_compute_time, log_step_time
+
+    rng = np.random.default_rng(seed)
+    u = rng.normal([-3.0, 0.0, -2.5, -1.5, -2.0, -2.0, 0.5, 0.2], [1.0, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.7])
+    bsz = 2.0 ** rng.uniform(3, 9, 5)
+    rows = Rows(np.array([1, 1, 2, 3, 1.0]), np.array([2, 4, 4, 12, 8.0]), bsz, np.array([0, 2, 0, 1, 3.0]), 48.0)
+    single = Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), 48.0)
+    value, jac = log_compute_time(u, rows)
+    np.testing.assert_allclose(value, log_step_time(u, single, jacobian=False)[0], rtol=1e-12)
+    step = 1e-6
+    numeric = np.column_stack([(log_compute_time(u + step * e, rows)[0] - log_compute_time(u - step * e, rows)[0]) / (2 * step)
+                               for e in np.eye(K)])
+    np.testing.assert_allclose(jac, numeric, rtol=1e-5, atol=1e-8)
+    assert np.all(jac[:, 2:7] == 0.0)
+
+
+def test_compute_rows_are_the_steps_on_several_replicas_whose_sync_was_measured():
+    from goodput import Observation
+    from goodput.hierarchy import compute_rows
+
+    obs = [Observation("j", "t4", 1, 1, 32, 0.10, sync_time=0.001),  # one replica: its step is the compute
+           Observation("j", "t4", 1, 2, 32, 0.15, sync_time=0.05),
+           Observation("j", "t4", 2, 4, 16, 0.20, accum_steps=1, sync_time=0.08),
+           Observation("j", "t4", 1, 4, 32, 0.18),  # sync not measured
+           Observation("j", "t4", 1, 2, 32, 0.15, sync_time=0.15)]  # all sync: no compute left to read
+    rows, y = compute_rows(obs, 32.0)
+    np.testing.assert_allclose(rows.replicas, [2, 4])
+    np.testing.assert_allclose(np.exp(y), [0.10, 0.06])  # (step − sync) / (accumulation steps + 1)
+    rows, y = compute_rows(obs[:1], 32.0)
+    assert y.size == 0 and rows.nodes.size == 0
+
+
+def test_the_prior_conditioned_on_compute_times_is_the_linear_gaussian_posterior():
+    """:func:`goodput.posterior._conditioned_on_compute` against the covariance form of Gaussian conditioning
+    (Bishop 2006, eq. 2.116-2.117) with the Jacobian at the MAP: the same mean and covariance; the compute's
+    coordinates narrow, sync's stay as the prior has them apart from their correlation with compute."""
+    from goodput.parametric import Rows, log_compute_time
+    from goodput.posterior import _conditioned_on_compute
+
+    rng = np.random.default_rng(0)
+    mean = rng.normal(-2.0, 1.0, (2, K))
+    root = rng.normal(size=(2 * K, 2 * K))
+    cov = 0.1 * (root @ root.T) / (2 * K) + 0.05 * np.eye(2 * K)
+    chol = np.linalg.cholesky(cov)
+    u_hat = mean + rng.normal(0.0, 0.2, (2, K))
+    rows = Rows(np.array([1.0, 2.0, 1.0]), np.array([2.0, 4.0, 8.0]), np.array([16.0, 32.0, 64.0]), np.zeros(3), 32.0)
+    y = log_compute_time(u_hat[1], rows)[0] + rng.normal(0.0, 0.03, 3)
+    noise = 0.03
+    new_mean, new_chol = _conditioned_on_compute(u_hat, mean, chol, [(1, rows, y)], noise)
+    log_c, j = log_compute_time(u_hat[1], rows)
+    jac = np.zeros((3, 2 * K))
+    jac[:, K:] = j
+    gain = cov @ jac.T @ np.linalg.inv(jac @ cov @ jac.T + noise**2 * np.eye(3))
+    expected_mean = mean.ravel() + gain @ (y - log_c - j @ (mean[1] - u_hat[1]))
+    expected_cov = cov - gain @ jac @ cov
+    np.testing.assert_allclose(new_mean.ravel(), expected_mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(new_chol @ new_chol.T, expected_cov, rtol=1e-6, atol=1e-9)
+    assert new_chol[K, K] ** 2 < 0.5 * cov[K, K]  # the second type's compute level: pinned by its compute times
+    assert _conditioned_on_compute(u_hat, mean, chol, [], noise)[0] is mean  # nothing measured: the prior as it was
+
+
 def test_the_unscented_transform_agrees_with_the_linearisation_where_the_form_is_straight_and_not_where_it_bends():
     """:func:`goodput.parametric.unscented_log_step_time`: with a small spread it is the linearisation
     (``J cov Jᵀ``); with the per-sample share saturated (logit 6: no per-step overhead) and a spread of 1 in that
