@@ -283,14 +283,18 @@ class MapFit:
         u: (T, 8) coordinates per type, in the order of the prior's types.
         rms: RMS of the log residuals of step time at ``u`` (0 without observations).
         n: observations used.
-        objective: the minimised ``Σ (log T − y)² / σ² + |L⁻¹(u − m)|²`` at ``u`` (twice the negative
-            log posterior, up to a constant).
+        objective: the minimised ``Σ (log T − y)² / σ² + Σ (log C − y_c)² / σ_c² + |L⁻¹(u − m)|²`` at ``u``
+            (twice the negative log posterior, up to a constant).
+        compute_rms: RMS of the log residuals of the compute times at ``u`` (0 without them).
+        compute_n: compute times used.
     """
 
     u: np.ndarray
     rms: float
     n: int
     objective: float = math.nan
+    compute_rms: float = 0.0
+    compute_n: int = 0
 
 
 def fit_map(
@@ -301,6 +305,7 @@ def fit_map(
     initial: np.ndarray | None = None,
     starts: Sequence[np.ndarray] = (),
     computes: Sequence[tuple[int, Rows, np.ndarray]] = (),
+    compute_noise_std: float | np.ndarray | None = None,
 ) -> MapFit:
     """Maximum a posteriori ``u`` of a job on T types under the Gaussian prior N(prior_mean, L Lᵀ).
 
@@ -315,9 +320,11 @@ def fit_map(
             a larger compute or a larger sync, and a local search settles in the basin nearest its start.
         computes: per type, ``(type index, rows, log compute times)`` of steps on several replicas whose sync
             was measured (:func:`log_compute_time`): they split such a step between compute and sync, which
-            its step time alone leaves to the prior. Same noise as the step times.
+            its step time alone leaves to the prior.
+        compute_noise_std: std σ_c of a log compute time around the model, or one per compute time (in the
+            order of ``computes``' rows; ``None``: ``noise_std``).
 
-    Minimises ``Σ (log T − y)² / σ² + Σ (log C − y_c)² / σ² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
+    Minimises ``Σ (log T − y)² / σ² + Σ (log C − y_c)² / σ_c² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
     :func:`scipy.optimize.leastsq`), the prior as pseudo-observations.
     """
     mean = np.asarray(prior_mean, dtype=float)
@@ -325,16 +332,20 @@ def fit_map(
     dim = num_types * K
     whiten = scipy.linalg.solve_triangular(prior_chol, np.eye(dim), lower=True)  # L⁻¹
     sigma = max(float(noise_std), 1e-4)
+    n_computes = sum(len(y) for _, _, y in computes)
+    sigma_c = np.maximum(np.broadcast_to(sigma if compute_noise_std is None else np.asarray(compute_noise_std, dtype=float),
+                                         (n_computes,)), 1e-4)
+    offsets = np.cumsum([0] + [len(y) for _, _, y in computes])  # each type's compute rows in sigma_c
     n_steps = sum(len(y) for _, _, y in steps)
-    n_rows = n_steps + sum(len(y) for _, _, y in computes)
+    n_rows = n_steps + n_computes
 
     def residuals(flat: np.ndarray) -> np.ndarray:
         u = flat.reshape(num_types, K)
         parts = [whiten @ (flat - mean.ravel())]
         for k, rows, y in steps:
             parts.append((log_step_time(u[k], rows, jacobian=False)[0] - y) / sigma)
-        for k, rows, y in computes:
-            parts.append((log_compute_time(u[k], rows)[0] - y) / sigma)
+        for (k, rows, y), at in zip(computes, offsets):
+            parts.append((log_compute_time(u[k], rows)[0] - y) / sigma_c[at:at + len(y)])
         return np.concatenate(parts)
 
     def jacobian(flat: np.ndarray) -> np.ndarray:
@@ -345,8 +356,8 @@ def fit_map(
         for k, rows, y in steps:
             jac[row:row + len(y), k * K:(k + 1) * K] = log_step_time(u[k], rows)[1] / sigma
             row += len(y)
-        for k, rows, y in computes:
-            jac[row:row + len(y), k * K:(k + 1) * K] = log_compute_time(u[k], rows)[1] / sigma
+        for (k, rows, y), at in zip(computes, offsets):
+            jac[row:row + len(y), k * K:(k + 1) * K] = log_compute_time(u[k], rows)[1] / sigma_c[at:at + len(y), None]
             row += len(y)
         return jac
 
@@ -370,4 +381,6 @@ def fit_map(
         if math.isfinite(value) and (not found_any or value < best_value):
             best, best_value, best_residuals, found_any = found, value, stacked, True
     r = best_residuals[dim:dim + n_steps] * sigma  # the log residuals of step time at the optimum
-    return MapFit(best.reshape(num_types, K), float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value)
+    r_c = best_residuals[dim + n_steps:] * sigma_c  # and of compute time
+    return MapFit(best.reshape(num_types, K), float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value,
+                  float(np.sqrt(np.mean(r_c**2))) if r_c.size else 0.0, int(r_c.size))

@@ -36,12 +36,13 @@ widen the intervals of :class:`goodput.model.Prediction` beyond the normal's.
 
 A step on several replicas whose sync was measured also gives its compute, ``(step − sync) / (a + 1)``
 (``Observation.compute_time``; Pollux's fit reads it beside the step time: Qiao et al., OSDI'21, §3.2), whose
-log is ``log C(û, x)`` plus noise of the same σ: the MAP fits both, and the prior the GP's linear part starts
-from is the prior conditioned on these compute times at ``û`` (the linear-Gaussian update), so the step
-times' GP conditions what they leave of the compute/sync split. Where the step time alone leaves that split
-to the prior (a type whose steps all include sync), the measured compute pins it (on Pollux's traces, P3
-6.8 → 6.5 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). New observations' compute
-times enter at the next refit; :meth:`JobPosterior.condition` conditions on step times.
+log is ``log C(û, x)`` plus noise of its own (Student-t, :data:`COMPUTE_DOF`, its scale estimated from its
+residuals as σ is, so a wrong sync reading is weighed down): the MAP fits both, and the prior the GP's
+linear part starts from is the prior conditioned on these compute times at ``û`` (the linear-Gaussian
+update), so the step times' GP conditions what they leave of the compute/sync split. Where the step time
+alone leaves that split to the prior (a type whose steps all include sync), the measured compute pins it
+(on Pollux's traces, P3 6.8 → 6.6 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). New
+observations' compute times enter at the next refit; :meth:`JobPosterior.condition` conditions on step times.
 
 The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
 normals): the refit sets its scale from the job's own distance to it (E-steps
@@ -80,6 +81,7 @@ FIT_ITERATIONS = 60  # L-BFGS iterations of a hyperparameter fit
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many observations (random subset)
 NOISE_PRIOR_WEIGHT = 5.0  # pseudo-observations of the cluster's residual std in the MAP's noise
 NOISE_RANGE = (0.005, 0.5)
+COMPUTE_DOF = 4.0  # degrees of freedom of a compute time's Student-t noise (Lange, Little & Taylor, JASA 84, 1989: ν = 4)
 # Without a cluster: a residual ~5% (half smooth misfit of the form, half noise), length scales of 2
 # doublings, each a factor e (log-std 1) either way.
 DEFAULT_HYPER_PRIOR = HyperPrior((2.0,) * 6, 0.0015, 0.001, log_std=1.0)
@@ -367,10 +369,12 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None, cov: np.ndarray | None = None,
-             carried: Mapping[int, np.ndarray] | None = None) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]]]:
+             carried: Mapping[int, np.ndarray] | None = None
+             ) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]], np.ndarray | None]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
     scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise,
-    the prior's Cholesky factor used and the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`).
+    the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`) and
+    each one's noise std (:func:`_compute_noise`; ``None`` without compute times).
 
     Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
     previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
@@ -394,39 +398,73 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
                 starts.append(start)
     fit = fit_map(steps, mean, chol, noise, initial, starts, computes)
     noise = _shrunk(fit.rms, fit.n, residual_std)
+    compute_noise = None
+    if computes:
+        # the compute times' own Student-t noise (an EM step here and one before each refit below), then the fit
+        # and the step times' noise again: a misfit of Pollux's placement-free compute (contention on several
+        # GPUs) or a wrong sync reading weighs its rows down instead of bending the fit (one compute time at 0.1%
+        # of its step had taken the step times' noise from 0.03 to 0.23)
+        scale = _shrunk(fit.compute_rms, fit.compute_n, residual_std)
+        scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
+        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
     base = chol
     prior_prec = np.linalg.inv(base @ base.T)
     for _ in range(2 if dof is not None else 1):
+        if computes:
+            noise = _shrunk(fit.rms, fit.n, residual_std)
+            scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
         if dof is not None:
             # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]), the expectation under the Laplace posterior of δ = u − m
             info = np.zeros_like(prior_prec)
-            for k, jac in _jacobians(fit.u, steps, computes):
-                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac / noise**2
+            for k, jac in _whitened_jacobians(fit.u, steps, computes, noise, compute_noise):
+                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac
             delta = (fit.u - mean).ravel()
             quad = float(delta @ prior_prec @ delta + np.trace(prior_prec @ np.linalg.inv(info + prior_prec)))
             chol = base * math.sqrt((dof + quad) / (dof + delta.size))
-        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes)
-    return fit, noise, chol, computes
+        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
+    if computes:  # the step times' noise of the fit whose compute times are weighed as their noise says
+        noise = _shrunk(fit.rms, fit.n, residual_std)
+    return fit, noise, chol, computes, compute_noise
 
 
-def _jacobians(u: np.ndarray, steps: Sequence[tuple[int, Rows, np.ndarray]],
-               computes: Sequence[tuple[int, Rows, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
-    """Per type index, the Jacobians at ``u`` (T, K) of its log step times and of its log compute times."""
-    return [(k, log_step_time(u[k], rows)[1]) for k, rows, _ in steps] + \
-        [(k, log_compute_time(u[k], rows)[1]) for k, rows, _ in computes]
+def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]], scale: float,
+                   residual_std: float) -> tuple[float, np.ndarray]:
+    """One EM step of the compute times' Student-t noise at ``u``: its scale (shrunk as the step times' noise
+    is) and each compute time's std in the normal it is a scale mixture of, ``scale / √w`` with
+    ``w = (ν + 1) / (ν + r² / scale²)`` (Lange, Little & Taylor 1989), in the order of ``computes``' rows."""
+    r = np.concatenate([y - log_compute_time(u[k], rows)[0] for k, rows, y in computes])
+    r = np.where(np.isfinite(r), r, 0.0)
+    w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
+    scale = _shrunk(math.sqrt(float(np.mean(w * r**2))), r.size, residual_std)
+    w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
+    return scale, scale / np.sqrt(w)
+
+
+def _whitened_jacobians(u: np.ndarray, steps: Sequence[tuple[int, Rows, np.ndarray]],
+                        computes: Sequence[tuple[int, Rows, np.ndarray]], noise: float,
+                        compute_noise: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
+    """Per type index, the Jacobians at ``u`` (T, K) of its log step times and of its log compute times, each
+    row divided by its noise std."""
+    out = [(k, log_step_time(u[k], rows)[1] / noise) for k, rows, _ in steps]
+    at = 0
+    for k, rows, y in computes:
+        assert compute_noise is not None
+        out.append((k, log_compute_time(u[k], rows)[1] / compute_noise[at:at + y.size, None]))
+        at += y.size
+    return out
 
 
 def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]],
-                            noise: float) -> tuple[np.ndarray, np.ndarray]:
+                            noise: float | np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The prior N(m, L Lᵀ) conditioned on the measured compute times, linearised at the MAP ``û``: mean (T, K)
     and lower Cholesky factor (KT, KT).
 
-    With ``g`` the log compute times, ``J`` their Jacobian at ``û`` and σ the noise, the linear-Gaussian
-    update (Bishop 2006, §2.3.3) has precision ``C⁻¹ + Jᵀ J / σ²`` and mean
-    ``m + C Jᵀ (J C Jᵀ + σ² I)⁻¹ (y − g(û) − J (m − û))``. The step times then condition the GP as before,
+    With ``g`` the log compute times, ``J`` their Jacobian at ``û`` and ``Σ`` their noise's covariance
+    (diagonal: ``noise``², one per compute time or one for all), the linear-Gaussian update (Bishop 2006,
+    §2.3.3) has precision ``C⁻¹ + Jᵀ Σ⁻¹ J`` and mean ``m + C Jᵀ (J C Jᵀ + Σ)⁻¹ (y − g(û) − J (m − û))``. The step times then condition the GP as before,
     so the two kinds of measurement enter one linearised likelihood.
     """
-    if not computes:
+    if not computes or noise is None:
         return mean, chol
     dim = chol.shape[0]
     rows = sum(y.size for _, _, y in computes)
@@ -438,12 +476,12 @@ def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarra
         jac[at:at + y.size, K * k:K * (k + 1)] = j
         target[at:at + y.size] = y - log_c - j @ (mean[k] - u_hat[k])
         at += y.size
-    s = jac @ chol  # J L
-    # in the whitened coordinates z (u = m + L z): N(0, I) conditioned on s z + ε = target
-    gram = s.T @ s / noise**2 + np.eye(dim)
-    cov_z = np.linalg.inv(gram)
+    scale = np.broadcast_to(np.asarray(noise, dtype=float), (rows,))
+    s = (jac @ chol) / scale[:, None]  # Σ^(-1/2) J L
+    # in the whitened coordinates z (u = m + L z): N(0, I) conditioned on s z + ε = target / scale, ε ~ N(0, I)
+    cov_z = np.linalg.inv(s.T @ s + np.eye(dim))
     cov_z = 0.5 * (cov_z + cov_z.T)
-    mean_z = cov_z @ (s.T @ target) / noise**2
+    mean_z = cov_z @ (s.T @ (target / scale))
     new_mean = mean + (chol @ mean_z).reshape(mean.shape)
     return new_mean, prior_cholesky(chol @ cov_z @ chol.T)
 
@@ -483,9 +521,10 @@ def build_posterior(
     # prediction's std by up to 1%, and a service's model differ from the one a restart rebuilds. Where the
     # types changed, the previous MAP's rows are one more start.
     same = previous is not None and previous.types == types
-    fit, noise, chol, computes = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None,
-                                          residual_std, prior_dof, prior_cov, None if same else _carried_rows(previous, types, ref_bsz))
-    prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, noise)
+    fit, noise, chol, computes, compute_noise = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std,
+                                                         None, residual_std, prior_dof, prior_cov,
+                                                         None if same else _carried_rows(previous, types, ref_bsz))
+    prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, compute_noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
     start = cold if start is None else start.for_types(types)  # kept as they are when not fitted now

@@ -395,7 +395,8 @@ def test_compute_rows_are_the_steps_on_several_replicas_whose_sync_was_measured(
     assert y.size == 0 and rows.nodes.size == 0
 
 
-def test_the_prior_conditioned_on_compute_times_is_the_linear_gaussian_posterior():
+@pytest.mark.parametrize("per_row", [False, True], ids=["one noise", "per compute time"])
+def test_the_prior_conditioned_on_compute_times_is_the_linear_gaussian_posterior(per_row):
     """:func:`goodput.posterior._conditioned_on_compute` against the covariance form of Gaussian conditioning
     (Bishop 2006, eq. 2.116-2.117) with the Jacobian at the MAP: the same mean and covariance; the compute's
     coordinates narrow, sync's stay as the prior has them apart from their correlation with compute."""
@@ -410,12 +411,12 @@ def test_the_prior_conditioned_on_compute_times_is_the_linear_gaussian_posterior
     u_hat = mean + rng.normal(0.0, 0.2, (2, K))
     rows = Rows(np.array([1.0, 2.0, 1.0]), np.array([2.0, 4.0, 8.0]), np.array([16.0, 32.0, 64.0]), np.zeros(3), 32.0)
     y = log_compute_time(u_hat[1], rows)[0] + rng.normal(0.0, 0.03, 3)
-    noise = 0.03
+    noise = np.array([0.03, 0.05, 0.2]) if per_row else 0.03  # per row: the Student-t weights' stds
     new_mean, new_chol = _conditioned_on_compute(u_hat, mean, chol, [(1, rows, y)], noise)
     log_c, j = log_compute_time(u_hat[1], rows)
     jac = np.zeros((3, 2 * K))
     jac[:, K:] = j
-    gain = cov @ jac.T @ np.linalg.inv(jac @ cov @ jac.T + noise**2 * np.eye(3))
+    gain = cov @ jac.T @ np.linalg.inv(jac @ cov @ jac.T + np.diag(np.broadcast_to(np.square(noise), (3,))))
     expected_mean = mean.ravel() + gain @ (y - log_c - j @ (mean[1] - u_hat[1]))
     expected_cov = cov - gain @ jac @ cov
     np.testing.assert_allclose(new_mean.ravel(), expected_mean, rtol=1e-8, atol=1e-10)

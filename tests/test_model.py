@@ -485,6 +485,22 @@ def test_a_measured_sync_time_splits_a_new_types_step_between_compute_and_sync()
     assert measured.predict("new", 1, 2, 8).step_time == pytest.approx(step[0].step_time, rel=0.05)
 
 
+def test_one_wild_compute_time_does_not_move_the_model():
+    """The compute times' noise is Student-t with its own scale: a sync reading of 99.9% of its step (a compute
+    time 0.1% of it) is weighed down, not fitted. With the step times' Gaussian noise it had bent the MAP and
+    taken the noise, and every interval, from 0.03 to 0.23 in log."""
+    truth = ThroughputParams(0.03, 0.002, 0.25, 0.02, 0.08, 0.01, 1.6)
+    clean = synthetic(truth, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(16, 32, 64), accums=(0,), seed=0, job="o", gpu="t4")
+    wild = list(clean)
+    i = next(k for k, o in enumerate(wild) if o.num_replicas == 4)
+    wild[i] = dataclasses.replace(wild[i], sync_time=0.999 * wild[i].step_time)
+    a, b = JobModel("o", init_batch_size=32).observe(clean), JobModel("o", init_batch_size=32).observe(wild)
+    for config in [(1, 1, 32), (1, 4, 32), (2, 8, 64), (4, 16, 32)]:
+        got, expected = b.predict("t4", *config), a.predict("t4", *config)
+        assert got.step_time == pytest.approx(expected.step_time, rel=0.01)
+        assert got.log_std == pytest.approx(expected.log_std, rel=0.05)
+
+
 def test_an_indefinite_prior_covariance_is_repaired_not_fatal():
     """A cluster's estimate at a bound (a job-effect correlation of 1) can leave the prior covariance
     indefinite by rounding; the refit floors its eigenvalues instead of failing every prediction."""
