@@ -70,7 +70,8 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "log_compute_time", "sigma_points",
+__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "log_compute_time", "stacked_log_compute_time",
+           "sigma_points",
            "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
 COORDS = ("log_compute", "logit_per_sample", "log_alpha_r", "log_alpha_n", "log_growth_r", "log_growth_n", "log_gamma_excess",
@@ -242,6 +243,19 @@ def log_compute_time(u: np.ndarray, rows: Rows) -> tuple[np.ndarray, np.ndarray]
     return np.log(compute), jac
 
 
+def stacked_log_compute_time(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`log_compute_time` of every type's compute rows (``(type index, rows, log compute times)``) under
+    ``u`` (T, K), in their order (n,), and its Jacobian against the job's type-major coordinates (n, T·K)."""
+    u = np.asarray(u, dtype=float).reshape(-1, K)
+    size = sum(len(y) for _, _, y in computes)
+    values, jac = np.empty(size), np.zeros((size, u.size))
+    at = 0
+    for k, rows, y in computes:
+        values[at:at + len(y)], jac[at:at + len(y), K * k:K * (k + 1)] = log_compute_time(u[k], rows)
+        at += len(y)
+    return values, jac
+
+
 UNSCENTED_KAPPA = 1.0  # the unscented transform's κ: sigma points at ±√(K + κ) std, the centre weighted κ / (K + κ)
 
 
@@ -332,10 +346,10 @@ def fit_map(
     dim = num_types * K
     whiten = scipy.linalg.solve_triangular(prior_chol, np.eye(dim), lower=True)  # L⁻¹
     sigma = max(float(noise_std), 1e-4)
-    n_computes = sum(len(y) for _, _, y in computes)
+    y_c = np.concatenate([y for _, _, y in computes]) if computes else np.zeros(0)
+    n_computes = y_c.size
     sigma_c = np.maximum(np.broadcast_to(sigma if compute_noise_std is None else np.asarray(compute_noise_std, dtype=float),
                                          (n_computes,)), 1e-4)
-    offsets = np.cumsum([0] + [len(y) for _, _, y in computes])  # each type's compute rows in sigma_c
     n_steps = sum(len(y) for _, _, y in steps)
     n_rows = n_steps + n_computes
 
@@ -344,8 +358,8 @@ def fit_map(
         parts = [whiten @ (flat - mean.ravel())]
         for k, rows, y in steps:
             parts.append((log_step_time(u[k], rows, jacobian=False)[0] - y) / sigma)
-        for (k, rows, y), at in zip(computes, offsets):
-            parts.append((log_compute_time(u[k], rows)[0] - y) / sigma_c[at:at + len(y)])
+        if computes:
+            parts.append((stacked_log_compute_time(u, computes)[0] - y_c) / sigma_c)
         return np.concatenate(parts)
 
     def jacobian(flat: np.ndarray) -> np.ndarray:
@@ -356,9 +370,8 @@ def fit_map(
         for k, rows, y in steps:
             jac[row:row + len(y), k * K:(k + 1) * K] = log_step_time(u[k], rows)[1] / sigma
             row += len(y)
-        for (k, rows, y), at in zip(computes, offsets):
-            jac[row:row + len(y), k * K:(k + 1) * K] = log_compute_time(u[k], rows)[1] / sigma_c[at:at + len(y), None]
-            row += len(y)
+        if computes:
+            jac[row:] = stacked_log_compute_time(u, computes)[1] / sigma_c[:, None]
         return jac
 
     def evaluated(flat: np.ndarray) -> tuple[float, np.ndarray]:

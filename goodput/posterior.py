@@ -70,7 +70,7 @@ from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, Hyper
                  fit_hyperparameters, keep_recent)
 from .hierarchy import compute_rows, step_rows
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_compute_time, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments
+from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments, stacked_log_compute_time
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -416,8 +416,12 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         if dof is not None:
             # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]), the expectation under the Laplace posterior of δ = u − m
             info = np.zeros_like(prior_prec)
-            for k, jac in _whitened_jacobians(fit.u, steps, computes, noise, compute_noise):
-                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac
+            for k, rows, _y in steps:
+                jac = log_step_time(fit.u[k], rows)[1]
+                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac / noise**2
+            if computes:
+                jac = stacked_log_compute_time(fit.u, computes)[1] / compute_noise[:, None]
+                info += jac.T @ jac
             delta = (fit.u - mean).ravel()
             quad = float(delta @ prior_prec @ delta + np.trace(prior_prec @ np.linalg.inv(info + prior_prec)))
             chol = base * math.sqrt((dof + quad) / (dof + delta.size))
@@ -432,26 +436,12 @@ def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray
     """One EM step of the compute times' Student-t noise at ``u``: its scale (shrunk as the step times' noise
     is) and each compute time's std in the normal it is a scale mixture of, ``scale / √w`` with
     ``w = (ν + 1) / (ν + r² / scale²)`` (Lange, Little & Taylor 1989), in the order of ``computes``' rows."""
-    r = np.concatenate([y - log_compute_time(u[k], rows)[0] for k, rows, y in computes])
+    r = np.concatenate([y for _, _, y in computes]) - stacked_log_compute_time(u, computes)[0]
     r = np.where(np.isfinite(r), r, 0.0)
     w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
     scale = _shrunk(math.sqrt(float(np.mean(w * r**2))), r.size, residual_std)
     w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
     return scale, scale / np.sqrt(w)
-
-
-def _whitened_jacobians(u: np.ndarray, steps: Sequence[tuple[int, Rows, np.ndarray]],
-                        computes: Sequence[tuple[int, Rows, np.ndarray]], noise: float,
-                        compute_noise: np.ndarray | None) -> list[tuple[int, np.ndarray]]:
-    """Per type index, the Jacobians at ``u`` (T, K) of its log step times and of its log compute times, each
-    row divided by its noise std."""
-    out = [(k, log_step_time(u[k], rows)[1] / noise) for k, rows, _ in steps]
-    at = 0
-    for k, rows, y in computes:
-        assert compute_noise is not None
-        out.append((k, log_compute_time(u[k], rows)[1] / compute_noise[at:at + y.size, None]))
-        at += y.size
-    return out
 
 
 def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]],
@@ -461,22 +451,15 @@ def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarra
 
     With ``g`` the log compute times, ``J`` their Jacobian at ``û`` and ``Σ`` their noise's covariance
     (diagonal: ``noise``², one per compute time or one for all), the linear-Gaussian update (Bishop 2006,
-    §2.3.3) has precision ``C⁻¹ + Jᵀ Σ⁻¹ J`` and mean ``m + C Jᵀ (J C Jᵀ + Σ)⁻¹ (y − g(û) − J (m − û))``. The step times then condition the GP as before,
-    so the two kinds of measurement enter one linearised likelihood.
+    §2.3.3) has precision ``C⁻¹ + Jᵀ Σ⁻¹ J`` and mean ``m + C Jᵀ (J C Jᵀ + Σ)⁻¹ (y − g(û) − J (m − û))``. The step
+    times then condition the GP as before, so the two kinds of measurement enter one linearised likelihood.
     """
     if not computes or noise is None:
         return mean, chol
     dim = chol.shape[0]
-    rows = sum(y.size for _, _, y in computes)
-    jac = np.zeros((rows, dim))
-    target = np.zeros(rows)
-    at = 0
-    for k, r, y in computes:
-        log_c, j = log_compute_time(u_hat[k], r)
-        jac[at:at + y.size, K * k:K * (k + 1)] = j
-        target[at:at + y.size] = y - log_c - j @ (mean[k] - u_hat[k])
-        at += y.size
-    scale = np.broadcast_to(np.asarray(noise, dtype=float), (rows,))
+    log_c, jac = stacked_log_compute_time(u_hat, computes)
+    target = np.concatenate([y for _, _, y in computes]) - log_c - jac @ (mean - u_hat).ravel()
+    scale = np.broadcast_to(np.asarray(noise, dtype=float), target.shape)
     s = (jac @ chol) / scale[:, None]  # Σ^(-1/2) J L
     # in the whitened coordinates z (u = m + L z): N(0, I) conditioned on s z + ε = target / scale, ε ~ N(0, I)
     cov_z = np.linalg.inv(s.T @ s + np.eye(dim))
