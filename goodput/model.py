@@ -19,7 +19,7 @@ new observations at once (an O(n²) Cholesky update) without refitting. The
 maximum a posteriori parameters (the linearisation point) and the GP
 hyperparameters are refitted now and then, lazily at the next question: after
 ``refit_every`` new observations (default: a quarter of those held at the last
-refit, at least 5; the hyperparameters too), when an observation is
+refit, at least one; the hyperparameters too), when an observation is
 surprising (``|z| > surprise``: the hyperparameters too, as the GP's scale
 and length scales of the fewer observations before it may not hold for it),
 when a new GPU type appears, or on :meth:`JobModel.refit`. Numerical trouble
@@ -165,7 +165,7 @@ class JobModel:
         model_size: the job's parameter count, when known: places it on the
             cluster prior's size slopes (gradient bytes drive its sync costs).
         refit_every: refit after this many new observations (``None``: a
-            quarter of those held at the last refit, at least 5).
+            quarter of those held at the last refit, at least one).
         surprise: refit when a new observation's ``|z|`` exceeds this.
         gp_hyperparameters: initial GP hyperparameters (e.g. another job's on
             the same cluster, :attr:`gp_hyperparameters`): used until the
@@ -173,7 +173,7 @@ class JobModel:
             which then starts from them.
         max_gp_points: a refit conditions the GP on at most this many (most
             recent) step observations; between refits it conditions on up to a
-            quarter more (at least 5), then refits.
+            quarter more, then refits.
         num_stages: GPUs per data-parallel replica, an ``int`` or
             ``{gpu_type: int}`` (:mod:`goodput.hybrid`): 1 for a data-parallel
             job, the pipeline stages of a hybrid-parallel one. Its replicas are
@@ -372,7 +372,12 @@ class JobModel:
         except (GPNumericalError, np.linalg.LinAlgError, ValueError, FloatingPointError):
             self._refit_due = self._hyper_due = True
             return
-        threshold = self.refit_every or max(5, math.ceil(state.n_fit / 4))
+        # A quarter of the observations held at the last refit: the linearisation point moves about as far as
+        # the data's information grows. The floor was 5: a job's first refit, on one observation, then carried
+        # four more through its linearisation, and a host-bound job's far from it (P4@5 on Pollux's traces:
+        # 235 predictions off by more than 100%, 25 now; experiments/results/accuracy.md). The count of
+        # refits stays logarithmic in the observations.
+        threshold = self.refit_every or max(1, math.ceil(state.n_fit / 4))
         if self.last_z > self.surprise:
             # the linearisation point is off, and the GP's hyperparameters were fitted to residuals that did
             # not include this one: both refitted, so the model is the one a fresh fit to the same observations
