@@ -47,7 +47,9 @@ def lognormal_log_std(median: Any, std: Any) -> Any:
     median = np.asarray(median, dtype=float)
     std = np.asarray(std, dtype=float)
     ratio = np.divide(std, median, out=np.zeros(np.broadcast(median, std).shape), where=median > 0)
-    u_minus_1 = (np.sqrt(1.0 + 4.0 * ratio**2) - 1.0) / 2.0  # e^{s²} − 1, kept apart from the 1 for small s
+    # e^{s²} − 1 = (√(1 + 4r²) − 1) / 2, written as 2r² / (√(1 + 4r²) + 1): the difference cancelled to 0 below
+    # r ≈ 1e-8 (hypothesis found s = 6.3e-9 inverted to 0)
+    u_minus_1 = 2.0 * ratio**2 / (np.sqrt(1.0 + 4.0 * ratio**2) + 1.0)
     return np.sqrt(np.log1p(u_minus_1))
 
 

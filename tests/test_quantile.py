@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from goodput import Cluster, GoodputTable, JobModel, ValidationError, allocate, save_tables
@@ -16,6 +16,7 @@ from tests.test_model import observations
 
 
 @given(st.floats(1e-6, 1e6), st.floats(0.0, 3.0))
+@example(1.0, 6.3128374120199926e-09)  # found by hypothesis: the inverse's difference had cancelled to 0
 def test_log_std_inverts_std(median, log_std):
     std = lognormal_std(median, log_std)
     assert float(lognormal_log_std(median, std)) == pytest.approx(log_std, rel=1e-9, abs=1e-9)
