@@ -352,6 +352,16 @@ class HyperPrior:
                    data.get("correlation", DEFAULT_TASK_CORRELATION), data.get("noise_dof"))  # None: Gaussian
 
 
+def _task_matrix(hyper: GPHyperparameters) -> np.ndarray:
+    """The task covariance with one more task, index ``hyper.num_tasks``, of zero variance: points of that task
+    (:data:`LINEAR_ONLY`) have no residual, only the linear part (measurements of the parameters alone, such as
+    a measured compute time)."""
+    task = hyper.task_covariance()
+    out = np.zeros((task.shape[0] + 1, task.shape[1] + 1))
+    out[:-1, :-1] = task
+    return out
+
+
 def covariance(
     hyper: GPHyperparameters,
     x1: np.ndarray,
@@ -363,14 +373,14 @@ def covariance(
 ) -> np.ndarray:
     """Prior covariance of the residual (without noise) between two sets of points.
 
-    ``x``: features (N, D); ``t``: GPU-type indices (N,); ``s``: sensitivity
-    features (N, P) of the linear parameter model (P may be 0).
+    ``x``: features (N, D); ``t``: GPU-type indices (N,), ``hyper.num_tasks`` for a point without a residual
+    (its linear part alone); ``s``: sensitivity features (N, P) of the linear parameter model (P may be 0).
     """
     ls = np.asarray(hyper.lengthscale, dtype=float)
     a = x1 / ls
     b = x2 / ls
     d2 = _sq_dist(a, np.einsum("ij,ij->i", a, a), b)
-    task = hyper.task_covariance()
+    task = _task_matrix(hyper)
     k = _kern(d2) * task[np.ix_(t1, t2)]
     if s1.shape[1]:
         k = k + s1 @ s2.T
@@ -404,7 +414,8 @@ def cholesky_with_jitter(k: np.ndarray, start: float = 0.0) -> tuple[np.ndarray,
 class OnlinePosterior:
     """The GP posterior given training points, extended online by :meth:`condition`.
 
-    Holds ``L`` with ``L Lᵀ = K + diag(σ² + d) + jitter·I`` and ``α = (L Lᵀ)⁻¹ y``.
+    Holds ``L`` with ``L Lᵀ = K + diag(σ² + d) + jitter·I`` and ``α = (L Lᵀ)⁻¹ y``. A point whose type index
+    is ``hyper.num_tasks`` has no residual: it measures the linear part alone (its noise ``σ² + d``).
     Conditioning on m new points appends m rows to ``L`` (a block Cholesky
     update, O(n² m)); the hyperparameters stay fixed.
 
@@ -458,7 +469,7 @@ class OnlinePosterior:
         ls = np.asarray(self.hyper.lengthscale, dtype=float)
         self._scaled_x = self.x / ls
         self._scaled_sq = (self._scaled_x**2).sum(1)
-        self._task = self.hyper.task_covariance()
+        self._task = _task_matrix(self.hyper)
 
     def condition(self, x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None = None) -> None:
         """Add observations without refitting hyperparameters (block Cholesky update)."""

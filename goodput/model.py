@@ -157,8 +157,9 @@ class JobModel:
             (``False``: the plain per-type Pollux fit, ``std`` 0). Where a
             step on several replicas has its ``sync_time``, its compute
             (``Observation.compute_time``) enters the Bayesian model's
-            likelihood beside its step time at each refit (the plain fit uses
-            it too; the cluster prior's cells fit step times alone).
+            likelihood beside its step time, online and at each refit (the
+            plain fit uses it too; the cluster prior's cells fit step times
+            alone).
         cluster_prior: other jobs on the same cluster
             (:class:`~goodput.hierarchy.ClusterPrior`): the prior of this job's
             parameters on every type (weak defaults without one).
@@ -461,7 +462,7 @@ class JobModel:
         return {
             "bayesian": True,
             "observations": len(self.observations),
-            "gp_points": 0 if state.posterior is None else len(state.posterior),
+            "gp_points": 0 if state.posterior is None else int(np.sum(state.posterior.t < state.posterior.hyper.num_tasks)),
             "refits": self.refits,
             "pending": self._pending,
             "types": list(state.types),

@@ -41,8 +41,9 @@ residuals as σ is, so a wrong sync reading is weighed down): the MAP fits both,
 linear part starts from is the prior conditioned on these compute times at ``û`` (the linear-Gaussian
 update), so the step times' GP conditions what they leave of the compute/sync split. Where the step time
 alone leaves that split to the prior (a type whose steps all include sync), the measured compute pins it
-(on Pollux's traces, P3 6.8 → 6.6 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). New
-observations' compute times enter at the next refit; :meth:`JobPosterior.condition` conditions on step times.
+(on Pollux's traces, P3 6.8 → 6.6 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). Between
+refits, :meth:`JobPosterior.condition` conditions the GP on new compute times too, as points without a residual
+(the linear part alone).
 
 The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
 normals): the refit sets its scale from the job's own distance to it (E-steps
@@ -120,6 +121,7 @@ class JobPosterior:
     n_fit: int = 0  # observations the refit conditioned on
     fallback_log_std: float = FALLBACK_LOG_STD
     noise_dof: float = math.inf  # the measurement noise's Student-t tails (goodput.tails; inf: Gaussian)
+    compute_scale: float = 0.05  # the Student-t scale of a measured compute time's log noise (COMPUTE_DOF)
     index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -265,7 +267,34 @@ class JobPosterior:
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
         z = self.normal_z(y - mu, var)
         self.posterior.condition(design.x, design.t, design.s, y)
-        return float(np.max(z)) if z.size else 0.0
+        z_compute = self._condition_on_compute(observations)
+        return float(max(np.max(z) if z.size else 0.0, z_compute))
+
+    def _condition_on_compute(self, observations: Sequence[Observation]) -> float:
+        """The measured compute times among ``observations`` (:func:`goodput.hierarchy.compute_rows`) as points of
+        the GP without a residual: their log is the linear part's ``log C(û) + J_C (u − û)`` plus Student-t noise of
+        the refit's scale, as the refit's MAP and prior conditioning read them (each weighs as its residual at the
+        MAP says, :func:`_compute_noise`'s E-step). Returns their largest ``|z|`` before the update (the refit's
+        scale as their noise): a compute time far from the linearisation point is weighed down here, as an
+        outlier would be, and it is the refit it calls for that reads it."""
+        assert self.posterior is not None
+        computes = []
+        for gpu in dict.fromkeys(o.gpu_type for o in observations):
+            rows, y = compute_rows([o for o in observations if o.gpu_type == gpu], self.ref_bsz)
+            if y.size:
+                computes.append((self.index[gpu], rows, y))
+        if not computes:
+            return 0.0
+        target = np.concatenate([y for _, _, y in computes])
+        log_c, jac = stacked_log_compute_time(self.u_hat, computes)
+        residual = target - log_c
+        weight = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (residual / self.compute_scale) ** 2)
+        y = residual - jac @ self._offset.ravel()
+        x, t, s = np.zeros((y.size, self.posterior.x.shape[1])), np.full(y.size, self.posterior.hyper.num_tasks), jac @ self.prior_chol
+        mu, var = self.posterior.predict(x, t, s, noise=False)
+        z = np.abs(y - mu) / np.sqrt(var + self.compute_scale**2)
+        self.posterior.condition(x, t, s, y, extra_noise=self.compute_scale**2 / weight - self.posterior.hyper.noise)
+        return float(np.max(z))
 
 
 def _recent_window(stamps: np.ndarray, gpu_types: np.ndarray, max_points: int) -> np.ndarray:
@@ -370,11 +399,12 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None, cov: np.ndarray | None = None,
              carried: Mapping[int, np.ndarray] | None = None
-             ) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]], np.ndarray | None]:
+             ) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]], np.ndarray | None, float]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
     scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise,
-    the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`) and
-    each one's noise std (:func:`_compute_noise`; ``None`` without compute times).
+    the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`),
+    each one's noise std (:func:`_compute_noise`; ``None`` without compute times) and that noise's scale (the
+    prior's, shrunk as the step times' is, without them).
 
     Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
     previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
@@ -398,7 +428,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
                 starts.append(start)
     fit = fit_map(steps, mean, chol, noise, initial, starts, computes)
     noise = _shrunk(fit.rms, fit.n, residual_std)
-    compute_noise = None
+    compute_noise, scale = None, _shrunk(0.0, 0, residual_std)
     if computes:
         # the compute times' own Student-t noise (an EM step here and one before each refit below), then the fit
         # and the step times' noise again: a misfit of Pollux's placement-free compute (contention on several
@@ -428,7 +458,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
     if computes:  # the step times' noise of the fit whose compute times are weighed as their noise says
         noise = _shrunk(fit.rms, fit.n, residual_std)
-    return fit, noise, chol, computes, compute_noise
+    return fit, noise, chol, computes, compute_noise, scale
 
 
 def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]], scale: float,
@@ -504,14 +534,15 @@ def build_posterior(
     # prediction's std by up to 1%, and a service's model differ from the one a restart rebuilds. Where the
     # types changed, the previous MAP's rows are one more start.
     same = previous is not None and previous.types == types
-    fit, noise, chol, computes, compute_noise = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std,
+    fit, noise, chol, computes, compute_noise, compute_scale = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std,
                                                          None, residual_std, prior_dof, prior_cov,
                                                          None if same else _carried_rows(previous, types, ref_bsz))
     prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, compute_noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
     start = cold if start is None else start.for_types(types)  # kept as they are when not fitted now
-    state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof)
+    state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof,
+                         compute_scale=compute_scale)
     design, y = state.rows_of(_window(observations, max_points))
     state.n_fit = y.size
     rms = float(np.sqrt(np.mean(y**2))) if y.size else 0.0
