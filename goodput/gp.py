@@ -354,8 +354,8 @@ class HyperPrior:
 
 def _task_matrix(hyper: GPHyperparameters) -> np.ndarray:
     """The task covariance with one more task, index ``hyper.num_tasks``, of zero variance: points of that task
-    (:data:`LINEAR_ONLY`) have no residual, only the linear part (measurements of the parameters alone, such as
-    a measured compute time)."""
+    have no residual, only the linear part (measurements of the parameters alone, such as a measured compute
+    time, :meth:`goodput.posterior.JobPosterior.condition`)."""
     task = hyper.task_covariance()
     out = np.zeros((task.shape[0] + 1, task.shape[1] + 1))
     out[:-1, :-1] = task

@@ -428,7 +428,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
                 starts.append(start)
     fit = fit_map(steps, mean, chol, noise, initial, starts, computes)
     noise = _shrunk(fit.rms, fit.n, residual_std)
-    compute_noise, scale = None, _shrunk(0.0, 0, residual_std)
+    compute_noise, scale = None, _shrunk(0.0, 0, residual_std)  # without compute times: the prior's scale
     if computes:
         # the compute times' own Student-t noise (an EM step here and one before each refit below), then the fit
         # and the step times' noise again: a misfit of Pollux's placement-free compute (contention on several
@@ -534,9 +534,9 @@ def build_posterior(
     # prediction's std by up to 1%, and a service's model differ from the one a restart rebuilds. Where the
     # types changed, the previous MAP's rows are one more start.
     same = previous is not None and previous.types == types
-    fit, noise, chol, computes, compute_noise, compute_scale = _map_fit(observations, types, ref_bsz, prior_mean, chol, shapes, residual_std,
-                                                         None, residual_std, prior_dof, prior_cov,
-                                                         None if same else _carried_rows(previous, types, ref_bsz))
+    fit, noise, chol, computes, compute_noise, compute_scale = _map_fit(
+        observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None, residual_std, prior_dof, prior_cov,
+        None if same else _carried_rows(previous, types, ref_bsz))
     prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, compute_noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
