@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -278,17 +278,14 @@ class JobPosterior:
         scale as their noise): a compute time far from the linearisation point is weighed down here, as an
         outlier would be, and it is the refit it calls for that reads it."""
         assert self.posterior is not None
-        computes = []
-        for gpu in dict.fromkeys(o.gpu_type for o in observations):
-            rows, y = compute_rows([o for o in observations if o.gpu_type == gpu], self.ref_bsz)
-            if y.size:
-                computes.append((self.index[gpu], rows, y))
+        computes = _compute_groups(((self.index[gpu], [o for o in observations if o.gpu_type == gpu])
+                                    for gpu in dict.fromkeys(o.gpu_type for o in observations)), self.ref_bsz)
         if not computes:
             return 0.0
         target = np.concatenate([y for _, _, y in computes])
         log_c, jac = stacked_log_compute_time(self.u_hat, computes)
         residual = target - log_c
-        weight = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (residual / self.compute_scale) ** 2)
+        weight = _compute_weights(residual, self.compute_scale)
         y = residual - jac @ self._offset.ravel()
         x, t, s = np.zeros((y.size, self.posterior.x.shape[1])), np.full(y.size, self.posterior.hyper.num_tasks), jac @ self.prior_chol
         mu, var = self.posterior.predict(x, t, s, noise=False)
@@ -409,13 +406,8 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
     previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
     optimum with the lowest objective wins."""
-    steps, computes = [], []
-    for k, gpu in enumerate(types):
-        rows, y = step_rows(observations[gpu], ref_bsz, shapes.get(gpu))
-        steps.append((k, rows, y))
-        rows, y = compute_rows(observations[gpu], ref_bsz)
-        if y.size:
-            computes.append((k, rows, y))
+    steps = [(k, *step_rows(observations[gpu], ref_bsz, shapes.get(gpu))) for k, gpu in enumerate(types)]
+    computes = _compute_groups(enumerate(observations[gpu] for gpu in types), ref_bsz)
     starts = []
     if initial is None and cov is not None:
         # a fresh fit's starts (the prior mean, and the types whose 1-replica steps pin their compute), and the
@@ -461,6 +453,23 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     return fit, noise, chol, computes, compute_noise, scale
 
 
+def _compute_weights(residual: np.ndarray, scale: float) -> np.ndarray:
+    """E-step weights ``w = (ν + 1) / (ν + r² / scale²)`` of log compute residuals under their Student-t noise
+    (:data:`COMPUTE_DOF`; Lange, Little & Taylor 1989): a compute time's std in the normal it mixes is ``scale / √w``."""
+    return (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (residual / scale) ** 2)
+
+
+def _compute_groups(groups: Iterable[tuple[int, Sequence[Observation]]], ref_bsz: float) -> list[tuple[int, Rows, np.ndarray]]:
+    """``(type index, rows, log compute times)`` of each type's measured compute times
+    (:func:`goodput.hierarchy.compute_rows`), the types without any left out."""
+    out = []
+    for k, observations in groups:
+        rows, y = compute_rows(observations, ref_bsz)
+        if y.size:
+            out.append((k, rows, y))
+    return out
+
+
 def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]], scale: float,
                    residual_std: float) -> tuple[float, np.ndarray]:
     """One EM step of the compute times' Student-t noise at ``u``: its scale (shrunk as the step times' noise
@@ -468,10 +477,8 @@ def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray
     ``w = (ν + 1) / (ν + r² / scale²)`` (Lange, Little & Taylor 1989), in the order of ``computes``' rows."""
     r = np.concatenate([y for _, _, y in computes]) - stacked_log_compute_time(u, computes)[0]
     r = np.where(np.isfinite(r), r, 0.0)
-    w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
-    scale = _shrunk(math.sqrt(float(np.mean(w * r**2))), r.size, residual_std)
-    w = (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (r / scale) ** 2)
-    return scale, scale / np.sqrt(w)
+    scale = _shrunk(math.sqrt(float(np.mean(_compute_weights(r, scale) * r**2))), r.size, residual_std)
+    return scale, scale / np.sqrt(_compute_weights(r, scale))
 
 
 def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]],

@@ -17,6 +17,7 @@ from goodput.throughput import ThroughputParams, predict_step_time
 from tests.test_throughput import synthetic
 
 T4 = ThroughputParams(0.03, 0.002, 0.25, 0.02, 0.08, 0.01, 1.6)
+SYNC_BOUND = ThroughputParams(3.16e-5, 3.16e-9, 0.01, 0.00316, 0.01, 0.00316, 1.0)  # a sync-bound job: compute about 0.3% of its sync
 A100 = ThroughputParams(0.01, 0.0005, 0.2, 0.01, 0.03, 0.004, 1.6)
 
 
@@ -447,7 +448,7 @@ def test_a_new_types_sync_dominated_step_is_read_as_sync_where_the_jobs_other_ty
     from goodput.parametric import fit_map
 
     ref = ThroughputParams(1e-4, 1e-8, 0.00316, 0.001, 0.00316, 0.001, 1.0)
-    truth = ThroughputParams(3.16e-5, 3.16e-9, 0.01, 0.00316, 0.01, 0.00316, 1.0)
+    truth = SYNC_BOUND
     warm = synthetic(ref, _CONFIGS, bszs=(8, 32, 128), accums=(0,), seed=0, job="fz", gpu="ref")
     step = [dataclasses.replace(o, sync_time=None) for o in synthetic(truth, [(1, 2)], bszs=(8,), accums=(0,), seed=1,
                                                                       job="fz", gpu="new")]
@@ -472,7 +473,7 @@ def test_a_measured_sync_time_splits_a_new_types_step_between_compute_and_sync()
     type's one 2-GPU step then puts its 1-GPU step where the truth is (0.32x the other type's), where the
     step time alone leaves it at the job's other type (the previous test's case)."""
     ref = ThroughputParams(1e-4, 1e-8, 0.00316, 0.001, 0.00316, 0.001, 1.0)
-    truth = ThroughputParams(3.16e-5, 3.16e-9, 0.01, 0.00316, 0.01, 0.00316, 1.0)
+    truth = SYNC_BOUND
     warm = synthetic(ref, _CONFIGS, bszs=(8, 32, 128), accums=(0,), seed=0, job="fz", gpu="ref")
     step = synthetic(truth, [(1, 2)], bszs=(8,), accums=(0,), seed=1, job="fz", gpu="new")
     measured = JobModel("fz", init_batch_size=8).observe(warm).observe(step)
@@ -489,7 +490,7 @@ def test_one_wild_compute_time_does_not_move_the_model():
     """The compute times' noise is Student-t with its own scale: a sync reading of 99.9% of its step (a compute
     time 0.1% of it) is weighed down, not fitted. With the step times' Gaussian noise it had bent the MAP and
     taken the noise, and every interval, from 0.03 to 0.23 in log."""
-    truth = ThroughputParams(0.03, 0.002, 0.25, 0.02, 0.08, 0.01, 1.6)
+    truth = T4
     clean = synthetic(truth, [(1, 1), (1, 2), (1, 4), (2, 8)], bszs=(16, 32, 64), accums=(0,), seed=0, job="o", gpu="t4")
     wild = list(clean)
     i = next(k for k, o in enumerate(wild) if o.num_replicas == 4)
@@ -547,7 +548,7 @@ def test_a_young_model_asked_between_observations_is_the_fresh_fit_of_them():
 
 def _compute_time_case(seed: int) -> tuple[list[Observation], list[Observation]]:
     """A job's first steps on 2 and 4 GPUs (half with their sync measured), then steps at a new batch size."""
-    truth = ThroughputParams(0.03, 0.002, 0.25, 0.02, 0.08, 0.01, 1.6)
+    truth = T4
     first = synthetic(truth, [(1, 2), (1, 4)], bszs=(8, 128), accums=(0,), seed=seed, job="c", gpu="t4")
     first = [dataclasses.replace(o, sync_time=None) if i % 2 else o for i, o in enumerate(first)]
     return first, synthetic(truth, [(1, 2), (1, 4), (2, 8)], bszs=(32,), accums=(0,), seed=seed + 10, job="c", gpu="t4")
@@ -580,7 +581,7 @@ def test_observe_conditions_online_on_measured_compute_times_too(seed):
 def test_a_surprising_compute_time_refits_the_model():
     # A compute time far from the linearisation point (a job whose steps all include sync, read as compute) would
     # be weighed down as an outlier by the online update; its |z| calls for the refit, which reads it.
-    truth = ThroughputParams(3.16e-5, 3.16e-9, 0.01, 0.00316, 0.01, 0.00316, 1.0)
+    truth = SYNC_BOUND
     first = [dataclasses.replace(o, sync_time=None) for o in
              synthetic(truth, [(1, 2), (1, 4)], bszs=(8, 32), accums=(0,), seed=1, job="c", gpu="t4")]
     later = synthetic(truth, [(1, 2), (1, 4)], bszs=(16,), accums=(0,), seed=2, job="c", gpu="t4")
