@@ -67,7 +67,7 @@ from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text, read_json
 from .gp import HyperPrior, config_features, fit_shared_hyperparameters
 from .observations import Observation, by_gpu_type
-from .parametric import COORDS, K, Rows, fit_map, log_step_time, reference_bsz
+from .parametric import COORDS, K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
 from .tails import fit_noise_dof
 from .threads import single_threaded
@@ -121,6 +121,21 @@ _SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's bl
 # FLOPs (about half that, across architectures); the slopes are learned from the cluster around these.
 SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 SIZE_SLOPE_STD = 0.5
+# A job that does not report its size gets one read off its 1-GPU compute (one_gpu_log_proxy): the optimizer
+# step and the backward's per-parameter work do not grow with the batch, so the per-step compute α_c tracks the
+# parameters, and the compute c at the smallest batch the FLOPs; the proxy is their geometric mean √(α_c·c), α_c
+# at least SIZE_PROXY_FLOOR of c (the rule-based model's size proxy, issue 4's round 5). It moves the sync
+# constants alone (not the compute it is read from, nor the growth ratios or the overlap), and where no job's
+# size is known both constants by one slope (held together within SIZE_SLOPE_TIE: the same gradient bytes
+# cross both interconnects; with a slope each, or with every sync coordinate moved, Pollux's P3 without sizes
+# went 20 -> 26-28). log size - log proxy spreads 0.35 over Pollux's six bundled models (T4) and 0.75 over
+# Gavel's five (K80): SIZE_PROXY_STD is the error an imputed size carries, one pseudo-job's worth beside the
+# spread the cluster's sized jobs show. Without sizes, each job's sync prior was the cluster's typical one: P1
+# 64% on Pollux's traces (ncf's steps 20x too slow), 42% on Gavel; with the proxy 18% and 28%
+# (experiments/results/accuracy.md).
+SIZE_PROXY_FLOOR = 0.05
+SIZE_PROXY_STD = 0.5
+SIZE_SLOPE_TIE = 0.01
 
 
 def default_shared_cov() -> np.ndarray:
@@ -224,6 +239,8 @@ class CellSummary:
         n: observations.
         noise: RMS log residual of its step times under ``u``.
         size: the job's trainable parameters, when known.
+        log_proxy: :func:`log_size_proxy` of a weak-prior fit to its 1-GPU observations (``None``: fewer than
+            two batch sizes there), what places a job that reports no size.
     """
 
     job: str
@@ -233,12 +250,13 @@ class CellSummary:
     n: int
     noise: float
     size: float | None = None
+    log_proxy: float | None = None
 
     def __eq__(self, other: object) -> bool:  # the arrays by value (the generated one raised on them)
         if not isinstance(other, CellSummary):
             return NotImplemented
-        return (self.job, self.gpu_type, self.n, self.noise, self.size) == (other.job, other.gpu_type, other.n, other.noise,
-                                                                            other.size) \
+        return (self.job, self.gpu_type, self.n, self.noise, self.size, self.log_proxy) \
+            == (other.job, other.gpu_type, other.n, other.noise, other.size, other.log_proxy) \
             and np.array_equal(self.u, other.u) and np.array_equal(self.info, other.info)
 
     __hash__ = None  # type: ignore[assignment]  # mutable arrays inside
@@ -248,6 +266,8 @@ class CellSummary:
                "info": [[float(v) for v in row] for row in self.info], "n": self.n, "noise": self.noise}
         if self.size is not None:
             out["size"] = self.size
+        if self.log_proxy is not None:
+            out["log_proxy"] = self.log_proxy
         return out
 
     @classmethod
@@ -261,7 +281,8 @@ class CellSummary:
         return cls(check_str("job", data["job"]), normalize_gpu_type(data["gpu_type"]), u, 0.5 * (info + info.T),
                    check_int("n", data["n"], minimum=1),
                    check_float("noise", data["noise"], nonnegative=True),
-                   None if data.get("size") is None else check_float("size", data["size"], positive=True))
+                   None if data.get("size") is None else check_float("size", data["size"], positive=True),
+                   None if data.get("log_proxy") is None else check_float("log_proxy", data["log_proxy"]))
 
 
 def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
@@ -280,15 +301,32 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
 def _summarize(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
                shape: SyncShape | None, size: float | None) -> tuple[CellSummary, Rows, np.ndarray]:
     """:func:`summarize_cell`, with the cell's configurations and its log residuals of step time around ``u``."""
+    fit, rows, y = _weak_map(observations, ref_bsz, shape)
+    log_t, jac = log_step_time(fit.u[0], rows)
+    info = jac.T @ jac / _shrunk_noise(fit.rms, fit.n) ** 2
+    return (CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size, one_gpu_log_proxy(observations)),
+            rows, y - log_t)
+
+
+def _weak_map(observations: Sequence[Observation], ref_bsz: float, shape: SyncShape | None) -> tuple[MapFit, Rows, np.ndarray]:
+    """The MAP fit of one cell's step times under twice the weak default's std, its noise the fit's own (shrunk)."""
     mean, cov = default_prior([default_means(observations)])
     chol = np.linalg.cholesky(cov * 4.0)  # twice the default std: weak
     rows, y = step_rows(observations, ref_bsz, shape)
     fit = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR)
     sigma = _shrunk_noise(fit.rms, fit.n)
-    fit = fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u)
-    log_t, jac = log_step_time(fit.u[0], rows)
-    info = jac.T @ jac / _shrunk_noise(fit.rms, fit.n) ** 2
-    return CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size), rows, y - log_t
+    return fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u), rows, y
+
+
+def one_gpu_log_proxy(observations: Sequence[Observation]) -> float | None:
+    """:func:`log_size_proxy` of a weak-prior fit to the 1-GPU observations among ``observations`` (one job on one
+    type), ``c`` at their smallest batch (as the rule-based model's proxy), ``None`` with fewer than two batch
+    sizes there (one leaves the per-step share to the prior). 1-GPU steps alone, so that a job's proxy does not
+    depend on which multi-GPU configurations it has run."""
+    one = [o for o in observations if o.num_replicas == 1]
+    if len({o.local_bsz for o in one}) < 2:
+        return None
+    return float(log_size_proxy(_weak_map(one, min(o.local_bsz for o in one), None)[0].u[0]))
 
 
 def _shrunk_noise(rms: float, n: int) -> float:
@@ -305,35 +343,94 @@ class _Fitted:
     beta_cov: np.ndarray  # its covariance
     shared: np.ndarray  # (K, K) A
     particular: np.ndarray  # (T, K) E per type
-    size_center: float | None  # mean log size of the jobs with a known size (None: no size slopes)
+    size_center: float | None  # mean log size of the jobs (imputed ones too; None: no size slopes)
     size_var: float  # variance of their log sizes
     job_weights: dict[str, tuple[float, ...]] = field(default_factory=dict)  # each job's scale weight per SCALE_BLOCKS
     type_mean_var: np.ndarray = field(default_factory=lambda: np.full(K, TYPE_MEAN_STD**2))  # (K,) learned spread² of m[t]
+    imputation: _SizeImputation | None = None  # how a job that reports no size gets one (None: no cells)
+    sized: bool = True  # some job's size is known (else every size is imputed, and moves the sync constants alone)
 
     def particular_of(self, gpu: str) -> np.ndarray:
         """E of a type (a type not in the cluster: the mean over its types)."""
         return self.particular[self.types.index(gpu)] if gpu in self.types else self.particular.mean(axis=0)
 
-    def mean_and_cov(self, gpu: str, log_size: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """m[t] + B·(log size − center) and its variance for a job of that size (unknown: averaged over the cluster's)."""
+    def design(self, gpu: str, log_size: float | None, imputed: bool = False) -> np.ndarray:
+        """(K, β's size): the prior mean of a job's ``u`` on ``gpu`` is this times β, m[t] + B·(log size − center)
+        (a type not in the cluster: the mean over its types; an imputed size moves the sync constants alone,
+        :data:`SIZE_PROXY_FLOOR`'s comment)."""
+        rows = np.zeros((K, self.beta.size))
         if gpu in self.types:
             k = self.types.index(gpu)
-            rows = np.zeros((K, self.beta.size))
             rows[:, K * k:K * (k + 1)] = np.eye(K)
-            extra = np.zeros((K, K))
-        else:  # a type the cluster has not run: the mean over its types, their learned spread around it
-            rows = np.zeros((K, self.beta.size))
+        else:
             for k in range(len(self.types)):
                 rows[:, K * k:K * (k + 1)] = np.eye(K) / len(self.types)
-            extra = np.diag(self.type_mean_var)
-        if self.size_center is not None:
-            slopes = slice(K * len(self.types), K * (len(self.types) + 1))
-            if log_size is not None:
-                rows[:, slopes] = (log_size - self.size_center) * np.eye(K)
-            else:
-                b = self.beta[slopes]
-                extra = extra + self.size_var * (np.outer(b, b) + self.beta_cov[slopes, slopes])
-        return rows @ self.beta, rows @ self.beta_cov @ rows.T + extra
+        if self.size_center is not None and log_size is not None:
+            rows[:, K * len(self.types):] = (log_size - self.size_center) * np.diag(_PROXY_COVARIATE if imputed else np.ones(K))
+        return rows
+
+    def size_cov(self, log_size: float | None, imputed: bool) -> np.ndarray:
+        """(K, K) what an unknown (or imputed) size adds to the covariance of a job's ``u`` on any two of its types:
+        B·ε with ε its log size's error, var(ε)·(b bᵀ + cov B) (the same job's size on every type)."""
+        if self.size_center is None or (log_size is not None and not imputed):
+            return np.zeros((K, K))
+        slopes = slice(K * len(self.types), K * (len(self.types) + 1))
+        b = self.beta[slopes]
+        spread = np.outer(b, b) + self.beta_cov[slopes, slopes]
+        masked = spread * np.outer(_PROXY_COVARIATE, _PROXY_COVARIATE)
+        if log_size is None:
+            return self.size_var * (spread if self.sized else masked)
+        assert self.imputation is not None
+        return self.imputation.var * masked
+
+
+_PROXY_COVARIATE = np.array([1.0 if c in (2, 3) else 0.0 for c in range(K)])  # an imputed size moves the sync constants alone
+
+
+def log_size_proxy(u: np.ndarray) -> np.ndarray:
+    """log √(α_c·c) of coordinates ``u`` (..., K), log seconds: α_c = c·(1 − f)^{1/p} the per-step compute, at
+    least :data:`SIZE_PROXY_FLOOR` of the compute ``c`` at ``u``'s reference batch (the rule-based model's size
+    proxy). What orders jobs by size when they do not report it."""
+    u = np.asarray(u, dtype=float)
+    per_step = -np.logaddexp(0.0, u[..., 1]) / power_from_log(u[..., K - 1])  # log(α_c / c) = log(1 − f) / p
+    return u[..., 0] + 0.5 * np.maximum(per_step, math.log(SIZE_PROXY_FLOOR))
+
+
+def log_size_proxies(observations: Mapping[str, Sequence[Observation]]) -> dict[str, float]:
+    """:func:`one_gpu_log_proxy` of a job on each of its types that has one, for :meth:`ClusterPrior.prior`'s ``proxies``."""
+    proxies = {gpu: one_gpu_log_proxy(list(obs)) for gpu, obs in observations.items()}
+    return {gpu: value for gpu, value in proxies.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class _SizeImputation:
+    """A job's log size from its :func:`one_gpu_log_proxy` on each type: ``offset`` + the mean over its types of
+    the proxy less the cluster's mean there (``levels``), a slope of one (log size − log proxy: ``offset`` the
+    sized jobs' mean, 0 when none is sized and the proxy stands for the size); ``var``: the error's variance,
+    the sized jobs' spread around it with one pseudo-job at :data:`SIZE_PROXY_STD`."""
+
+    levels: dict[str, float]
+    offset: float
+    var: float
+
+    @classmethod
+    def of(cls, jobs: Mapping[str, Sequence[CellSummary]]) -> _SizeImputation:
+        proxies = {job: {c.gpu_type: c.log_proxy for c in cells if c.log_proxy is not None} for job, cells in jobs.items()}
+        per_type: dict[str, list[float]] = {}
+        for values in proxies.values():
+            for gpu, value in values.items():
+                per_type.setdefault(gpu, []).append(value)
+        levels = {gpu: float(np.mean(values)) for gpu, values in per_type.items()}
+        relative = {job: float(np.mean([v - levels[g] for g, v in values.items()])) for job, values in proxies.items() if values}
+        known = np.array([math.log(cells[0].size) - relative[job] for job, cells in jobs.items() if cells[0].size and job in relative])
+        offset = float(np.mean(known)) if known.size else 0.0
+        # the sized jobs' spread around the proxy, with one pseudo-job at SIZE_PROXY_STD (none sized: that alone)
+        return cls(levels, offset, (SIZE_PROXY_STD**2 + float(np.sum((known - offset) ** 2))) / max(known.size, 1))
+
+    def log_size(self, proxies: Mapping[str, float] | None) -> float | None:
+        """The imputed log size of a job with these :func:`one_gpu_log_proxy` per type (``None``: none on a type here)."""
+        shared = [v - self.levels[g] for g, v in (proxies or {}).items() if g in self.levels and math.isfinite(v)]
+        return self.offset + float(np.mean(shared)) if shared else None
 
 
 @dataclass
@@ -395,7 +492,8 @@ class _ArrowSolve:
 
 
 def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, int], dim: int, dim_m: int,
-                log_sizes: Mapping[str, float], center: float | None) -> tuple[list[_JobGroup], np.ndarray, np.ndarray]:
+                log_sizes: Mapping[str, float], center: float | None,
+                imputed: frozenset[str] = frozenset()) -> tuple[list[_JobGroup], np.ndarray, np.ndarray]:
     """The EM's fixed inputs per group of jobs with as many cells, and the data's part of the type means'
     information and linear term (Σ Pᵀ H P, Σ Pᵀ H û over every cell)."""
     lam, eta = np.zeros((dim, dim)), np.zeros(dim)
@@ -405,12 +503,13 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
         size = K * (n + 1)
         f, g = np.zeros((size, dim)), np.zeros(size)
         s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
+        covariate = s_j * np.diag(_PROXY_COVARIATE if job in imputed else np.ones(K))
         for c_i, c in enumerate(job_cells):
             e = slice(K * (c_i + 1), K * (c_i + 2))
             design = np.zeros((K, dim))  # P_c: u_c = P_c β + a + e
             design[:, K * index[c.gpu_type]:K * (index[c.gpu_type] + 1)] = np.eye(K)
             if center is not None:
-                design[:, dim_m:] = s_j * np.eye(K)
+                design[:, dim_m:] = covariate
             hp, hu = c.info @ design, c.info @ c.u
             f[:K] += hp
             f[e] += hp
@@ -445,7 +544,14 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     jobs: dict[str, list[CellSummary]] = {}
     for c in cells:
         jobs.setdefault(c.job, []).append(c)
+    imputation = _SizeImputation.of(jobs) if jobs else None
     log_sizes = {job: math.log(cs[0].size) for job, cs in jobs.items() if cs[0].size}
+    imputed = frozenset(job for job in jobs if job not in log_sizes)
+    if imputation is not None:
+        for job in imputed:
+            value = imputation.log_size({c.gpu_type: c.log_proxy for c in jobs[job] if c.log_proxy is not None})
+            if value is not None:
+                log_sizes[job] = value
     center = float(np.mean(list(log_sizes.values()))) if log_sizes else None
     size_var = float(np.var(list(log_sizes.values()))) if center is not None else 0.0
     a0, e0 = default_shared_cov(), DEFAULT_TYPE_STD**2
@@ -463,8 +569,11 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     if center is not None:
         prior_prec[dim_m:, dim_m:] = np.eye(K) / SIZE_SLOPE_STD**2
         prior_lin[dim_m:] = SIZE_SLOPE_PRIOR / SIZE_SLOPE_STD**2
+        if len(imputed) == len(jobs):  # no job's size known: the proxy moves both sync constants alike (the same bytes)
+            tie = dim_m + np.array([2, 3])
+            prior_prec[np.ix_(tie, tie)] += np.array([[1.0, -1.0], [-1.0, 1.0]]) / SIZE_SLOPE_TIE**2
     beta, beta_cov = np.linalg.solve(prior_prec, prior_lin), np.linalg.inv(prior_prec)
-    groups, lam_data, eta_data = _job_groups(jobs, index, dim, dim_m, log_sizes, center)
+    groups, lam_data, eta_data = _job_groups(jobs, index, dim, dim_m, log_sizes, center, imputed)
     count = np.bincount([index[c.gpu_type] for c in cells], minlength=len(types)).astype(float)
     weights = np.ones((len(jobs), K))  # each job's scale weight per SCALE_BLOCKS (Student-t effects: an odd job widens only its own prior)
     for _ in range(iterations):
@@ -521,7 +630,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         particular = (TYPE_SHRINKAGE * pooled + sum_ee) / (TYPE_SHRINKAGE + count[:, None])
     job_weights = {job: tuple(float(weights[j, block[0]]) for block in SCALE_BLOCKS) for j, job in enumerate(jobs)}
     return _Fitted(types, beta, 0.5 * (beta_cov + beta_cov.T), shared, particular, center, size_var, job_weights,
-                   type_mean_var)
+                   type_mean_var, imputation, len(imputed) < len(jobs))
 
 
 def _set_type_mean_prior(prior_prec: np.ndarray, prior_lin: np.ndarray, num_types: int, mu: np.ndarray,
@@ -627,25 +736,23 @@ class ClusterPrior:
             self._fitted = _fit_hierarchy(self.summaries)
         return self._fitted
 
-    def prior(self, types: Sequence[str], size: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def prior(self, types: Sequence[str], size: float | None = None,
+              proxies: Mapping[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean (T, 8) and covariance (8T, 8T) of a new job's coordinates on ``types`` (module docstring);
-        ``size``: its trainable parameters, when known (the cluster's size slopes place it)."""
+        ``size``: its trainable parameters, when known (the cluster's size slopes place it); else ``proxies``
+        (:func:`log_size_proxies` of its observations) give it one from its 1-GPU compute (:data:`SIZE_PROXY_FLOOR`'s
+        comment), with that guess's error; with neither, its size is averaged over the cluster's."""
         fit = self.fitted()
-        log_size = math.log(size) if size else None
+        imputed = not size
+        log_size = math.log(size) if size else (fit.imputation.log_size(proxies) if fit.imputation is not None else None)
         num = len(types)
-        mean = np.empty((num, K))
-        cov = np.kron(np.ones((num, num)), fit.shared)
-        pieces = [fit.mean_and_cov(t, log_size) for t in types]
-        for i, (m, v) in enumerate(pieces):
+        rows = np.concatenate([fit.design(t, log_size, imputed) for t in types])
+        mean = (rows @ fit.beta).reshape(num, K)
+        # the type means' (and slopes') estimates are shared by the job's types, and so are its effect and its size
+        cov = rows @ fit.beta_cov @ rows.T + np.kron(np.ones((num, num)), fit.shared + fit.size_cov(log_size, imputed))
+        for i, t in enumerate(types):
             block = slice(K * i, K * (i + 1))
-            mean[i] = m
-            cov[block, block] += np.diag(fit.particular_of(types[i])) + v
-        # the type means' (and slopes') estimates are shared by the job's types: their covariance across types
-        for i in range(num):
-            for j in range(i + 1, num):
-                cross = _cross_cov(fit, types[i], types[j], log_size)
-                cov[K * i:K * (i + 1), K * j:K * (j + 1)] += cross
-                cov[K * j:K * (j + 1), K * i:K * (i + 1)] += cross.T
+            cov[block, block] += np.diag(fit.particular_of(t) + (0.0 if t in fit.types else fit.type_mean_var))
         return mean, 0.5 * (cov + cov.T)
 
     def describe(self) -> dict[str, Any]:
@@ -722,22 +829,6 @@ class ClusterPrior:
             raise DataFormatError(path, None, exc.field, value, f"{exc.reason} (not a saved ClusterPrior)") from None
         except (KeyError, TypeError, OverflowError) as exc:  # OverflowError: a count of 1e400
             raise DataFormatError(path, None, "cluster_prior", str(exc)[:80], "not a saved ClusterPrior") from None
-
-
-def _cross_cov(fit: _Fitted, first: str, second: str, log_size: float | None) -> np.ndarray:
-    """Covariance of the estimated prior means of two types (through the shared slopes and averages)."""
-    def rows(gpu: str) -> np.ndarray:
-        out = np.zeros((K, fit.beta.size))
-        if gpu in fit.types:
-            k = fit.types.index(gpu)
-            out[:, K * k:K * (k + 1)] = np.eye(K)
-        else:
-            for k in range(len(fit.types)):
-                out[:, K * k:K * (k + 1)] = np.eye(K) / len(fit.types)
-        if fit.size_center is not None and log_size is not None:
-            out[:, K * len(fit.types):] = (log_size - fit.size_center) * np.eye(K)
-        return out
-    return rows(first) @ fit.beta_cov @ rows(second).T
 
 
 def _checked_observations(observations: Any) -> dict[str, list[Observation]]:

@@ -55,7 +55,7 @@ from .efficiency import check_batch_sizes
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
-from .hierarchy import EFFECT_DOF, ClusterPrior, default_means_by_type, default_prior
+from .hierarchy import EFFECT_DOF, ClusterPrior, default_means_by_type, default_prior, log_size_proxies
 from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
@@ -164,7 +164,9 @@ class JobModel:
             (:class:`~goodput.hierarchy.ClusterPrior`): the prior of this job's
             parameters on every type (weak defaults without one).
         model_size: the job's parameter count, when known: places it on the
-            cluster prior's size slopes (gradient bytes drive its sync costs).
+            cluster prior's size slopes (gradient bytes drive its sync costs);
+            unknown, one is read off its 1-GPU compute at two or more batch
+            sizes (:func:`goodput.hierarchy.one_gpu_log_proxy`).
         refit_every: refit after this many new observations (``None``: a
             quarter of those held at the last refit, at least one).
         surprise: refit when a new observation's ``|z|`` exceeds this.
@@ -244,6 +246,7 @@ class JobModel:
         self._observations: dict[str, list[Observation]] = {}
         self._params: dict[str, ThroughputParams] = {}  # each type's plain Pollux fit (bayesian=False, own_fit)
         self._dirty: set[str] = set()
+        self._proxies: tuple[tuple[tuple[str, int], ...], dict[str, float]] | None = None  # (what they were read off, log size proxies)
         self.grad_sqr: float | None = None
         self.grad_var: float | None = None
         # the Bayesian layer
@@ -410,8 +413,16 @@ class JobModel:
         """Mean (T, 8) and covariance (8T, 8T) of the job's coordinates (:mod:`goodput.parametric`) on :attr:`gpu_types`:
         the cluster prior's, or the weak defaults around each type's observed compute."""
         if self.cluster_prior is not None and len(self.cluster_prior):
-            return self.cluster_prior.prior(self.gpu_types, self.model_size)
+            return self.cluster_prior.prior(self.gpu_types, self.model_size,
+                                            proxies=None if self.model_size is not None else self._size_proxies())
         return default_prior(default_means_by_type({t: self._observations[t] for t in self.gpu_types}))
+
+    def _size_proxies(self) -> dict[str, float]:
+        """The job's log size proxy on each type (:func:`goodput.hierarchy.log_size_proxies`), re-read when its observations grow."""
+        key = tuple((t, len(self._observations[t])) for t in self.gpu_types)
+        if self._proxies is None or self._proxies[0] != key:
+            self._proxies = (key, log_size_proxies({t: self._observations[t] for t in self.gpu_types}))
+        return self._proxies[1]
 
     @single_threaded
     def refit(self, *, hyperparameters: bool = True) -> JobModel:

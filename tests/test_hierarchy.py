@@ -86,8 +86,11 @@ def test_a_new_jobs_prior_couples_its_types_through_the_shared_effect(prior):
     assert np.all(np.linalg.eigvalsh(cov) > 0)
     fit = prior.fitted()
     np.testing.assert_allclose(cov[:K, K:2 * K], cov[K:2 * K, :K].T)
-    # across types: the job's shared effect A (plus the small uncertainty of the type means' estimates)
-    np.testing.assert_allclose(np.diag(cov[:K, K:2 * K])[WELL_IDENTIFIED], np.diag(fit.shared)[WELL_IDENTIFIED], rtol=0.3)
+    # across types: the job's shared effect A and its unknown size's, the same on every type (plus the small
+    # uncertainty of the type means' estimates)
+    size_part = fit.size_cov(None, imputed=True)
+    assert np.all(np.diag(size_part)[2:4] > 0)  # this cluster reports no sizes: the proxy's covariate, the sync constants
+    np.testing.assert_allclose(np.diag(cov[:K, K:2 * K])[WELL_IDENTIFIED], np.diag(fit.shared + size_part)[WELL_IDENTIFIED], rtol=0.3)
     # a type no job has run takes the mean over types, with more spread
     assert np.all(np.diag(cov)[2 * K:] > np.diag(cov)[:K])
 
@@ -185,6 +188,66 @@ def test_size_slopes_place_a_job_by_its_parameter_count():
     assert fitted["log_alpha_r"] == pytest.approx(1.0, abs=0.4) and fitted["log_alpha_n"] == pytest.approx(1.0, abs=0.4)
     big, small = (ClusterPrior.from_observations(data, sizes).prior(["t4"], size)[0][0, 2] for size in (1e9, 1e6))
     assert big - small == pytest.approx(np.log(1e3) * fitted["log_alpha_r"], rel=0.05)
+
+
+def _size_driven_cluster(num_jobs: int, seed: int) -> tuple[dict, dict]:
+    """Jobs on t4 whose log size s drives their compute (up to 20%) and their sync constants alike."""
+    rng = np.random.default_rng(seed)
+    data, log_sizes = {}, {}
+    for j in range(num_jobs):
+        s = rng.normal(17.0, 1.0)
+        data[f"j{j}"] = _job_of_size(f"j{j}", s, rng)
+        log_sizes[f"j{j}"] = s
+    return data, log_sizes
+
+
+def _job_of_size(job: str, log_size: float, rng: np.random.Generator, configs=((1, 1), (1, 2), (1, 4), (2, 8))) -> list:
+    truth = draw_job(rng, types=("t4",))["t4"]
+    truth[0] = TYPE_MEANS["t4"][0] + rng.normal(0.0, 0.2)  # compute tracks the size, up to 20%
+    truth[[0, 2, 3]] += log_size - 17.0
+    return observe(job, "t4", truth, list(configs), rng)
+
+
+def test_a_job_that_reports_no_size_is_placed_by_its_per_step_compute():
+    """A cluster that reports no sizes: each job's size is read off its 1-GPU compute (log_size_proxy), so a small
+    job's prior sync is small and a big one's big; its compute's prior is not moved by it (the proxy is read off the
+    compute). Without the proxy every job's sync prior was the cluster's typical one: P1 64% on Pollux's traces."""
+    from goodput.hierarchy import SIZE_PROXY_STD, log_size_proxies
+
+    data, _ = _size_driven_cluster(10, seed=5)
+    prior = ClusterPrior.from_observations(data)
+    fit = prior.fitted()
+    assert fit.imputation is not None and fit.imputation.var == pytest.approx(SIZE_PROXY_STD**2)  # no sized job
+    assert all(c.log_proxy is not None for c in prior.summaries)
+    slope = prior.describe()["size_slopes"]["log_alpha_r"]
+    assert slope == pytest.approx(1.0, abs=0.4)  # sync ∝ proxy, as it was drawn
+    rng = np.random.default_rng(6)
+    means = {}
+    for name, s in (("small", 15.0), ("big", 19.0)):
+        obs = _job_of_size(name, s, rng, configs=((1, 1),))
+        proxies = log_size_proxies({"t4": obs})
+        means[name] = prior.prior(["t4"], proxies=proxies)[0][0]
+        model = JobModel(name, init_batch_size=32, cluster_prior=prior).observe(obs)
+        np.testing.assert_allclose(model.prior()[0][0], means[name])  # the model reads its own proxies
+    assert means["big"][2] - means["small"][2] > 0.6 * 4.0 * slope  # the sync constants 4 in log apart, as the truth
+    assert means["big"][3] - means["small"][3] == pytest.approx(means["big"][2] - means["small"][2], rel=0.01)  # one slope
+    np.testing.assert_allclose(means["big"][[0, 1, 7]], means["small"][[0, 1, 7]])  # compute: the cluster's alone
+    unknown = prior.prior(["t4"])[0][0]  # no proxy (no observations yet): the cluster's typical size
+    assert means["small"][2] < unknown[2] < means["big"][2]
+
+
+def test_an_unknown_size_is_imputed_from_the_sized_jobs():
+    """In a cluster whose other jobs report sizes, a job that does not gets one from its proxy, calibrated on them,
+    with the spread they leave around it (one pseudo-job at SIZE_PROXY_STD)."""
+    from goodput.hierarchy import SIZE_PROXY_STD, log_size_proxies
+
+    data, log_sizes = _size_driven_cluster(10, seed=8)
+    sizes = {job: float(np.exp(s)) for job, s in log_sizes.items() if job != "j0"}
+    fit = ClusterPrior.from_observations(data, sizes).fitted()
+    assert 0.0 < fit.imputation.var < 4.0 * SIZE_PROXY_STD**2
+    imputed = fit.imputation.log_size(log_size_proxies({"t4": [o for o in data["j0"] if o.num_replicas == 1]}))
+    assert imputed == pytest.approx(log_sizes["j0"], abs=3.0 * np.sqrt(fit.imputation.var))
+    assert fit.imputation.log_size({}) is None and fit.imputation.log_size({"h100": -2.0}) is None  # nothing to place it
 
 
 def test_one_job_does_not_teach_how_jobs_differ():
