@@ -103,7 +103,11 @@ FAILED_RETRY_S = (1.0, 60.0)
 # A learned prior needs this many jobs with a parameter count (``model_size``): without them its size slopes
 # do not exist and the hierarchy holds absolute sync costs, which placed a new job's multi-GPU steps worse
 # than the weak default does (P1 median APE, Pollux's traces 64.6 against 34.5, Gavel 41.5 against 26.4:
-# experiments/results/accuracy.md); a job without a size under a prior with them fares as under none.
+# experiments/results/accuracy.md). Since a job without a size gets one read off its 1-GPU compute
+# (goodput.hierarchy.one_gpu_log_proxy), such a prior beats the weak default on Pollux's traces (P1 17.7
+# against 34.3) but not on Gavel (28.3 against 27.0), and nothing measures it on clusters of two or three
+# jobs, so the service still waits for sized jobs; a job without a size under a prior with them gets its size
+# imputed, calibrated on theirs.
 MIN_SIZED_JOBS = 2
 
 
