@@ -71,10 +71,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"goodput prior: {len(observations)} jobs ({sum(len(o) for o in observations.values())} observations, "
           f"{len(prior.summaries)} job × type cells) from {source} -> {args.out}")
     print(f"  GPU types: {', '.join(description['types'])}")
+    imputation = description.get("size_imputation")
     print(f"  parameter counts: {len(sized)} of {len(observations)} jobs"
-          + ("" if len(sized) >= 2 else " (no size slopes: without them a prior placed new jobs' multi-GPU steps "
-                                          "worse than none; give jobs a model_size setting"
-                                          + ("" if args.store else ", or --model-sizes") + ")"))
+          + ("" if len(sized) == len(observations) else
+             f" (those without one read off their 1-GPU compute, ±{imputation['error_std']:.2f} in log"
+             + ("" if imputation['calibrated'] else ", uncalibrated: the proxy stands for the size") + ")" if imputation else
+             " (those without one unknown: no 1-GPU steps at two batch sizes)")
+          + ("" if len(sized) >= 2 else "; give jobs a model_size setting" + ("" if args.store else ", or --model-sizes")
+             + " for sync priors placed by size"))
     return 0
 
 

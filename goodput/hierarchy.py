@@ -757,7 +757,9 @@ class ClusterPrior:
 
     def describe(self) -> dict[str, Any]:
         """The fitted hierarchy, for diagnostics: per-coordinate std of the type means, of job and job × type effects, the job effects'
-        correlation, each job's Student-t scale weight per :data:`SCALE_BLOCKS` (below 1: an odd job there), the size slopes."""
+        correlation, each job's Student-t scale weight per :data:`SCALE_BLOCKS` (below 1: an odd job there), the size slopes,
+        and how a job that reports no size is placed (``size_imputation``: ``calibrated`` on sized jobs or, with none, the
+        proxy standing for the size; the imputed log size's error std)."""
         fit = self.fitted()
         std = np.sqrt(np.diag(fit.shared))
         return {"jobs": len(self.jobs), "types": fit.types,
@@ -767,7 +769,9 @@ class ClusterPrior:
                 "job_effect_correlation": np.round(fit.shared / np.outer(std, std), 3).tolist(),
                 "job_scale_weights": {job: dict(zip(SCALE_BLOCK_NAMES, np.round(w, 3).tolist())) for job, w in fit.job_weights.items()},
                 "size_slopes": None if fit.size_center is None else
-                dict(zip(COORDS, np.round(fit.beta[K * len(fit.types):], 3).tolist()))}
+                dict(zip(COORDS, np.round(fit.beta[K * len(fit.types):], 3).tolist())),
+                "size_imputation": None if fit.imputation is None or not fit.imputation.levels else
+                {"calibrated": fit.sized, "error_std": round(math.sqrt(fit.imputation.var), 3)}}
 
     def sync_shape(self, gpu_type: str) -> SyncShape | None:
         """The inter-node sync shape the cluster's jobs share on ``gpu_type`` (``None``: not learned there)."""

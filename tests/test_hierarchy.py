@@ -220,6 +220,7 @@ def test_a_job_that_reports_no_size_is_placed_by_its_per_step_compute():
     assert fit.imputation is not None and fit.imputation.var == pytest.approx(SIZE_PROXY_STD**2)  # no sized job
     assert all(c.log_proxy is not None for c in prior.summaries)
     slope = prior.describe()["size_slopes"]["log_alpha_r"]
+    assert prior.describe()["size_imputation"] == {"calibrated": False, "error_std": SIZE_PROXY_STD}
     assert slope == pytest.approx(1.0, abs=0.4)  # sync ∝ proxy, as it was drawn
     rng = np.random.default_rng(6)
     means = {}
@@ -245,6 +246,8 @@ def test_an_unknown_size_is_imputed_from_the_sized_jobs():
     sizes = {job: float(np.exp(s)) for job, s in log_sizes.items() if job != "j0"}
     fit = ClusterPrior.from_observations(data, sizes).fitted()
     assert 0.0 < fit.imputation.var < 4.0 * SIZE_PROXY_STD**2
+    described = ClusterPrior.from_observations(data, sizes).describe()["size_imputation"]
+    assert described == {"calibrated": True, "error_std": pytest.approx(np.sqrt(fit.imputation.var), abs=1e-3)}
     imputed = fit.imputation.log_size(log_size_proxies({"t4": [o for o in data["j0"] if o.num_replicas == 1]}))
     assert imputed == pytest.approx(log_sizes["j0"], abs=3.0 * np.sqrt(fit.imputation.var))
     assert fit.imputation.log_size({}) is None and fit.imputation.log_size({"h100": -2.0}) is None  # nothing to place it

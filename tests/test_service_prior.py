@@ -132,6 +132,24 @@ def test_goodput_prior_learns_from_the_store_and_serve_takes_the_file(tmp_path, 
         assert client.health()
 
 
+def test_goodput_prior_says_how_it_places_jobs_without_a_size(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    store = Store(url)
+    for name in ("mlp", "resnet"):  # no model_size settings: each job's size is read off its 1-GPU compute
+        prof = profile(name)
+        store.put_job(prof.job, _settings(name))
+        store.add_observations(prof.job, [(f"{prof.job}-{i}", o.to_dict()) for i, o in enumerate(prof.observations)])
+    store.close()
+    out = tmp_path / "prior.json"
+    assert main(["prior", "--store", url, "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["size_imputation"] == {"calibrated": False, "error_std": 0.5} and printed["size_slopes"] is not None
+    assert all(c.log_proxy is not None for c in ClusterPrior.load(out).summaries)
+    assert main(["prior", "--store", url, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "0 of 2 jobs (those without one read off their 1-GPU compute, ±0.50 in log, uncalibrated" in text
+
+
 def test_goodput_prior_refuses_what_it_cannot_learn_from(tmp_path, capsys):
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     Store(empty).close()
