@@ -246,7 +246,7 @@ class JobModel:
         self._observations: dict[str, list[Observation]] = {}
         self._params: dict[str, ThroughputParams] = {}  # each type's plain Pollux fit (bayesian=False, own_fit)
         self._dirty: set[str] = set()
-        self._proxies: tuple[tuple[tuple[str, int], ...], dict[str, float]] | None = None  # (what they were read off, log size proxies)
+        self._proxies: tuple[tuple[tuple[str, int], ...], dict[str, float]] | None = None  # (1-GPU counts per type, log size proxies)
         self.grad_sqr: float | None = None
         self.grad_var: float | None = None
         # the Bayesian layer
@@ -418,8 +418,9 @@ class JobModel:
         return default_prior(default_means_by_type({t: self._observations[t] for t in self.gpu_types}))
 
     def _size_proxies(self) -> dict[str, float]:
-        """The job's log size proxy on each type (:func:`goodput.hierarchy.log_size_proxies`), re-read when its observations grow."""
-        key = tuple((t, len(self._observations[t])) for t in self.gpu_types)
+        """The job's log size proxy on each type (:func:`goodput.hierarchy.log_size_proxies`), re-read when its 1-GPU
+        observations (all it is read off) grow."""
+        key = tuple((t, sum(1 for o in self._observations[t] if o.num_replicas == 1)) for t in self.gpu_types)
         if self._proxies is None or self._proxies[0] != key:
             self._proxies = (key, log_size_proxies({t: self._observations[t] for t in self.gpu_types}))
         return self._proxies[1]

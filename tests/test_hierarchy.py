@@ -237,6 +237,25 @@ def test_a_job_that_reports_no_size_is_placed_by_its_per_step_compute():
     assert means["small"][2] < unknown[2] < means["big"][2]
 
 
+def test_a_jobs_size_proxy_is_read_again_only_when_its_1_gpu_steps_grow(monkeypatch):
+    import goodput.model
+    from goodput.hierarchy import log_size_proxies
+
+    data, _ = _size_driven_cluster(6, seed=9)
+    prior = ClusterPrior.from_observations(data)
+    calls = []
+    monkeypatch.setattr(goodput.model, "log_size_proxies", lambda obs: calls.append(1) or log_size_proxies(obs))
+    rng = np.random.default_rng(10)
+    steps = _job_of_size("new", 17.0, rng)
+    one, multi = [o for o in steps if o.num_replicas == 1], [o for o in steps if o.num_replicas > 1]
+    model = JobModel("new", init_batch_size=32, cluster_prior=prior).observe(one[:2])
+    model.prior()
+    model.observe(multi).prior()  # multi-GPU steps do not change the proxy
+    assert len(calls) == 1
+    model.observe(one[2:]).prior()
+    assert len(calls) == 2
+
+
 def test_an_unknown_size_is_imputed_from_the_sized_jobs():
     """In a cluster whose other jobs report sizes, a job that does not gets one from its proxy, calibrated on them,
     with the spread they leave around it (one pseudo-job at SIZE_PROXY_STD)."""
