@@ -41,6 +41,11 @@ A job's prior on its types ``t1 … tT`` is then
 ``m[t]``. Without a cluster, weak defaults (:data:`DEFAULT_SHARED_STD`,
 :data:`DEFAULT_TYPE_STD`) around means read off the job's own compute.
 
+A job's size (its trainable parameters) moves ``m[t]`` by slopes learned
+from the cluster (:data:`SIZE_SLOPE_PRIOR`: sync ∝ gradient bytes); a job that
+does not report one gets one read off its 1-GPU compute
+(:func:`one_gpu_log_proxy`), with that guess's error in its prior.
+
 Where the cluster's jobs share a shape of inter-node sync over placements,
 the prior also learns it per type (:mod:`goodput.sync_shape`).
 
@@ -239,8 +244,8 @@ class CellSummary:
         n: observations.
         noise: RMS log residual of its step times under ``u``.
         size: the job's trainable parameters, when known.
-        log_proxy: :func:`log_size_proxy` of a weak-prior fit to its 1-GPU observations (``None``: fewer than
-            two batch sizes there), what places a job that reports no size.
+        log_proxy: :func:`one_gpu_log_proxy` of its observations (``None``: fewer than two batch sizes on
+            one GPU), what places a job that reports no size.
     """
 
     job: str
