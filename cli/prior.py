@@ -71,15 +71,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"goodput prior: {len(observations)} jobs ({sum(len(o) for o in observations.values())} observations, "
           f"{len(prior.summaries)} job × type cells) from {source} -> {args.out}")
     print(f"  GPU types: {', '.join(description['types'])}")
-    imputation = description.get("size_imputation")
     print(f"  parameter counts: {len(sized)} of {len(observations)} jobs"
-          + ("" if len(sized) == len(observations) else
-             f" (those without one read off their 1-GPU compute, ±{imputation['error_std']:.2f} in log"
-             + ("" if imputation['calibrated'] else ", uncalibrated: the proxy stands for the size") + ")" if imputation else
-             " (those without one unknown: no 1-GPU steps at two batch sizes)")
-          + ("" if len(sized) >= 2 else "; give jobs a model_size setting" + ("" if args.store else ", or --model-sizes")
-             + " for sync priors placed by size"))
+          + _unsized_note(description.get("size_imputation"), len(sized), len(observations), args.store))
     return 0
+
+
+def _unsized_note(imputation: dict[str, Any] | None, sized: int, jobs: int, store: str | None) -> str:
+    """What the summary line adds about jobs without a parameter count (ClusterPrior.describe's ``size_imputation``)."""
+    if sized == jobs:
+        note = ""
+    elif imputation is None:
+        note = " (those without one unknown: no 1-GPU steps at two batch sizes)"
+    else:
+        note = (f" (those without one read off their 1-GPU compute, ±{imputation['error_std']:.2f} in log"
+                + ("" if imputation["calibrated"] else ", uncalibrated: the proxy stands for the size") + ")")
+    if sized < 2:
+        note += "; give jobs a model_size setting" + ("" if store else ", or --model-sizes") + " for sync priors placed by size"
+    return note
 
 
 def _from_store(url: str) -> tuple[dict[str, list[Any]], dict[str, float], str]:

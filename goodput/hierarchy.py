@@ -371,7 +371,7 @@ class _Fitted:
             for k in range(len(self.types)):
                 rows[:, K * k:K * (k + 1)] = np.eye(K) / len(self.types)
         if self.size_center is not None and log_size is not None:
-            rows[:, K * len(self.types):] = (log_size - self.size_center) * np.diag(_PROXY_COVARIATE if imputed else np.ones(K))
+            rows[:, K * len(self.types):] = (log_size - self.size_center) * _size_covariate(imputed)
         return rows
 
     def size_cov(self, log_size: float | None, imputed: bool) -> np.ndarray:
@@ -390,6 +390,16 @@ class _Fitted:
 
 
 _PROXY_COVARIATE = np.array([1.0 if c in (2, 3) else 0.0 for c in range(K)])  # an imputed size moves the sync constants alone
+
+
+def _size_covariate(imputed: bool) -> np.ndarray:
+    """(K, K) which coordinates a job's log size moves (times their slopes): all of them, or, imputed, the sync constants."""
+    return np.diag(_PROXY_COVARIATE if imputed else np.ones(K))
+
+
+def _cell_proxies(cells: Sequence[CellSummary]) -> dict[str, float]:
+    """One job's :attr:`CellSummary.log_proxy` per type, where it has one."""
+    return {c.gpu_type: c.log_proxy for c in cells if c.log_proxy is not None}
 
 
 def log_size_proxy(u: np.ndarray) -> np.ndarray:
@@ -420,7 +430,7 @@ class _SizeImputation:
 
     @classmethod
     def of(cls, jobs: Mapping[str, Sequence[CellSummary]]) -> _SizeImputation:
-        proxies = {job: {c.gpu_type: c.log_proxy for c in cells if c.log_proxy is not None} for job, cells in jobs.items()}
+        proxies = {job: _cell_proxies(cells) for job, cells in jobs.items()}
         per_type: dict[str, list[float]] = {}
         for values in proxies.values():
             for gpu, value in values.items():
@@ -508,7 +518,7 @@ def _job_groups(jobs: Mapping[str, Sequence[CellSummary]], index: Mapping[str, i
         size = K * (n + 1)
         f, g = np.zeros((size, dim)), np.zeros(size)
         s_j = log_sizes[job] - center if center is not None and job in log_sizes else 0.0
-        covariate = s_j * np.diag(_PROXY_COVARIATE if job in imputed else np.ones(K))
+        covariate = s_j * _size_covariate(job in imputed)
         for c_i, c in enumerate(job_cells):
             e = slice(K * (c_i + 1), K * (c_i + 2))
             design = np.zeros((K, dim))  # P_c: u_c = P_c β + a + e
@@ -554,7 +564,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     imputed = frozenset(job for job in jobs if job not in log_sizes)
     if imputation is not None:
         for job in imputed:
-            value = imputation.log_size({c.gpu_type: c.log_proxy for c in jobs[job] if c.log_proxy is not None})
+            value = imputation.log_size(_cell_proxies(jobs[job]))
             if value is not None:
                 log_sizes[job] = value
     center = float(np.mean(list(log_sizes.values()))) if log_sizes else None
