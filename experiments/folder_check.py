@@ -2,7 +2,8 @@
 
 ``python -m experiments.<check> DIR [DIR ...] [--out FILE]``: each folder read with
 :func:`experiments.datasets.read_measurements`, its figures computed and printed on one
-line, and all of them written as JSON (atomically) with ``--out``; a folder that does
+line (a check with options of its own, ``experiments.small_clusters``, also gets them and
+the models' parameter counts as ``goodput accuracy --model-sizes auto`` finds them), and all of them written as JSON (atomically) with ``--out``; a folder that does
 not exist, or an ``--out`` that cannot be written, exits with status 2 before any work.
 """
 
@@ -16,22 +17,25 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.datasets import read_measurements
+from experiments.datasets import read_measurements, resolve_model_sizes
 from goodput.errors import ValidationError
 from goodput.io import atomic_write_text, check_out_path
-from goodput.observations import Observation
 
 __all__ = ["run"]
 
 
 def run(argv: Sequence[str] | None, prog: str, description: str,
-        figures_of: Callable[[Mapping[str, Sequence[Observation]]], dict[str, Any]],
-        line_of: Callable[[dict[str, Any]], str]) -> int:
+        figures_of: Callable[..., Any], line_of: Callable[[Any], str],
+        options: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """Parse ``argv``, then ``figures_of({model: observations})`` per folder (JSON-able), printed as
-    ``"<folder>: " + line_of(figures)``; returns the exit status."""
+    ``"<folder>: " + line_of(figures)``; returns the exit status. With ``options`` (adds a check's own
+    arguments to the parser), ``figures_of(models, sizes, args)`` instead: ``sizes`` the folder's parameter
+    counts (``--model-sizes auto``), ``args`` the parsed arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("dirs", nargs="+", help="measurement folders (the layout goodput accuracy reads)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    if options is not None:
+        options(parser)
     args = parser.parse_args(argv)
     missing = [folder for folder in args.dirs if not Path(folder).is_dir()]  # every folder and --out before the work
     if missing:
@@ -46,11 +50,15 @@ def run(argv: Sequence[str] | None, prog: str, description: str,
     results = {}
     for folder in args.dirs:
         try:
-            models = read_measurements(folder).models
+            data = read_measurements(folder)
         except (ValidationError, OSError) as exc:  # a malformed table (DataFormatError), a folder without data
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
-        results[folder] = figures_of(models)
+        if options is None:
+            results[folder] = figures_of(data.models)
+        else:
+            known = {**data.sizes, **resolve_model_sizes("auto", folder, sorted(data.models)).sizes}
+            results[folder] = figures_of(data.models, {k: v for k, v in known.items() if k in data.models}, args)
         print(f"{folder}: {line_of(results[folder])}")
     if args.out:  # strict JSON: a figure a folder cannot give (no repeats, no cells) is null, not NaN
         atomic_write_text(args.out, json.dumps(_no_nan(results), indent=1, allow_nan=False) + "\n")

@@ -100,14 +100,13 @@ ANSWERS_PER_CLUSTER = 8
 FAILED_RETRY_S = (1.0, 60.0)
 
 
-# A learned prior needs this many jobs with a parameter count (``model_size``): without them its size slopes
-# do not exist and the hierarchy holds absolute sync costs, which placed a new job's multi-GPU steps worse
-# than the weak default does (P1 median APE, Pollux's traces 64.6 against 34.5, Gavel 41.5 against 26.4:
-# experiments/results/accuracy.md). Since a job without a size gets one read off its 1-GPU compute
-# (goodput.hierarchy.one_gpu_log_proxy), such a prior beats the weak default on Pollux's traces (P1 17.7
-# against 34.3) but not on Gavel (28.3 against 27.0), and nothing measures it on clusters of two or three
-# jobs, so the service still waits for sized jobs; a job without a size under a prior with them gets its size
-# imputed, calibrated on theirs.
+# A learned prior needs this many jobs with a parameter count (``model_size``; the reporter registers the model's
+# trainable parameters): with sizes, a prior from one other job already beats the weak default (P1 and P3 median
+# APE, Pollux's traces 16.5 and 10.3 against 35.4 and 20.3, Gavel 18.5 and 17.2 against 22.7 and 25.0); without
+# them (each job's size read off its 1-GPU compute, goodput.hierarchy.one_gpu_log_proxy), Gavel's P1 is worse
+# than the weak default with 1, 2 or 3 other jobs (41.6 / 31.5 / 33.2 against 22.7; with all four, the harness's
+# 28.3 against 27.0) and Pollux's better by the median, worse by the mean (python -m experiments.small_clusters; experiments/results/accuracy.md).
+# A job without a size under a prior with them gets its size imputed, calibrated on theirs.
 MIN_SIZED_JOBS = 2
 
 
