@@ -1,7 +1,7 @@
 """A training loop that reports its own step times to ``goodput serve`` as it trains.
 
 Run it on one process or under torchrun (each replica runs this script; rank 0 reports, the
-DDP hook measures the gradient noise)::
+DDP hook measures the gradient noise and each step's exposed sync)::
 
     goodput serve --port 8470 &                                   # the service (sqlite:///goodput.db)
     python examples/train_with_reporter.py --server http://127.0.0.1:8470 --steps 200
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     reporter = GoodputReporter(args.job, args.server, token=args.token, init_batch_size=work.init_batch_size,
                                max_batch_size=work.max_batch_size, buffer_dir=args.buffer_dir)
     if distributed:
-        reporter.attach(model)  # gradient noise from DDP's all-reduce
+        reporter.attach(model)  # gradient noise and sync time from DDP's all-reduce
     for _ in range(args.steps):
         batch = work.make_batch(args.local_bsz, "cpu")
         with reporter.step(local_bsz=args.local_bsz):

@@ -10,7 +10,10 @@ to the service. With a DistributedDataParallel model attached
 gradient noise the way Pollux does — this replica's local gradient against
 the all-reduced one, two batch sizes, folded into the existing
 :class:`~goodput.efficiency.GradientNoiseTracker` — and the observations carry
-``grad_sqr``/``grad_var``.
+``grad_sqr``/``grad_var``; on the CPU it also times the step's exposed gradient
+sync (``sync_time``: from the last bucket's gradients being ready to the last
+all-reduce done, the part of the step no compute hides; Pollux's traces carry
+the same), which gives the model the step's compute apart from its sync.
 
 Guarantees:
 
@@ -197,9 +200,10 @@ class GoodputReporter:
         self._chunk = SEND_CHUNK  # records per POST, halved when the service says the body is too large
         self.sent = 0  # records the service acknowledged
         self.faults: collections.Counter[str] = collections.Counter()
-        self._samples: collections.deque[tuple[tuple[int, int, int, int], Any, float]] = collections.deque()
+        self._samples: collections.deque[tuple[tuple[int, int, int, int], Any, float, float | None]] = collections.deque()
         self._grads: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
-        self._bucket_sums: list[Any] = []  # the current step's (local, total) squared norms per bucket
+        self._bucket_sums: list[Any] = []  # the current step's (local, total) squared norms per bucket, and (on the CPU)
+        # the perf_counter seconds it was ready to reduce and reduced (None on CUDA)
         self._bucket_lock = threading.Lock()
         self._seen: dict[tuple[int, int, int, int], int] = {}
         self._last_warning: dict[str, float] = {}
@@ -259,6 +263,11 @@ class GoodputReporter:
         The hook does DDP's default averaging all-reduce and, around it, takes the squared
         norm of this replica's gradient and of the averaged one: two batch sizes of one
         step (Pollux, OSDI'21 §3.1; McCandlish et al. 2018, App. A.1). Needs 2+ replicas.
+        On the CPU it also times each bucket from ready to reduced: a step's ``sync_time`` is
+        its last reduction's end minus its last bucket's readiness (the backward pass has no
+        compute left then; Pollux, OSDI'21 §3.2). On CUDA the hook runs when the host queues
+        the bucket, not when the GPU has its gradients, so host clocks would not measure it:
+        there the observations carry no ``sync_time``.
         Unless ``model_size`` was given, the model's trainable parameters become the job's
         ``model_size`` when this reporter registers it (a cluster prior's size slopes use it).
         """
@@ -276,7 +285,10 @@ class GoodputReporter:
         world = dist.get_world_size(group)
         reporter = self
 
+        timed = not self.cuda
+
         def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations other than its own types
+            ready = time.perf_counter() if timed else None
             tensor = bucket.buffer()
             local = tensor.detach().pow(2).sum()
             tensor.div_(world)
@@ -287,7 +299,7 @@ class GoodputReporter:
                 if reporter.active and not reporter._closed:
                     total = averaged.detach().pow(2).sum()
                     with reporter._bucket_lock:
-                        reporter._bucket_sums.append((local, total))
+                        reporter._bucket_sums.append((local, total, ready, time.perf_counter() if timed else None))
                 return averaged
 
             return future.then(reduced)
@@ -310,17 +322,23 @@ class GoodputReporter:
         return time.perf_counter()
 
     def _record(self, key: tuple[int, int, int, int], start: Any) -> None:
+        sums: list[Any] = []
+        if self._bucket_sums:
+            with self._bucket_lock:
+                sums, self._bucket_sums = self._bucket_sums, []
         if self.cuda:
             import torch
 
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._samples.append((key, (start, end), time.time()))
+            self._samples.append((key, (start, end), time.time(), None))
         else:
-            self._samples.append((key, time.perf_counter() - start, time.time()))
-        if self._bucket_sums:
-            with self._bucket_lock:
-                sums, self._bucket_sums = self._bucket_sums, []
+            duration = time.perf_counter() - start
+            sync = None
+            if sums and all(s[2] is not None for s in sums):  # exposed: the last reduction's end after the last bucket
+                sync = min(max(0.0, max(s[3] for s in sums) - max(s[2] for s in sums)), duration)
+            self._samples.append((key, duration, time.time(), sync))
+        if sums:
             local_batch = key[2] * (key[3] + 1)
             self._grads.append((sum(s[0] for s in sums), sum(s[1] for s in sums), local_batch, local_batch * key[1]))
 
@@ -396,28 +414,33 @@ class GoodputReporter:
     def _aggregate(self, final: bool) -> list[dict[str, Any]]:
         from goodput import Observation
 
-        groups: dict[tuple[int, int, int, int], list[float]] = {}
-        taken: list[tuple[tuple[int, int, int, int], Any, float]] = []
+        groups: dict[tuple[int, int, int, int], list[tuple[float, float | None]]] = {}
+        taken: list[tuple[tuple[int, int, int, int], Any, float, float | None]] = []
         while self._samples:
             taken.append(self._samples.popleft())
-        for key, sample, _ in taken:
+        for key, sample, _, sync in taken:
             if isinstance(sample, tuple):  # CUDA events: wait for the end on this thread, not the training one
                 start, end = sample
                 end.synchronize()
                 sample = start.elapsed_time(end) / 1000.0
-            groups.setdefault(key, []).append(float(sample))
+            groups.setdefault(key, []).append((float(sample), sync))
         grads = {}
         if self._tracker is not None and self._tracker.updates:
             grads = {"grad_sqr": self._tracker.grad_sqr, "grad_var": self._tracker.grad_var}
         records = []
         now = time.time()
-        for (nodes, replicas, bsz, accum), times in groups.items():
-            if len(times) < 2 and not final:  # one step is a noisy estimate: wait for the next window's
-                self._samples.extend(((nodes, replicas, bsz, accum), t, now) for t in times)
+        for (nodes, replicas, bsz, accum), steps in groups.items():
+            if len(steps) < 2 and not final:  # one step is a noisy estimate: wait for the next window's
+                self._samples.extend(((nodes, replicas, bsz, accum), t, now, sync) for t, sync in steps)
                 continue
+            times = [t for t, _ in steps]
+            step_time = statistics.median(times)
+            syncs = [sync for _, sync in steps if sync is not None]
+            # the median exposed sync where every step of the group has one (no more than the median step)
+            sync_time = min(statistics.median(syncs), step_time) if syncs and len(syncs) == len(steps) else None
             observation = Observation(
                 job=self.job, gpu_type=self.gpu_type, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz,
-                accum_steps=accum, step_time=statistics.median(times),
+                accum_steps=accum, step_time=step_time, sync_time=sync_time,
                 step_time_std=statistics.stdev(times) if len(times) > 1 else None,
                 source="training", timestamp=now, **grads)
             records.append({**observation.to_dict(), "id": uuid.uuid4().hex})

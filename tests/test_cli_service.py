@@ -139,7 +139,8 @@ def test_the_slurm_wrapper_picks_the_best_goodput_per_gpu(server):
 
 
 def test_the_example_trains_two_ddp_replicas_that_report_once_with_gradient_noise(server, tmp_path):
-    """examples/train_with_reporter.py under torchrun: real gloo replicas, the DDP hook, rank 0 reports."""
+    """examples/train_with_reporter.py under torchrun: real gloo replicas, the DDP hook (gradient noise, sync time),
+    rank 0 reports."""
     url, client = server
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(ROOT / "examples" / "train_with_reporter.py"), "--server", url, "--job", "example-mlp",
@@ -157,6 +158,8 @@ def test_the_example_trains_two_ddp_replicas_that_report_once_with_gradient_nois
     assert settings["init_batch_size"] == 64
     assert settings["model_size"] == sum(p.numel() for p in zoo.get("mlp").model.parameters() if p.requires_grad)  # by attach()
     assert all(o["num_replicas"] == 2 and o["num_nodes"] == 1 and o["local_bsz"] == 64 for o in stored)
+    # the hook timed each step's exposed sync: the last all-reduce's end after the last bucket was ready
+    assert all(0 < o["sync_time"] < o["step_time"] for o in stored), stored
     with_noise = [o for o in stored if "grad_sqr" in o]
     assert with_noise and all(o["grad_sqr"] > 0 and o["grad_var"] >= 0 for o in with_noise), (stored, output)
     assert not (tmp_path / "example-mlp.rank1.jsonl").exists()

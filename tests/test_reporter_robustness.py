@@ -249,6 +249,44 @@ print("attached")
     assert "attached" in result.stdout, result.stderr[-2000:]
 
 
+def test_the_hook_times_each_steps_exposed_sync_and_a_step_without_buckets_leaves_it_unmeasured():
+    """One gloo replica under DDP: every timed step's buckets carry their ready and reduced times, so each
+    observation has a ``sync_time`` within its step; steps whose hook did not run (outside DDP) carry none."""
+    import subprocess
+    import sys
+
+    code = """
+import json, tempfile, torch, torch.distributed as dist
+from profilers.reporter import GoodputReporter
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+buffer = tempfile.mkdtemp()
+reporter = GoodputReporter("s", "http://127.0.0.1:9", init_batch_size=8, buffer_dir=buffer, timeout=1, warmup_steps=1)
+reporter.attach(ddp)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for _ in range(6):
+    with reporter.step(local_bsz=32):
+        optimizer.zero_grad()
+        ddp(torch.randn(32, 64)).pow(2).mean().backward()
+        optimizer.step()
+for _ in range(4):  # the module alone: no hook, no sync time
+    with reporter.step(local_bsz=16):
+        optimizer.zero_grad()
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        optimizer.step()
+reporter.close(timeout=2)
+print(json.dumps([json.loads(line) for line in open(reporter.buffer_path)]))
+dist.destroy_process_group()
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = {r["local_bsz"]: r for r in json.loads(result.stdout.strip().splitlines()[-1])}
+    assert set(records) == {32, 16}
+    assert 0 < records[32]["sync_time"] < records[32]["step_time"]
+    assert records[16].get("sync_time") is None
+
+
 @pytest.mark.parametrize("timeout", [None, httpx.Timeout(5.0)])
 def test_a_client_takes_httpx_s_own_timeouts(timeout):
     assert Client("http://127.0.0.1:9", timeout=timeout).timeout is timeout
