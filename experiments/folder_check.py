@@ -2,9 +2,10 @@
 
 ``python -m experiments.<check> DIR [DIR ...] [--out FILE]``: each folder read with
 :func:`experiments.datasets.read_measurements`, its figures computed and printed on one
-line (a check with options of its own, ``experiments.small_clusters``, also gets them and
-the models' parameter counts as ``goodput accuracy --model-sizes auto`` finds them), and all of them written as JSON (atomically) with ``--out``; a folder that does
+line, and all of them written as JSON (atomically) with ``--out``; a folder that does
 not exist, or an ``--out`` that cannot be written, exits with status 2 before any work.
+A check with options of its own (``experiments.small_clusters``) also gets them, and the
+models' parameter counts as ``goodput accuracy --model-sizes auto`` finds them.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,6 +53,7 @@ from experiments.accuracy_protocols import splits_p1, splits_p3
 from experiments.folder_check import run
 from goodput.hierarchy import ClusterPrior
 from goodput.observations import Observation
+from goodput.errors import ValidationError
 from goodput.validation import check_int
 
 __all__ = ["SmallClusterFigure", "small_cluster_figures", "main"]
@@ -86,36 +87,45 @@ def _median_ape(job: str, observations: Sequence[Observation], protocol: str, pr
 
 def small_cluster_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float],
                           jobs: Sequence[int] = (1, 2, 3), subsets: int = 4, seed: int = 0,
-                          protocols: Sequence[str] = ("P1", "P3")) -> list[SmallClusterFigure]:
+                          protocols: Sequence[str] = ("P1", "P3"),
+                          progress: Callable[[int], None] | None = None) -> list[SmallClusterFigure]:
     """:class:`SmallClusterFigure` per protocol, sizes setting (with ``sizes`` when any, then without) and
-    cluster size in ``(0, *jobs)`` (module docstring); ``k`` at least the folder's other models are skipped."""
+    cluster size in ``(0, *jobs)`` (module docstring); ``k`` at least the folder's other models are skipped.
+    ``progress(total)`` is called once with the number of (model, subset) cases, then ``progress(0)`` after each."""
     subsets = check_int("subsets", subsets, minimum=1)
     jobs = [check_int("jobs", k, minimum=1) for k in jobs]
     unknown = sorted(set(protocols) - set(_SPLITS))
     if unknown:
-        raise ValueError(f"protocols: unknown {', '.join(unknown)} (expected some of {', '.join(_SPLITS)})")
+        raise ValidationError("protocols", ",".join(protocols), f"unknown {', '.join(unknown)}; expected some of {', '.join(_SPLITS)}")
     names = sorted(models)
+    settings = [True, False] if sizes else [False]
+    sizes_k = [k for k in (0, *jobs) if k < len(names)]
+    picks: dict[tuple[str, int], list[tuple[str, ...]]] = {}
+    for k in sizes_k:  # the same subsets for every protocol and sizes setting
+        rng = random.Random(seed)
+        for job in names:
+            subsets_k = list(itertools.combinations([n for n in names if n != job], k))
+            rng.shuffle(subsets_k)
+            picks[job, k] = subsets_k[:subsets]
+    if progress is not None:
+        progress(len(settings) * len(protocols) * sum(len(v) for v in picks.values()))
+    priors: dict[tuple[tuple[str, ...], bool], ClusterPrior] = {}
     out = []
-    for sized in ([True, False] if sizes else [False]):
+    for sized in settings:
         for protocol in protocols:
-            for k in [0, *jobs]:
-                if k >= len(names):
-                    continue
-                rng = random.Random(seed)  # the same subsets for every protocol and sizes setting
+            for k in sizes_k:
                 cases = []
                 for job in names:
                     size = sizes.get(job) if sized else None
-                    if k == 0:
-                        picks: list[tuple[str, ...]] = [()]
-                    else:
-                        picks = list(itertools.combinations([n for n in names if n != job], k))
-                        rng.shuffle(picks)
-                    for subset in picks[:subsets]:
-                        prior = None if not subset else ClusterPrior.from_observations(
-                            {j: models[j] for j in subset}, {j: sizes[j] for j in subset if j in sizes} if sized else {})
-                        value = _median_ape(job, models[job], protocol, prior, size)
+                    for subset in picks[job, k]:
+                        if subset and (subset, sized) not in priors:  # shared by the protocols
+                            priors[subset, sized] = ClusterPrior.from_observations(
+                                {j: models[j] for j in subset}, {j: sizes[j] for j in subset if j in sizes} if sized else {})
+                        value = _median_ape(job, models[job], protocol, priors[subset, sized] if subset else None, size)
                         if value is not None:
                             cases.append(value)
+                        if progress is not None:
+                            progress(0)
                 if cases:
                     out.append(SmallClusterFigure(protocol, sized, k, float(np.median(cases)), float(np.mean(cases)), len(cases)))
     return out
@@ -155,10 +165,25 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subsets", type=_positive_int, default=4, help="random sets of other jobs per model and size (default 4)")
 
 
+def _figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float], args: argparse.Namespace) -> list[dict]:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]small clusters"), BarColumn(), TextColumn("{task.completed}/{task.total} cases"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("cases", total=None)
+
+        def advance(total: int) -> None:
+            if total:
+                bar.update(task, total=total)
+            else:
+                bar.advance(task)
+
+        return [asdict(f) for f in small_cluster_figures(models, sizes, args.jobs, args.subsets, progress=advance)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(argv, "python -m experiments.small_clusters", __doc__.split("\n\n")[0],
-               lambda models, sizes, args: [asdict(f) for f in small_cluster_figures(models, sizes, args.jobs, args.subsets)],
-               _line, options=_options)
+    return run(argv, "python -m experiments.small_clusters", __doc__.split("\n\n")[0], _figures, _line, options=_options)
 
 
 if __name__ == "__main__":

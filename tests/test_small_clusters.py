@@ -15,7 +15,9 @@ def test_a_prior_from_one_job_of_the_same_cluster_beats_the_weak_default():
     # jobs drawn from one hierarchy: another job's multi-node steps teach a new one's inter-node sync, which its
     # single-node steps leave to the prior (P3); the weak default knows nothing of the cluster's network
     models = hj.cluster(3, seed=5)
-    figures = small_cluster_figures(models, {}, jobs=(1, 2, 3), subsets=1, protocols=("P3",))
+    calls = []
+    figures = small_cluster_figures(models, {}, jobs=(1, 2, 3), subsets=1, protocols=("P3",), progress=calls.append)
+    assert calls == [9] + [0] * 9  # 3 models × (the weak default, 1 job, 2 jobs)
     by_jobs = {f.jobs: f for f in figures}
     assert set(by_jobs) == {0, 1, 2}  # 3 other jobs do not exist in a folder of 3
     assert all(f.protocol == "P3" and not f.sized and f.cases == 3 for f in figures)
@@ -29,7 +31,7 @@ def test_sizes_add_a_setting_and_arguments_are_checked():
     assert [(f.sized, f.jobs) for f in figures] == [(True, 0), (True, 1), (False, 0), (False, 1)]
     # the weak default ignores sizes: the same figure in both settings
     assert figures[0].median_ape == pytest.approx(figures[2].median_ape)
-    with pytest.raises(ValueError, match="P9"):
+    with pytest.raises(ValidationError, match="P9"):
         small_cluster_figures(models, {}, protocols=("P9",))
     with pytest.raises(ValidationError, match="subsets"):
         small_cluster_figures(models, {}, subsets=0)
