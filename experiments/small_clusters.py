@@ -137,6 +137,8 @@ def _line(figures: list[dict]) -> str:
         groups.setdefault((f["protocol"], f["sized"]), []).append(
             f"{'weak default' if f['jobs'] == 0 else str(f['jobs']) + ' job' + 's' * (f['jobs'] > 1)} "
             f"{f['median_ape']:.1f} / {f['mean_ape']:.1f}")
+    if not groups:
+        return "no figures: no model has P1's or P3's test rows (multi-GPU, multi-node steps)"
     return "; ".join(f"{p} {'sized' if s else 'no sizes'}: " + ", ".join(v) for (p, s), v in groups.items())
 
 

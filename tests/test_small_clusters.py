@@ -62,3 +62,8 @@ def test_command_line(tmp_path, capsys):
         assert exc.value.code == 2
         assert "expected" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 2
+    one_gpu = tmp_path / "one-gpu" / "m"
+    one_gpu.mkdir(parents=True)
+    (one_gpu / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n1,16,0.1,0.0\n1,32,0.18,0.0\n")
+    assert main([str(tmp_path / "one-gpu")]) == 0
+    assert "no figures: no model has P1's or P3's test rows" in capsys.readouterr().out
