@@ -26,7 +26,7 @@ def test_a_prior_from_one_job_of_the_same_cluster_beats_the_weak_default():
 
 
 def test_sizes_add_a_setting_and_arguments_are_checked():
-    models = {k: v for k, v in hj.cluster(2, seed=1).items()}
+    models = hj.cluster(2, seed=1)
     figures = small_cluster_figures(models, {"job0": 1e6, "job1": 4e6}, jobs=(1,), subsets=1, protocols=("P1",))
     assert [(f.sized, f.jobs) for f in figures] == [(True, 0), (True, 1), (False, 0), (False, 1)]
     # the weak default ignores sizes: the same figure in both settings
