@@ -99,21 +99,21 @@ def small_cluster_figures(models: Mapping[str, Sequence[Observation]], sizes: Ma
         raise ValidationError("protocols", ",".join(protocols), f"unknown {', '.join(unknown)}; expected some of {', '.join(_SPLITS)}")
     names = sorted(models)
     settings = [True, False] if sizes else [False]
-    sizes_k = [k for k in (0, *jobs) if k < len(names)]
+    cluster_sizes = [k for k in (0, *jobs) if k < len(names)]
     picks: dict[tuple[str, int], list[tuple[str, ...]]] = {}
-    for k in sizes_k:  # the same subsets for every protocol and sizes setting
+    for k in cluster_sizes:  # the same subsets for every protocol and sizes setting
         rng = random.Random(seed)
         for job in names:
-            subsets_k = list(itertools.combinations([n for n in names if n != job], k))
-            rng.shuffle(subsets_k)
-            picks[job, k] = subsets_k[:subsets]
+            others = list(itertools.combinations([n for n in names if n != job], k))
+            rng.shuffle(others)
+            picks[job, k] = others[:subsets]
     if progress is not None:
         progress(len(settings) * len(protocols) * sum(len(v) for v in picks.values()))
     priors: dict[tuple[tuple[str, ...], bool], ClusterPrior] = {}
     out = []
     for sized in settings:
         for protocol in protocols:
-            for k in sizes_k:
+            for k in cluster_sizes:
                 cases = []
                 for job in names:
                     size = sizes.get(job) if sized else None
@@ -153,13 +153,10 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
+    values = _positive_ints(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one positive integer")
+    return values[0]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
