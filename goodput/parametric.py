@@ -125,7 +125,24 @@ def reference_bsz(observations: Sequence[Observation]) -> float:
 
 def power_from_log(log_power: np.ndarray | float) -> np.ndarray:
     """Compute's power ``p`` from its coordinate ``u7 = log p``, held within ``|log p| ≤`` :data:`LOG_POWER_MAX`."""
+    if isinstance(log_power, float):  # one job's u7 (numpy's float64 too), the fits' hot path: np.clip costs 3 µs a call
+        return np.exp(min(max(log_power, -LOG_POWER_MAX), LOG_POWER_MAX))
     return np.exp(np.clip(log_power, -LOG_POWER_MAX, LOG_POWER_MAX))
+
+
+def _softplus(x: float) -> float:
+    """``log(1 + eˣ)`` of one number, bit for bit ``np.logaddexp(0.0, x)`` (numpy's formula, with the C library's
+    ``exp`` and ``log1p`` as numpy's uses them), without a ufunc call's overhead."""
+    if x == 0.0:
+        return _LOG2
+    if x > 0.0:
+        return x + math.log1p(math.exp(-x))
+    if x < 0.0:
+        return 0.0 + math.log1p(math.exp(x))
+    return x  # nan
+
+
+_LOG2 = math.log(2.0)
 
 
 def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
@@ -163,7 +180,10 @@ def _compute(u0: np.ndarray, u1: np.ndarray, u7: np.ndarray, log_ratio: np.ndarr
     """Compute time of one micro-batch (s) at ``log(b / b_ref)``, with what its derivatives need: the split
     ``f``, the power ``p``, ``w`` (the per-sample term's share of ``C^p`` at b) and ``log g = p·log(C / c)``."""
     p = power_from_log(u7)
-    log_f, log_rest = -np.logaddexp(0.0, -u1), -np.logaddexp(0.0, u1)
+    if isinstance(u1, float):
+        log_f, log_rest = -_softplus(-u1), -_softplus(u1)
+    else:
+        log_f, log_rest = -np.logaddexp(0.0, -u1), -np.logaddexp(0.0, u1)
     log_work = log_f + p * log_ratio
     log_g = np.logaddexp(log_rest, log_work)
     return np.exp(u0 + log_g / p), np.exp(log_f), p, np.exp(log_work - log_g), log_g

@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goodput import JobModel, ValidationError
 from goodput.errors import DataFormatError
@@ -442,6 +444,23 @@ def test_the_analytic_jacobian_of_log_step_time_matches_finite_differences(seed)
     np.testing.assert_allclose(jac, numeric, rtol=1e-5, atol=1e-8)
     assert np.all(jac[0, 2:7] == 0.0)  # one replica: no sync parameter matters
     assert np.all(jac[1:3, [3, 5]] == 0.0) and np.all(jac[3:5, [2, 4]] == 0.0)  # intra- vs inter-node sync
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True, width=64) | st.sampled_from([0.0, -0.0, 4.0, -4.0, 36.7, -745.2]))
+@settings(max_examples=400, deadline=None)
+def test_the_fits_scalar_fast_paths_are_numpys_to_the_bit(x):
+    """``power_from_log`` of one number and ``_softplus`` (the compute split's log-shares in one job's ``u``)
+    spare numpy's per-call overhead on the fits' hot path and give exactly what numpy gives: the fits, and so
+    every prediction, stay what they were."""
+    from goodput.parametric import LOG_POWER_MAX, _softplus, power_from_log
+
+    def same(a, b):
+        return (np.isnan(a) and np.isnan(b)) or a == b
+
+    with np.errstate(all="ignore"):
+        assert same(power_from_log(x), np.exp(np.clip(np.array(x), -LOG_POWER_MAX, LOG_POWER_MAX)))
+        assert same(power_from_log(np.float64(x)), np.exp(np.clip(np.array([x]), -LOG_POWER_MAX, LOG_POWER_MAX))[0])
+        assert same(_softplus(x), np.logaddexp(0.0, np.array([x]))[0])
 
 
 @pytest.mark.parametrize("seed", range(3))
