@@ -121,7 +121,7 @@ def load_zoo(data_dir: Path, max_observations: int | None = None) -> tuple[list[
         if obs.num_replicas == 1:
             steps[(obs.job, obs.gpu_type, obs.local_bsz)] = 1.0 / obs.step_time
     ratios: dict[str, dict[str, float]] = {}
-    for model in set(GAVEL_MODEL.values()):
+    for model in sorted(set(GAVEL_MODEL.values())):  # a fixed order, whatever PYTHONHASHSEED is
         for gpu in ("v100", "k80"):
             logs = [np.log(steps[(m, gpu, b)] / steps[(m, "p100", b)]) for (m, g, b) in steps
                     if m == model and g == "p100" and (m, gpu, b) in steps]
