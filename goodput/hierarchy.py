@@ -563,7 +563,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
     log_sizes = {job: math.log(cs[0].size) for job, cs in jobs.items() if cs[0].size}
     imputed = frozenset(job for job in jobs if job not in log_sizes)
     if imputation is not None:
-        for job in (j for j in jobs if j in imputed):  # the jobs' order: a set of names iterates in PYTHONHASHSEED's
+        for job in (j for j in jobs if j in imputed):  # in the jobs' order (a set of names iterates as PYTHONHASHSEED says)
             value = imputation.log_size(_cell_proxies(jobs[job]))
             if value is not None:
                 log_sizes[job] = value
