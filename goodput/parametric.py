@@ -130,6 +130,9 @@ def power_from_log(log_power: np.ndarray | float) -> np.ndarray:
     return np.exp(np.clip(log_power, -LOG_POWER_MAX, LOG_POWER_MAX))
 
 
+_LOG2 = math.log(2.0)
+
+
 def _softplus(x: float) -> float:
     """``log(1 + eˣ)`` of one number, bit for bit ``np.logaddexp(0.0, x)`` (numpy's formula, with the C library's
     ``exp`` and ``log1p`` as numpy's uses them), without a ufunc call's overhead."""
@@ -140,9 +143,6 @@ def _softplus(x: float) -> float:
     if x < 0.0:
         return 0.0 + math.log1p(math.exp(x))
     return x  # nan
-
-
-_LOG2 = math.log(2.0)
 
 
 def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:

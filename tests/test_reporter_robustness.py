@@ -7,6 +7,8 @@ import json
 import math
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -231,9 +233,6 @@ def test_close_is_bounded_when_its_own_last_send_meets_a_hung_service(tmp_path):
 
 def test_attach_takes_a_compiled_ddp_model():
     """torch.compile(DDP(model)), the order PyTorch recommends: the hook goes on the DDP inside."""
-    import subprocess
-    import sys
-
     code = """
 import os, tempfile, torch, torch.distributed as dist
 from profilers.reporter import GoodputReporter
@@ -252,9 +251,6 @@ print("attached")
 def test_the_hook_times_each_steps_exposed_sync_and_a_step_without_buckets_leaves_it_unmeasured():
     """One gloo replica under DDP: every timed step's buckets carry their ready and reduced times, so each
     observation has a ``sync_time`` within its step; steps whose hook did not run (outside DDP) carry none."""
-    import subprocess
-    import sys
-
     code = """
 import json, tempfile, torch, torch.distributed as dist
 from profilers.reporter import GoodputReporter
@@ -315,9 +311,6 @@ def test_sigterm_keeps_the_steps_timed_since_the_last_flush(tmp_path, handler):
     flush (up to flush_interval of them) had been lost. The reporter closes first; the process then ends as
     SIGTERM would have ended it, or the training script's own handler runs."""
     import signal
-    import subprocess
-    import sys
-
     own = "signal.signal(signal.SIGTERM, lambda s, f: (print('own handler', flush=True), sys.exit(7)))\n"
     code = (
         "import signal, sys, time\n"
