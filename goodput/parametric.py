@@ -364,7 +364,6 @@ def fit_map(
     mean = np.asarray(prior_mean, dtype=float)
     num_types = mean.shape[0]
     dim = num_types * K
-    whiten = scipy.linalg.solve_triangular(prior_chol, np.eye(dim), lower=True)  # L⁻¹
     sigma = max(float(noise_std), 1e-4)
     y_c = np.concatenate([y for _, _, y in computes]) if computes else np.zeros(0)
     n_computes = y_c.size
@@ -381,6 +380,9 @@ def fit_map(
 
     def to_u(z: np.ndarray) -> np.ndarray:
         return center + prior_chol @ z
+
+    def to_z(u: np.ndarray) -> np.ndarray:
+        return scipy.linalg.solve_triangular(prior_chol, np.asarray(u, dtype=float).ravel() - center, lower=True)
 
     def residuals(z: np.ndarray) -> np.ndarray:
         flat = to_u(z)
@@ -409,10 +411,10 @@ def fit_map(
         value = float(np.sum(stacked**2))
         return (value if math.isfinite(value) else math.inf), stacked
 
-    first = whiten @ ((mean if initial is None else np.asarray(initial, dtype=float)).ravel() - center)
+    first = to_z(mean if initial is None else initial)
     best, (best_value, best_residuals) = first, evaluated(first)
     found_any = False
-    for start in [first, *(whiten @ (np.asarray(s, dtype=float).ravel() - center) for s in starts)] if n_steps else []:
+    for start in [first, *(to_z(s) for s in starts)] if n_steps else []:
         # MINPACK's lmder with least_squares(method="lm")'s settings, through leastsq: the same iterates without
         # least_squares' wrappers (a third of a small fit's time)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), warnings.catch_warnings():

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -587,11 +591,6 @@ def test_the_cluster_prior_does_not_depend_on_the_hash_seed():
     ``PYTHONHASHSEED``: the jobs whose sizes are imputed had been summed in that order, so the same cluster gave
     priors 1e-11 apart from one process to the next, and a simulation's decisions (whose ties those move) 3% apart
     in mean JCT (Pollux's workload 2 under sia: 1228 or 1192 s)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = ("import hashlib; from goodput.hierarchy import ClusterPrior; from tests.hierarchy_jobs import cluster; "
               "f = ClusterPrior.from_observations(cluster(8, seed=3)).fitted(); "
               "print(hashlib.sha256(f.beta.tobytes() + f.shared.tobytes() + f.particular.tobytes()).hexdigest(), repr(f.size_center), "

@@ -599,7 +599,7 @@ def test_a_surprising_compute_time_refits_the_model():
     assert got.step_time == pytest.approx(float(predict_step_time(truth, 1, 1, 8)), rel=0.5)
 
 
-def test_the_map_search_does_not_crawl_along_a_ridge_the_prior_correlates():
+def test_the_map_search_does_not_crawl_along_a_ridge_the_prior_correlates(monkeypatch):
     """One MAP refit recorded from a simulation (tests/map_ridge_case.json: three types, the inter-node constant
     and its growth seen at one replica count, a prior that correlates them across types): searched in ``u``,
     Levenberg–Marquardt took 5000 evaluations (its limit) along the valley and stopped short of the optimum;
@@ -623,12 +623,9 @@ def test_the_map_search_does_not_crawl_along_a_ridge_the_prior_correlates():
         evaluations.append(found[2]["nfev"])
         return found[0], found[4]
 
-    scipy.optimize.leastsq = counted
-    try:
-        fit = fit_map(groups(case["steps"]), np.array(case["prior_mean"]), np.array(case["prior_chol"]), case["noise_std"],
-                      np.array(case["initial"]), computes=groups(case["computes"]),
-                      compute_noise_std=None if case["compute_noise_std"] is None else np.array(case["compute_noise_std"]))
-    finally:
-        scipy.optimize.leastsq = leastsq
+    monkeypatch.setattr(scipy.optimize, "leastsq", counted)
+    fit = fit_map(groups(case["steps"]), np.array(case["prior_mean"]), np.array(case["prior_chol"]), case["noise_std"],
+                  np.array(case["initial"]), computes=groups(case["computes"]),
+                  compute_noise_std=None if case["compute_noise_std"] is None else np.array(case["compute_noise_std"]))
     assert evaluations and max(evaluations) < 1000  # in u: 5000 (maxfev)
     assert fit.objective < 77.4618  # in u, after 5000 evaluations: 77.46181
