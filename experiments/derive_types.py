@@ -32,7 +32,9 @@ model its own factors on each type but the first, the type's times a
 log-normal of those standard deviations (seed ``--seed``): jobs that differ
 from type to type in more than the type's scale, as real jobs do (a model
 whose kernels suit one architecture; ``accuracy.md``), where the plain sets
-have none.
+have none. ``--uneven`` measures the types unevenly, as a real cluster's are
+(:data:`UNEVEN_COVERAGE`): the larger local batches left out on a type with
+less memory, a type on one node only, a type without the scalability runs.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +54,7 @@ from experiments.datasets import default_data_dir, read_csv_rows
 from goodput.errors import DataFormatError, ValidationError
 from goodput.io import atomic_write_text, check_out_path
 
-__all__ = ["DERIVED_TYPES", "SPLIT_SYNC_TYPES", "derive", "main"]
+__all__ = ["DERIVED_TYPES", "SPLIT_SYNC_TYPES", "UNEVEN_COVERAGE", "Coverage", "derive", "main"]
 
 # (compute factor, sync factor) per derived type, relative to T4: faster compute, and a sync
 # that improves less than compute does (so sync weighs more on the faster types). Chosen once
@@ -73,6 +76,31 @@ SPLIT_SYNC_TYPES: dict[str, tuple[float, float, float]] = {
     "rtx6000": (0.7, 1.2, 1.0),
     "2080ti": (0.8, 1.6, 1.2),
 }
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which of a model's measurements a type keeps: local batches up to ``max_bsz_fraction`` of the model's
+    largest (GPU memory), placements over at most ``max_nodes`` nodes, and the scalability runs or not."""
+
+    max_bsz_fraction: float = 1.0
+    max_nodes: int | None = None
+    scalability: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_bsz_fraction, (int, float)) and 0 < self.max_bsz_fraction <= 1):
+            raise ValidationError("max_bsz_fraction", self.max_bsz_fraction, "expected a fraction in (0, 1]")
+        if self.max_nodes is not None and not (isinstance(self.max_nodes, int) and self.max_nodes >= 1):
+            raise ValidationError("max_nodes", self.max_nodes, "expected an integer >= 1, or None")
+
+
+# --uneven: what a real cluster's types leave out, chosen once (not fitted): a 2080 Ti holds 11 GB against a T4's
+# 16 (the larger local batches do not fit), the RTX 6000s sit in one node, the V100s ran no scalability job.
+UNEVEN_COVERAGE: dict[str, Coverage] = {
+    "2080ti": Coverage(max_bsz_fraction=11 / 16),
+    "rtx6000": Coverage(max_nodes=1),
+    "v100": Coverage(scalability=False),
+}
 _PLACEMENTS = {"placement": "placement", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _SCALABILITY = {"num_nodes": "int+", "num_replicas": "int+", "local_bsz": "int+", "step_time": "float+", "sync_time": "float0"}
 _REPOSITORY = Path(__file__).resolve().parents[1]
@@ -87,24 +115,30 @@ def _nodes(row: Mapping[str, object]) -> int:
     return int(row["num_nodes"]) if "num_nodes" in row else len(row["placement"])
 
 
-def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, ...]) -> str:
+def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, ...],
+                 coverage: Coverage = Coverage(), max_bsz: int | None = None) -> str | None:
     """The CSV text of ``source`` (validated row by row) with its times scaled by ``factors``
-    (compute, sync[, sync over several nodes])."""
+    (compute, sync[, sync over several nodes]), the rows ``coverage`` keeps alone (local batches relative to
+    ``max_bsz``, the model's largest); ``None`` when it keeps none."""
     columns = list(schema)
     lines = [",".join(columns)]
     for line_no, row in read_csv_rows(source, schema):
         if row["sync_time"] > row["step_time"]:
             raise DataFormatError(source, line_no, "sync_time", row["sync_time"], f"must be <= step_time ({row['step_time']})")
+        if ((max_bsz is not None and row["local_bsz"] > coverage.max_bsz_fraction * max_bsz)
+                or (coverage.max_nodes is not None and _nodes(row) > coverage.max_nodes)):
+            continue
         sync = factors[2] if len(factors) == 3 and _nodes(row) > 1 else factors[1]
         row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], factors[0], sync)
         if "placement" in row:  # read as GPUs per node: written back as its digit string
             row["placement"] = "".join(map(str, row["placement"]))
         lines.append(",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in columns))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" if len(lines) > 1 else None
 
 
 def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, ...]] = DERIVED_TYPES,
-           interactions: tuple[float, float, float] | None = None, seed: int = 0) -> list[Path]:
+           interactions: tuple[float, float, float] | None = None, seed: int = 0,
+           coverage: Mapping[str, Coverage] | None = None) -> list[Path]:
     """Write the derived folder; returns the files written.
 
     Args:
@@ -116,6 +150,8 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
             sync within a node and sync over several nodes, drawn per (model, type) for every type but the
             first (the reference, left as measured) and multiplied into the type's factors; ``None``: none.
         seed: the draws' seed (numpy's default generator; models in name order, types in ``types``'s order).
+        coverage: per type name, the rows it keeps (:class:`Coverage`; a type not named keeps all, a file
+            left empty is not written), e.g. :data:`UNEVEN_COVERAGE`.
     """
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if not trace_dir.is_dir():
@@ -131,6 +167,10 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
                                                                        for v in interactions)):
         raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, finite and >= 0")
+    coverage = dict(coverage or {})
+    for name, kept in coverage.items():
+        if not isinstance(kept, Coverage):
+            raise ValidationError(f"coverage[{name!r}]", kept, "expected a Coverage")
     check_out_path("out_dir", out_dir, "folder")
     models = sorted(p for p in trace_dir.iterdir() if (p / "placements.csv").is_file())
     if not models:
@@ -140,7 +180,7 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        written = _derive_all(models, building, types, interactions, seed)
+        written = _derive_all(models, building, types, interactions, seed, coverage)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old."))
             out_dir.rename(old / "x")
@@ -155,19 +195,22 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
 
 
 def _derive_all(models: list[Path], out_dir: Path, types: Mapping[str, tuple[float, ...]],
-                interactions: tuple[float, float, float] | None, seed: int) -> list[Path]:
+                interactions: tuple[float, float, float] | None, seed: int, coverage: Mapping[str, Coverage]) -> list[Path]:
     rng = np.random.default_rng(seed)
     written = []
     for model in models:
+        max_bsz = max(row["local_bsz"] for _, row in read_csv_rows(model / "placements.csv", _PLACEMENTS))
         for k, (gpu, factors) in enumerate(types.items()):
+            kept = coverage.get(gpu, Coverage())
             if interactions is not None and k > 0:
                 full = (factors[0], factors[1], factors[-1])  # (compute, intra, inter)
                 factors = tuple(float(f * np.exp(rng.normal(0.0, sd))) for f, sd in zip(full, interactions))
             for name, schema in (("placements", _PLACEMENTS), ("scalability", _SCALABILITY)):
                 source = model / f"{name}.csv"
-                if source.is_file():
-                    text = _derive_file(source, schema, factors)
-                    written.append(atomic_write_text(out_dir / model.name / f"{name}-{gpu}.csv", text))
+                if source.is_file() and (name == "placements" or kept.scalability):
+                    text = _derive_file(source, schema, factors, kept, max_bsz)
+                    if text is not None:
+                        written.append(atomic_write_text(out_dir / model.name / f"{name}-{gpu}.csv", text))
     return written
 
 
@@ -197,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interactions", default=None, metavar="C,S,S_N",
                         help="each model's own log-normal factors per type (all types but the first): standard deviations "
                              "of its compute, sync within a node and sync over several nodes, e.g. 0.1,0.25,0.2")
+    parser.add_argument("--uneven", action="store_true",
+                        help="measure the types unevenly (UNEVEN_COVERAGE): "
+                             + "; ".join(f"{n}: {c}" for n, c in UNEVEN_COVERAGE.items()))
     parser.add_argument("--seed", type=int, default=0, help="seed of --interactions' draws (default 0)")
     args = parser.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
@@ -218,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 interactions = tuple(float(v) for v in args.interactions.split(","))
             except ValueError:
                 raise ValidationError("--interactions", args.interactions, "expected C,S,S_N, e.g. 0.1,0.25,0.2") from None
-        written = derive(data / "pollux" / "traces", args.out, types, interactions, args.seed)
+        written = derive(data / "pollux" / "traces", args.out, types, interactions, args.seed,
+                         UNEVEN_COVERAGE if args.uneven else None)
     except (ValidationError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import experiments.derive_types
 from experiments.datasets import read_measurements
-from experiments.derive_types import DERIVED_TYPES, SPLIT_SYNC_TYPES, derive, main
+from experiments.derive_types import DERIVED_TYPES, SPLIT_SYNC_TYPES, UNEVEN_COVERAGE, Coverage, derive, main
 from goodput.errors import DataFormatError, ValidationError
 
 
@@ -137,3 +137,34 @@ def test_a_rerun_into_the_same_folder_holds_its_own_types_alone(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValidationError, match="out_dir"):
         derive(_traces(tmp_path / "traces2"), tmp_path / "afile")
+
+
+def test_uneven_coverage_leaves_out_large_batches_other_nodes_and_scalability_runs_per_type(tmp_path, capsys):
+    traces = _traces(tmp_path / "data" / "pollux" / "traces")  # local batches 32 and 64, one and two nodes
+    types = {"t4": (1.0, 1.0), "small": (0.8, 1.4), "one": (0.7, 1.2), "noscale": (0.45, 0.7)}
+    coverage = {"small": Coverage(max_bsz_fraction=0.5), "one": Coverage(max_nodes=1), "noscale": Coverage(scalability=False)}
+    derive(traces, tmp_path / "even", types)
+    derive(traces, tmp_path / "uneven", types, coverage=coverage)
+    even, uneven = (read_measurements(tmp_path / name).models["cifar10"] for name in ("even", "uneven"))
+
+    def configs(models, gpu):
+        return sorted((o.num_nodes, o.num_replicas, o.local_bsz) for o in models if o.gpu_type == gpu)
+
+    assert configs(uneven, "t4") == configs(even, "t4") == [(1, 1, 32), (2, 4, 64), (8, 32, 64)]
+    assert configs(uneven, "small") == [(1, 1, 32)]  # 64 > half of the model's largest batch
+    assert configs(uneven, "one") == [(1, 1, 32)]  # one node only, the scalability run's 8 nodes too
+    assert configs(uneven, "noscale") == [(1, 1, 32), (2, 4, 64)]
+    assert not (tmp_path / "uneven" / "cifar10" / "scalability-noscale.csv").exists()
+    kept = {o.local_bsz: o.step_time for o in uneven if o.gpu_type == "small"}
+    assert kept[32] == pytest.approx({o.local_bsz: o.step_time for o in even if o.gpu_type == "small"}[32])  # scaled as before
+    with pytest.raises(ValidationError, match="max_bsz_fraction"):
+        Coverage(max_bsz_fraction=0.0)
+    with pytest.raises(ValidationError, match="max_nodes"):
+        Coverage(max_nodes=0)
+    with pytest.raises(ValidationError, match="coverage"):
+        derive(traces, tmp_path / "bad", types, coverage={"small": 0.5})
+    assert set(UNEVEN_COVERAGE) <= set(DERIVED_TYPES)  # the flag names the default types
+    assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--uneven"]) == 0
+    written = read_measurements(tmp_path / "cli").models["cifar10"]
+    assert max(o.num_nodes for o in written if o.gpu_type == "rtx6000") == 1
+    assert {o.gpu_type for o in written} == set(DERIVED_TYPES)
