@@ -17,13 +17,13 @@ rotation of the warm type included, runs at the held-out data's size.
 The result is **derived, not measured**: every type shares T4's placement
 effects and noise, scaled. Its figures say which way a change moves the
 error on that layout, not how large the error on real hardware would be
-(``experiments/results/accuracy.md``, rounds 4 and 5). It is written outside
+(issue 4's rounds 4 and 5, in the git history of ``experiments/results/accuracy.md``). It is written outside
 the repository: the shared data is never copied into it.
 
 Run: ``python -m experiments.derive_types OUT [--data DIR] [--type NAME=C,S ...]``,
 then ``goodput accuracy OUT``. ``--type`` replaces the default types, e.g.
 ``--type t4=1,1 --type half=0.5,0.5`` for types that scale compute and sync
-alike (on which every prediction should scale too: accuracy.md, round 13).
+alike (on which every prediction should scale too: issue 4's round 13).
 A third factor sets the sync over several nodes apart from the sync within
 one: ``--type a100=0.3,0.25,0.8`` (NVLink within a node, the cluster's
 network between them), so the types' placement effects differ, as on real
