@@ -9,7 +9,7 @@ carry their own noise. Two floors put its figures in scale:
   the exact mean step time could not beat (slightly above it: the mean of a
   few others is itself noisy);
 * **own fit**: the median APE of each (model, type)'s parametric fit to all
-  of its own data (``goodput.hierarchy.summarize_cell``: Pollux's form with
+  of its own data (``goodput.cells.summarize_cell``: Pollux's form with
   compute's power, and the placement shapes the cluster shares), in sample:
   what the parametric form leaves when nothing is held out.
 
@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from experiments.folder_check import run
-from goodput.hierarchy import ClusterPrior, step_rows
+from goodput.cells import step_rows
+from goodput.hierarchy import ClusterPrior
 from goodput.observations import Observation, by_gpu_type
 from goodput.parametric import log_step_time, reference_bsz
 

@@ -55,7 +55,8 @@ from .efficiency import check_batch_sizes
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
-from .hierarchy import EFFECT_DOF, ClusterPrior, default_means_by_type, default_prior, log_size_proxies
+from .cells import default_means_by_type, default_prior
+from .hierarchy import EFFECT_DOF, ClusterPrior, log_size_proxies
 from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
@@ -166,7 +167,7 @@ class JobModel:
         model_size: the job's parameter count, when known: places it on the
             cluster prior's size slopes (gradient bytes drive its sync costs);
             unknown, one is read off its 1-GPU compute at two or more batch
-            sizes (:func:`goodput.hierarchy.one_gpu_log_proxy`).
+            sizes (:func:`goodput.cells.one_gpu_log_proxy`).
         refit_every: refit after this many new observations (``None``: a
             quarter of those held at the last refit, at least one).
         surprise: refit when a new observation's ``|z|`` exceeds this.

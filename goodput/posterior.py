@@ -69,7 +69,7 @@ from scipy.special import ndtri
 
 from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features,
                  fit_hyperparameters, keep_recent)
-from .hierarchy import compute_rows, step_rows
+from .cells import compute_rows, step_rows
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments, stacked_log_compute_time
 from .sync_shape import SyncShape

@@ -103,7 +103,7 @@ FAILED_RETRY_S = (1.0, 60.0)
 # A learned prior needs this many jobs with a parameter count (``model_size``; the reporter registers the model's
 # trainable parameters): with sizes, a prior from one other job already beats the weak default (P1 and P3 median
 # APE, Pollux's traces 16.5 and 10.3 against 35.4 and 20.3, Gavel 18.5 and 17.2 against 22.7 and 25.0); without
-# them (each job's size read off its 1-GPU compute, goodput.hierarchy.one_gpu_log_proxy), Gavel's P1 is worse
+# them (each job's size read off its 1-GPU compute, goodput.cells.one_gpu_log_proxy), Gavel's P1 is worse
 # than the weak default with 1, 2 or 3 other jobs (41.6 / 31.5 / 33.2 against 22.7; with all four, the harness's
 # 28.3 against 27.0) and Pollux's better by the median, worse by the mean (python -m experiments.small_clusters;
 # experiments/results/accuracy.md).

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from goodput import JobModel, ValidationError
 from goodput.errors import DataFormatError
-from goodput.hierarchy import ClusterPrior, default_means, default_prior, summarize_cell
+from goodput.cells import default_means, default_prior, summarize_cell
+from goodput.hierarchy import ClusterPrior
 from goodput.parametric import K, reference_bsz
 from tests.hierarchy_jobs import (JOB_STD, JOB_TYPE_STD, MULTI_NODE, REF_BSZ, SINGLE, SINGLE_NODE, TYPE_MEANS, TYPES, cluster,
                                   draw_job, job_effect_cov, observe)
@@ -380,7 +381,7 @@ def test_save_load_and_exclude(prior, tmp_path):
 def test_a_summary_saved_before_computes_power_loads_with_pollux_sum(prior):
     """A cell summary of 7 coordinates (saved before compute's power was one) takes p = 1 with no information
     about it; the EM then holds that coordinate at what the other cells and the default say."""
-    from goodput.hierarchy import CellSummary
+    from goodput.cells import CellSummary
 
     cell = prior.summaries[0].to_dict()
     old = {**cell, "u": cell["u"][:K - 1], "info": [row[:K - 1] for row in cell["info"][:K - 1]]}
@@ -489,7 +490,7 @@ def test_log_compute_time_is_the_one_replica_step_and_its_jacobian_matches_finit
 
 def test_compute_rows_are_the_steps_on_several_replicas_whose_sync_was_measured():
     from goodput import Observation
-    from goodput.hierarchy import compute_rows
+    from goodput.cells import compute_rows
 
     obs = [Observation("j", "t4", 1, 1, 32, 0.10, sync_time=0.001),  # one replica: its step is the compute
            Observation("j", "t4", 1, 2, 32, 0.15, sync_time=0.05),

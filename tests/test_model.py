@@ -446,7 +446,7 @@ def test_a_new_types_sync_dominated_step_is_read_as_sync_where_the_jobs_other_ty
     used to settle in the compute basin, a 1-GPU step 100x too slow (the online property test above found it;
     its minimised case). The fit with the lower objective is the one kept, cold or online. (The step's sync
     is not measured here: measured, it splits the step itself, the next test.)"""
-    from goodput.hierarchy import step_rows
+    from goodput.cells import step_rows
     from goodput.parametric import fit_map
 
     ref = ThroughputParams(1e-4, 1e-8, 0.00316, 0.001, 0.00316, 0.001, 1.0)
@@ -508,7 +508,7 @@ def test_an_indefinite_prior_covariance_is_repaired_not_fatal():
     """A cluster's estimate at a bound (a job-effect correlation of 1) can leave the prior covariance
     indefinite by rounding; the refit floors its eigenvalues instead of failing every prediction."""
     from goodput.gp import GPNumericalError
-    from goodput.hierarchy import default_means, default_prior
+    from goodput.cells import default_means, default_prior
     from goodput.posterior import build_posterior, prior_cholesky
 
     obs = [o for o in observations() if o.gpu_type == "t4"]
