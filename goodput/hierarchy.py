@@ -73,7 +73,8 @@ from .cells import (DEFAULT_SHARED_STD, DEFAULT_TYPE_STD, CellSummary, compute_r
                     summarize_with_residuals)
 from .errors import DataFormatError, ValidationError
 from .io import atomic_write_text, read_json
-from .gp import HyperPrior, config_features, fit_shared_hyperparameters
+from .gp import HyperPrior, config_features
+from .gp_fit import fit_shared_hyperparameters
 from .observations import Observation, by_gpu_type
 from .parametric import COORDS, K, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
@@ -508,7 +509,7 @@ class ClusterPrior:
 
     summaries: list[CellSummary] = field(default_factory=list)
     shapes: dict[str, SyncShape] = field(default_factory=dict)
-    # the residual GP's typical hyperparameters on this cluster (goodput.gp.fit_shared_hyperparameters of
+    # the residual GP's typical hyperparameters on this cluster (goodput.gp_fit.fit_shared_hyperparameters of
     # every cell's residuals around its fit, a job's types one multitask process): a new job's GP prior
     gp_prior: HyperPrior | None = None
     # the jobs' observations when built from them (not saved): exclude() relearns the shapes without a job

@@ -51,7 +51,7 @@ of Lange, Little & Taylor, *JASA* 84, 1989), so an unusual job widens its own
 prior rather than being pulled to the cluster's typical one. The GP's
 hyperparameters (Matérn length scales, task covariance, noise) are fitted by
 the exact marginal likelihood of gpytorch's model (computed in numpy,
-:func:`goodput.gp.fit_hyperparameters`) to the MAP's residuals, under a prior of
+:func:`goodput.gp_fit.fit_hyperparameters`) to the MAP's residuals, under a prior of
 what the cluster's jobs show (:class:`goodput.gp.HyperPrior`), now and then.
 If the covariance cannot be factorised even with jitter, the state falls back
 to the parametric mean with an inflated log-std and says why (``reason``).
@@ -67,9 +67,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtri
 
-from .gp import (QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features,
-                 fit_hyperparameters, keep_recent)
 from .cells import compute_rows, step_rows
+from .gp import QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, keep_recent
+from .gp_fit import fit_hyperparameters
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments, stacked_log_compute_time
 from .sync_shape import SyncShape

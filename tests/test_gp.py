@@ -20,10 +20,8 @@ from goodput.gp import (
     cholesky_with_jitter,
     config_features,
     covariance,
-    fit_hyperparameters,
-    fit_shared_hyperparameters,
-    gpytorch_posterior,
 )
+from goodput.gp_fit import fit_hyperparameters, fit_shared_hyperparameters, gpytorch_posterior
 from goodput.throughput import ThroughputParams, predict_step_time
 from tests.test_throughput import synthetic
 
@@ -283,7 +281,7 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
     import gpytorch
     import torch
 
-    from goodput.gp import _FitData, _negative_log_posterior, _raw_from_hyper, _torch_model
+    from goodput.gp_fit import _FitData, _negative_log_posterior, _raw_from_hyper, _torch_model
 
     x, t, s, y = _data(30, tasks=3, seed=7)
     s = s if linear else np.zeros((30, 0))
@@ -321,7 +319,7 @@ def test_the_shared_fits_gradient_matches_finite_differences():
     scale clamped at its upper bound (no gradient there)."""
     from scipy.optimize import approx_fprime
 
-    from goodput.gp import _shared_negative_log_likelihood
+    from goodput.gp_fit import _shared_negative_log_likelihood
 
     groups = []
     for seed, tasks in ((10, 1), (11, 3), (12, 2)):
