@@ -13,6 +13,7 @@ off its 1-GPU compute, for a job that does not report one.
 
 Example::
 
+    from goodput.parametric import reference_bsz
     cell = summarize_cell("bert", "t4", observations, reference_bsz(observations))
     cell.u, cell.info          # MAP coordinates (8,), the data's information about them (8, 8)
 """
@@ -180,7 +181,7 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
 
 
 def summarize_with_residuals(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
-               shape: SyncShape | None, size: float | None) -> tuple[CellSummary, Rows, np.ndarray]:
+                             shape: SyncShape | None, size: float | None) -> tuple[CellSummary, Rows, np.ndarray]:
     """:func:`summarize_cell`, with the cell's configurations and its log residuals of step time around ``u``."""
     fit, rows, y = _weak_map(observations, ref_bsz, shape)
     log_t, jac = log_step_time(fit.u[0], rows)
