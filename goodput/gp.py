@@ -306,6 +306,13 @@ class HyperPrior:
         noise_dof: degrees of freedom of the measurement noise's Student-t tails (> 2; ``inf``: Gaussian),
             :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 6.2; Gavel,
             Zeus: inf). They widen a prediction's intervals, not its fit.
+        alternatives: the cluster's other modes, ``((HyperPrior, log weight), ...)``, each weight its log
+            evidence relative to this one's (≤ 0). A cluster whose jobs were each measured once per
+            configuration (Gavel's) cannot tell noise from a residual that varies on a short scale: its
+            likelihood has a mode for each (8–40 apart in log evidence on Gavel's clusters), and which one
+            is highest can turn on one job. A job's fit weighs each mode by its weight and its own data
+            (:meth:`modes`, :func:`goodput.posterior.build_posterior`), so that one job leaving the cluster
+            does not move every other job's model from one mode to the other.
     """
 
     lengthscale: tuple[float, ...]
@@ -314,6 +321,7 @@ class HyperPrior:
     log_std: float = 0.5
     correlation: float = DEFAULT_TASK_CORRELATION
     noise_dof: float = math.inf
+    alternatives: tuple[tuple[HyperPrior, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_collection(self.lengthscale) or len(tuple(self.lengthscale)) != len(FEATURE_NAMES):
@@ -328,6 +336,22 @@ class HyperPrior:
         if isinstance(dof, bool) or not isinstance(dof, numbers.Real) or math.isnan(dof) or not dof > 2:
             raise ValidationError("noise_dof", self.noise_dof, "expected degrees of freedom > 2 (inf: Gaussian noise)")
         object.__setattr__(self, "noise_dof", float(dof))
+        if not is_collection(self.alternatives):
+            raise ValidationError("alternatives", self.alternatives, "expected ((HyperPrior, log weight), ...)")
+        checked = []
+        for index, item in enumerate(self.alternatives):
+            if not (is_collection(item) and len(item) == 2 and isinstance(item[0], HyperPrior) and not item[0].alternatives):
+                raise ValidationError(f"alternatives[{index}]", item, "expected (HyperPrior without alternatives, log weight)")
+            weight = check_float(f"alternatives[{index}].log_weight", item[1])
+            if weight > 0:
+                raise ValidationError(f"alternatives[{index}].log_weight", weight, "expected <= 0 (relative to this mode's)")
+            checked.append((item[0], weight))
+        object.__setattr__(self, "alternatives", tuple(checked))
+
+    def modes(self) -> list[tuple[HyperPrior, float]]:
+        """Every mode with its log weight: this one (0) and each alternative, with this one's spread and noise tails."""
+        return [(replace(self, alternatives=()), 0.0),
+                *((replace(alt, log_std=self.log_std, noise_dof=self.noise_dof), weight) for alt, weight in self.alternatives)]
 
     def initial(self, num_tasks: int, correlation: float | None = None) -> GPHyperparameters:
         """Hyperparameters at the prior's medians, types correlated by ``correlation`` (default: the prior's)."""
@@ -337,15 +361,22 @@ class HyperPrior:
                                  max(self.noise, NOISE_FLOOR))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std,
-                "correlation": self.correlation, "noise_dof": None if math.isinf(self.noise_dof) else self.noise_dof}
+        out = {"lengthscale": list(self.lengthscale), "signal_var": self.signal_var, "noise": self.noise, "log_std": self.log_std,
+               "correlation": self.correlation, "noise_dof": None if math.isinf(self.noise_dof) else self.noise_dof}
+        if self.alternatives:
+            out["alternatives"] = [{"prior": alt.to_dict(), "log_weight": weight} for alt, weight in self.alternatives]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> HyperPrior:
         if not isinstance(data, dict):
             raise ValidationError("gp_prior", data, "expected {lengthscale, signal_var, noise, log_std, correlation, noise_dof}")
+        alternatives = data.get("alternatives") or []
+        if not isinstance(alternatives, list) or not all(isinstance(a, dict) and {"prior", "log_weight"} <= set(a) for a in alternatives):
+            raise ValidationError("alternatives", alternatives, "expected [{prior, log_weight}, ...]")
         return cls(tuple(data["lengthscale"]), data["signal_var"], data["noise"], data.get("log_std", 0.5),
-                   data.get("correlation", DEFAULT_TASK_CORRELATION), data.get("noise_dof"))  # None: Gaussian
+                   data.get("correlation", DEFAULT_TASK_CORRELATION), data.get("noise_dof"),  # None: Gaussian
+                   tuple((cls.from_dict(a["prior"]), a["log_weight"]) for a in alternatives))
 
 
 def _task_matrix(hyper: GPHyperparameters) -> np.ndarray:

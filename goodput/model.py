@@ -480,6 +480,7 @@ class JobModel:
             "pending": self._pending,
             "types": list(state.types),
             "hyperparameters": state.hyper.to_dict(),
+            "gp_prior_mode": state.gp_mode,
             "task_correlation": state.hyper.task_correlation().round(3).tolist(),
             "noise_std": round(state.noise_std, 4),
             "params": {t: ThroughputParams(*state.theta(t).tolist()).to_dict() for t in state.types},

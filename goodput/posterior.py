@@ -52,7 +52,9 @@ prior rather than being pulled to the cluster's typical one. The GP's
 hyperparameters (Matérn length scales, task covariance, noise) are fitted by
 the exact marginal likelihood of gpytorch's model (computed in numpy,
 :func:`goodput.gp_fit.fit_hyperparameters`) to the MAP's residuals, under a prior of
-what the cluster's jobs show (:class:`goodput.gp.HyperPrior`), now and then.
+what the cluster's jobs show (:class:`goodput.gp.HyperPrior`; where the cluster's
+likelihood has several modes, under each, the job's data and the modes' evidence
+choosing: :func:`goodput.gp_fit.fit_hyperparameters_over_modes`), now and then.
 If the covariance cannot be factorised even with jitter, the state falls back
 to the parametric mean with an inflated log-std and says why (``reason``).
 """
@@ -69,7 +71,7 @@ from scipy.special import ndtri
 
 from .cells import compute_rows, step_rows
 from .gp import QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, keep_recent
-from .gp_fit import fit_hyperparameters
+from .gp_fit import fit_hyperparameters_over_modes
 from .observations import Observation
 from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments, stacked_log_compute_time
 from .sync_shape import SyncShape
@@ -119,6 +121,7 @@ class JobPosterior:
     posterior: OnlinePosterior | None = None
     reason: str | None = None
     n_fit: int = 0  # observations the refit conditioned on
+    gp_mode: int = 0  # which of the cluster's GP hyperprior modes the fit chose (goodput.gp.HyperPrior.modes; 0: its best)
     fallback_log_std: float = FALLBACK_LOG_STD
     noise_dof: float = math.inf  # the measurement noise's Student-t tails (goodput.tails; inf: Gaussian)
     compute_scale: float = 0.05  # the Student-t scale of a measured compute time's log noise (COMPUTE_DOF)
@@ -569,9 +572,11 @@ def build_posterior(
         # kept a refit near the optimum of the fewer points an earlier fit saw, so the model depended on when
         # it had been asked (3.4-26% apart on the same observations) and a service's model rebuilt after a
         # restart differed from the one it had updated online. Given ``hyper`` (another job's), both start.
-        state.hyper = fit_hyperparameters(design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map,
-                                          cold if hyper is None else start, max_iter=FIT_ITERATIONS, hyper_prior=hyper_prior,
-                                          restarts=[] if hyper is None else [(cold, FIT_ITERATIONS)])
+        # Under each of the cluster's modes where it has several (goodput.gp.HyperPrior.alternatives), the job's data
+        # and the modes' weights choosing.
+        state.hyper, state.gp_mode = fit_hyperparameters_over_modes(
+            design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map, cold if hyper is None else start, hyper_prior,
+            max_iter=FIT_ITERATIONS, restarts=[] if hyper is None else [(cold, FIT_ITERATIONS)])
     try:
         state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y)
     except GPNumericalError as exc:

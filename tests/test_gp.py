@@ -141,7 +141,7 @@ def test_fallback_to_the_parametric_prediction_never_raises(monkeypatch):
     # A deliberately ill-conditioned input: identical observations, zero noise, and no jitter allowed.
     monkeypatch.setattr("goodput.gp.JITTERS", (0.0,))
     singular = GPHyperparameters((2.0,) * 6, (0.1,), (0.0,), noise=0.0)
-    monkeypatch.setattr(posterior_module, "fit_hyperparameters", lambda *args, **kwargs: singular)
+    monkeypatch.setattr(posterior_module, "fit_hyperparameters_over_modes", lambda *args, **kwargs: (singular, 0))
     model = JobModel("j", init_batch_size=32).observe(_duplicates())
     pred = model.predict("t4", 1, 2, 32)
     assert model.diagnostics["fallback"] and "positive definite" in model.diagnostics["reason"]
