@@ -88,9 +88,9 @@ class Coverage:
     scalability: bool = True
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_bsz_fraction, (int, float)) and 0 < self.max_bsz_fraction <= 1):
+        if isinstance(self.max_bsz_fraction, bool) or not (isinstance(self.max_bsz_fraction, (int, float)) and 0 < self.max_bsz_fraction <= 1):
             raise ValidationError("max_bsz_fraction", self.max_bsz_fraction, "expected a fraction in (0, 1]")
-        if self.max_nodes is not None and not (isinstance(self.max_nodes, int) and self.max_nodes >= 1):
+        if self.max_nodes is not None and (isinstance(self.max_nodes, bool) or not (isinstance(self.max_nodes, int) and self.max_nodes >= 1)):
             raise ValidationError("max_nodes", self.max_nodes, "expected an integer >= 1, or None")
 
 
@@ -198,8 +198,10 @@ def _derive_all(models: list[Path], out_dir: Path, types: Mapping[str, tuple[flo
                 interactions: tuple[float, float, float] | None, seed: int, coverage: Mapping[str, Coverage]) -> list[Path]:
     rng = np.random.default_rng(seed)
     written = []
+    limits_bsz = any(kept.max_bsz_fraction < 1 for kept in coverage.values())
     for model in models:
-        max_bsz = max(row["local_bsz"] for _, row in read_csv_rows(model / "placements.csv", _PLACEMENTS))
+        # the model's largest local batch, read only where a type keeps a fraction of it
+        max_bsz = max(row["local_bsz"] for _, row in read_csv_rows(model / "placements.csv", _PLACEMENTS)) if limits_bsz else None
         for k, (gpu, factors) in enumerate(types.items()):
             kept = coverage.get(gpu, Coverage())
             if interactions is not None and k > 0:

@@ -161,6 +161,8 @@ def test_uneven_coverage_leaves_out_large_batches_other_nodes_and_scalability_ru
         Coverage(max_bsz_fraction=0.0)
     with pytest.raises(ValidationError, match="max_nodes"):
         Coverage(max_nodes=0)
+    with pytest.raises(ValidationError, match="max_nodes"):
+        Coverage(max_nodes=True)
     with pytest.raises(ValidationError, match="coverage"):
         derive(traces, tmp_path / "bad", types, coverage={"small": 0.5})
     assert set(UNEVEN_COVERAGE) <= set(DERIVED_TYPES)  # the flag names the default types
