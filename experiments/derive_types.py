@@ -35,6 +35,9 @@ whose kernels suit one architecture; ``accuracy.md``), where the plain sets
 have none. ``--uneven`` measures the types unevenly, as a real cluster's are
 (:data:`UNEVEN_COVERAGE`): the larger local batches left out on a type with
 less memory, a type on one node only, a type without the scalability runs.
+``--batch-sizes N`` keeps each model's rows on each type at N of its local batches
+alone, drawn at random (seed ``--seed``): profiles taken at a few batch sizes, as
+a real cluster's are, where the traces sweep 5-21 of them.
 """
 
 from __future__ import annotations
@@ -116,17 +119,19 @@ def _nodes(row: Mapping[str, object]) -> int:
 
 
 def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, ...],
-                 coverage: Coverage = Coverage(), max_bsz: int | None = None) -> str | None:
+                 coverage: Coverage = Coverage(), max_bsz: int | None = None, batches: frozenset[int] | None = None) -> str | None:
     """The CSV text of ``source`` (validated row by row) with its times scaled by ``factors``
     (compute, sync[, sync over several nodes]), the rows ``coverage`` keeps alone (local batches relative to
-    ``max_bsz``, the model's largest); ``None`` when it keeps none."""
+    ``max_bsz``, the model's largest) and, given ``batches``, those at these local batches alone; ``None`` when
+    it keeps none."""
     columns = list(schema)
     lines = [",".join(columns)]
     for line_no, row in read_csv_rows(source, schema):
         if row["sync_time"] > row["step_time"]:
             raise DataFormatError(source, line_no, "sync_time", row["sync_time"], f"must be <= step_time ({row['step_time']})")
         if ((max_bsz is not None and row["local_bsz"] > coverage.max_bsz_fraction * max_bsz)
-                or (coverage.max_nodes is not None and _nodes(row) > coverage.max_nodes)):
+                or (coverage.max_nodes is not None and _nodes(row) > coverage.max_nodes)
+                or (batches is not None and row["local_bsz"] not in batches)):
             continue
         sync = factors[2] if len(factors) == 3 and _nodes(row) > 1 else factors[1]
         row["step_time"], row["sync_time"] = _scaled(row["step_time"], row["sync_time"], factors[0], sync)
@@ -138,7 +143,7 @@ def _derive_file(source: Path, schema: Mapping[str, str], factors: tuple[float, 
 
 def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple[float, ...]] = DERIVED_TYPES,
            interactions: tuple[float, float, float] | None = None, seed: int = 0,
-           coverage: Mapping[str, Coverage] | None = None) -> list[Path]:
+           coverage: Mapping[str, Coverage] | None = None, batch_sizes: int | None = None) -> list[Path]:
     """Write the derived folder; returns the files written.
 
     Args:
@@ -152,6 +157,9 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
         seed: the draws' seed (numpy's default generator; models in name order, types in ``types``'s order).
         coverage: per type name, the rows it keeps (:class:`Coverage`; a type not named keeps all, a file
             left empty is not written), e.g. :data:`UNEVEN_COVERAGE`.
+        batch_sizes: each (model, type) keeps its rows at this many of the model's local batches (those its
+            coverage keeps) alone, drawn without replacement (seeded by ``seed``, apart from the interactions'
+            draws, so a set with and without it has the same factors); ``None``: every batch.
     """
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if not trace_dir.is_dir():
@@ -167,6 +175,8 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
                                                                        for v in interactions)):
         raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, finite and >= 0")
+    if batch_sizes is not None and (isinstance(batch_sizes, bool) or not isinstance(batch_sizes, int) or batch_sizes < 1):
+        raise ValidationError("batch_sizes", batch_sizes, "expected an integer >= 1, or None")
     coverage = dict(coverage or {})
     for name, kept in coverage.items():
         if not isinstance(kept, Coverage):
@@ -180,7 +190,7 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        written = _derive_all(models, building, types, interactions, seed, coverage)
+        written = _derive_all(models, building, types, interactions, seed, coverage, batch_sizes)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old."))
             out_dir.rename(old / "x")
@@ -195,22 +205,29 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
 
 
 def _derive_all(models: list[Path], out_dir: Path, types: Mapping[str, tuple[float, ...]],
-                interactions: tuple[float, float, float] | None, seed: int, coverage: Mapping[str, Coverage]) -> list[Path]:
+                interactions: tuple[float, float, float] | None, seed: int, coverage: Mapping[str, Coverage],
+                batch_sizes: int | None = None) -> list[Path]:
     rng = np.random.default_rng(seed)
+    batch_rng = np.random.default_rng([seed, 1])  # a stream of its own: the interactions' draws stay as they are
     written = []
-    limits_bsz = any(kept.max_bsz_fraction < 1 for kept in coverage.values())
+    reads_bsz = batch_sizes is not None or any(kept.max_bsz_fraction < 1 for kept in coverage.values())
     for model in models:
-        # the model's largest local batch, read only where a type keeps a fraction of it
-        max_bsz = max(row["local_bsz"] for _, row in read_csv_rows(model / "placements.csv", _PLACEMENTS)) if limits_bsz else None
+        # the model's local batches, read only where a type keeps a fraction or a few of them
+        sizes = sorted({row["local_bsz"] for _, row in read_csv_rows(model / "placements.csv", _PLACEMENTS)}) if reads_bsz else []
+        max_bsz = sizes[-1] if sizes else None
         for k, (gpu, factors) in enumerate(types.items()):
             kept = coverage.get(gpu, Coverage())
+            batches = None
+            if batch_sizes is not None:
+                allowed = [b for b in sizes if b <= kept.max_bsz_fraction * sizes[-1]]
+                batches = frozenset(int(b) for b in batch_rng.choice(allowed, min(batch_sizes, len(allowed)), replace=False))
             if interactions is not None and k > 0:
                 full = (factors[0], factors[1], factors[-1])  # (compute, intra, inter)
                 factors = tuple(float(f * np.exp(rng.normal(0.0, sd))) for f, sd in zip(full, interactions))
             for name, schema in (("placements", _PLACEMENTS), ("scalability", _SCALABILITY)):
                 source = model / f"{name}.csv"
                 if source.is_file() and (name == "placements" or kept.scalability):
-                    text = _derive_file(source, schema, factors, kept, max_bsz)
+                    text = _derive_file(source, schema, factors, kept, max_bsz, batches)
                     if text is not None:
                         written.append(atomic_write_text(out_dir / model.name / f"{name}-{gpu}.csv", text))
     return written
@@ -245,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--uneven", action="store_true",
                         help="measure the types unevenly (UNEVEN_COVERAGE): "
                              + "; ".join(f"{n}: {c}" for n, c in UNEVEN_COVERAGE.items()))
-    parser.add_argument("--seed", type=int, default=0, help="seed of --interactions' draws (default 0)")
+    parser.add_argument("--batch-sizes", type=int, default=None, metavar="N",
+                        help="each model keeps its rows on each type at N of its local batches alone, drawn at random")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --interactions' and --batch-sizes' draws (default 0)")
     args = parser.parse_args(argv)
     data = Path(args.data) if args.data else default_data_dir()
     if data is None:
@@ -267,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 raise ValidationError("--interactions", args.interactions, "expected C,S,S_N, e.g. 0.1,0.25,0.2") from None
         written = derive(data / "pollux" / "traces", args.out, types, interactions, args.seed,
-                         UNEVEN_COVERAGE if args.uneven else None)
+                         UNEVEN_COVERAGE if args.uneven else None, args.batch_sizes)
     except (ValidationError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -170,3 +170,36 @@ def test_uneven_coverage_leaves_out_large_batches_other_nodes_and_scalability_ru
     written = read_measurements(tmp_path / "cli").models["cifar10"]
     assert max(o.num_nodes for o in written if o.gpu_type == "rtx6000") == 1
     assert {o.gpu_type for o in written} == set(DERIVED_TYPES)
+
+
+def test_batch_sizes_keep_a_few_local_batches_per_model_and_type(tmp_path, capsys):
+    traces = _traces(tmp_path / "data" / "pollux" / "traces")  # local batches 32 and 64
+    types = {"t4": (1.0, 1.0), "nv": (0.5, 0.25, 0.8), "small": (0.8, 1.4)}
+    derive(traces, tmp_path / "all", types, interactions=(0.1, 0.25, 0.2), seed=5)
+    derive(traces, tmp_path / "few", types, interactions=(0.1, 0.25, 0.2), seed=5, batch_sizes=1,
+           coverage={"small": Coverage(max_bsz_fraction=0.5)})
+    derive(traces, tmp_path / "again", types, interactions=(0.1, 0.25, 0.2), seed=5, batch_sizes=1,
+           coverage={"small": Coverage(max_bsz_fraction=0.5)})
+    every, few, again = (read_measurements(tmp_path / name).models for name in ("all", "few", "again"))
+    for model in ("cifar10", "ncf"):
+        for gpu in types:
+            kept = {o.local_bsz for o in few[model] if o.gpu_type == gpu}
+            assert len(kept) == 1  # one of the two local batches, every row of it
+            rows = sorted((o.num_nodes, o.num_replicas, o.local_bsz, o.step_time) for o in few[model] if o.gpu_type == gpu)
+            assert rows == sorted((o.num_nodes, o.num_replicas, o.local_bsz, o.step_time) for o in every[model]
+                                  if o.gpu_type == gpu and o.local_bsz in kept)  # the same factors as without the flag
+        assert {o.local_bsz for o in few[model] if o.gpu_type == "small"} == {32}  # drawn among the batches coverage keeps
+    assert sorted(map(repr, few["cifar10"])) == sorted(map(repr, again["cifar10"]))  # the seed reproduces the draws
+    draws = set()
+    for seed in range(8):
+        derive(traces, tmp_path / f"s{seed}", types, seed=seed, batch_sizes=1)
+        draws.add(frozenset((o.gpu_type, o.local_bsz) for o in read_measurements(tmp_path / f"s{seed}").models["ncf"]))
+    assert len(draws) > 1  # drawn, not the first batches
+    derive(traces, tmp_path / "more", types, batch_sizes=5)  # more than a model has: every batch
+    assert len(read_measurements(tmp_path / "more").models["cifar10"]) == len(every["cifar10"])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValidationError, match="batch_sizes"):
+            derive(traces, tmp_path / "bad", types, batch_sizes=bad)
+    assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--batch-sizes", "1"]) == 0
+    assert {len({o.local_bsz for o in read_measurements(tmp_path / "cli").models["cifar10"] if o.gpu_type == g})
+            for g in DERIVED_TYPES} == {1}
