@@ -175,6 +175,8 @@ def derive(trace_dir: str | Path, out_dir: str | Path, types: Mapping[str, tuple
     if interactions is not None and (len(interactions) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
                                                                        for v in interactions)):
         raise ValidationError("interactions", interactions, "expected (compute, sync, inter-node sync) standard deviations, finite and >= 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValidationError("seed", seed, "expected an integer >= 0")
     if batch_sizes is not None and (isinstance(batch_sizes, bool) or not isinstance(batch_sizes, int) or batch_sizes < 1):
         raise ValidationError("batch_sizes", batch_sizes, "expected an integer >= 1, or None")
     coverage = dict(coverage or {})

@@ -200,6 +200,11 @@ def test_batch_sizes_keep_a_few_local_batches_per_model_and_type(tmp_path, capsy
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValidationError, match="batch_sizes"):
             derive(traces, tmp_path / "bad", types, batch_sizes=bad)
+    for bad in (-1, 1.0, None):
+        with pytest.raises(ValidationError, match="seed"):
+            derive(traces, tmp_path / "bad", types, seed=bad)
+    assert main([str(tmp_path / "bad"), "--data", str(tmp_path / "data"), "--seed", "-1"]) == 2  # a message, not numpy's traceback
+    assert "seed" in capsys.readouterr().err
     assert main([str(tmp_path / "cli"), "--data", str(tmp_path / "data"), "--batch-sizes", "1"]) == 0
     assert {len({o.local_bsz for o in read_measurements(tmp_path / "cli").models["cifar10"] if o.gpu_type == g})
             for g in DERIVED_TYPES} == {1}
