@@ -56,7 +56,7 @@ from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
 from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
 from .cells import default_means_by_type, default_prior
-from .hierarchy import EFFECT_DOF, ClusterPrior, log_size_proxies
+from .hierarchy import EFFECT_DOF, SCALE_BLOCKS, ClusterPrior, log_size_proxies
 from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
 from .lognormal import lognormal_std
 from .observations import Observation, Profile
@@ -447,6 +447,7 @@ class JobModel:
                                       hyper=self._gp_init if previous is None else None,
                                       hyper_prior=gp_prior or DEFAULT_HYPER_PRIOR,
                                       prior_dof=EFFECT_DOF if self.cluster_prior is not None and len(self.cluster_prior) else None,
+                                      prior_blocks=SCALE_BLOCKS,
                                       fit_hyper=fit_hyper, max_points=self.max_gp_points)
         self._refit_due = self._hyper_due = False
         self._pending = 0

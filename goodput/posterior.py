@@ -48,7 +48,11 @@ refits, :meth:`JobPosterior.condition` conditions the GP on new compute times to
 The prior is Student-t in :mod:`goodput.hierarchy` (a scale mixture of
 normals): the refit sets its scale from the job's own distance to it (E-steps
 of Lange, Little & Taylor, *JASA* 84, 1989), so an unusual job widens its own
-prior rather than being pulled to the cluster's typical one. The GP's
+prior rather than being pulled to the cluster's typical one; one scale per
+block of coordinates, compute and sync (:data:`goodput.hierarchy.SCALE_BLOCKS`,
+as the cluster's EM weighs its jobs), so a job odd in its compute (Pollux's
+host-bound ncf) keeps a typical job's prior on its sync (ncf's 90% intervals
+on Pollux's P1: ±1.61 in log with one scale, ±0.84 with two). The GP's
 hyperparameters (Matérn length scales, task covariance, noise) are fitted by
 the exact marginal likelihood of gpytorch's model (computed in numpy,
 :func:`goodput.gp_fit.fit_hyperparameters`) to the MAP's residuals, under a prior of
@@ -398,10 +402,11 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None, cov: np.ndarray | None = None,
-             carried: Mapping[int, np.ndarray] | None = None
+             carried: Mapping[int, np.ndarray] | None = None, blocks: Sequence[Sequence[int]] | None = None
              ) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]], np.ndarray | None, float]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
-    scale from the job's distance to it (Student-t prior as a scale mixture). Returns the fit, the noise,
+    scale from the job's distance to it (Student-t prior as a scale mixture), one scale per block of
+    coordinates (``blocks``, on every type; ``None``: one for all). Returns the fit, the noise,
     the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`),
     each one's noise std (:func:`_compute_noise`; ``None`` without compute times) and that noise's scale (the
     prior's, shrunk as the step times' is, without them).
@@ -433,13 +438,19 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
         fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
     base = chol
-    prior_prec = np.linalg.inv(base @ base.T)
+    base_cov = base @ base.T
+    prior_prec = np.linalg.inv(base_cov)
+    # each block's coordinates on every type (their scale is the job's: a job odd in its compute, host-bound, keeps
+    # its sync's prior as wide as a typical job's, as the cluster's EM weighs it, goodput.hierarchy.SCALE_BLOCKS)
+    scaled = [np.arange(base_cov.shape[0])] if blocks is None else [
+        np.array([K * k + c for k in range(len(types)) for c in block], dtype=int) for block in blocks]
     for _ in range(2 if dof is not None else 1):
         if computes:
             noise = _shrunk(fit.rms, fit.n, residual_std)
             scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
         if dof is not None:
-            # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]), the expectation under the Laplace posterior of δ = u − m
+            # E[w | data] = (ν + p) / (ν + E[δᵀ C⁻¹ δ]) per block (its p coordinates, C its marginal covariance), the
+            # expectation under the Laplace posterior of δ = u − m
             info = np.zeros_like(prior_prec)
             for k, rows, _y in steps:
                 jac = log_step_time(fit.u[k], rows)[1]
@@ -448,8 +459,13 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
                 jac = stacked_log_compute_time(fit.u, computes)[1] / compute_noise[:, None]
                 info += jac.T @ jac
             delta = (fit.u - mean).ravel()
-            quad = float(delta @ prior_prec @ delta + np.trace(prior_prec @ np.linalg.inv(info + prior_prec)))
-            chol = base * math.sqrt((dof + quad) / (dof + delta.size))
+            post = np.linalg.inv(info + prior_prec)
+            scale_sq = np.ones(delta.size)
+            for idx in scaled:
+                prec = np.linalg.inv(base_cov[np.ix_(idx, idx)])
+                quad = float(delta[idx] @ prec @ delta[idx] + np.trace(prec @ post[np.ix_(idx, idx)]))
+                scale_sq[idx] = (dof + quad) / (dof + idx.size)
+            chol = prior_cholesky(base_cov * np.sqrt(np.outer(scale_sq, scale_sq)))
         fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
     if computes:  # the step times' noise of the fit whose compute times are weighed as their noise says
         noise = _shrunk(fit.rms, fit.n, residual_std)
@@ -519,6 +535,7 @@ def build_posterior(
     *,
     hyper_prior: HyperPrior = DEFAULT_HYPER_PRIOR,
     prior_dof: float | None = None,
+    prior_blocks: Sequence[Sequence[int]] | None = None,
     fit_hyper: bool = True,
     max_points: int = 1024,
     seed: int = 0,
@@ -528,7 +545,8 @@ def build_posterior(
     ``prior_mean`` (T, K), ``prior_cov`` (KT, KT): the prior over the job's coordinates on its types,
     in the order of ``observations``; ``prior_dof``: the degrees of freedom of a Student-t prior
     (:data:`goodput.hierarchy.EFFECT_DOF`) whose scale the job's own distance from it sets (``None``:
-    the Gaussian prior as given). ``hyper_prior``: what a job's residual GP typically looks like on this
+    the Gaussian prior as given), one scale per block of coordinates ``prior_blocks`` (indices into the K
+    coordinates, on every type: :data:`goodput.hierarchy.SCALE_BLOCKS`; ``None``: one scale for all). ``hyper_prior``: what a job's residual GP typically looks like on this
     cluster (:attr:`goodput.hierarchy.ClusterPrior.gp_prior`, else weak defaults): the prior of the GP's
     hyperparameters and, through its variance, of the MAP's noise; few observations cannot estimate them.
     ``hyper``: hyperparameters (another job's) that a fit also starts from, and that stand until one (else the
@@ -546,7 +564,7 @@ def build_posterior(
     same = previous is not None and previous.types == types
     fit, noise, chol, computes, compute_noise, compute_scale = _map_fit(
         observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None, residual_std, prior_dof, prior_cov,
-        None if same else _carried_rows(previous, types, ref_bsz))
+        None if same else _carried_rows(previous, types, ref_bsz), prior_blocks)
     prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, compute_noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
