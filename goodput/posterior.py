@@ -278,7 +278,7 @@ class JobPosterior:
         return float(max(np.max(z) if z.size else 0.0, z_compute))
 
     def _condition_on_compute(self, observations: Sequence[Observation]) -> float:
-        """The measured compute times among ``observations`` (:func:`goodput.hierarchy.compute_rows`) as points of
+        """The measured compute times among ``observations`` (:func:`goodput.cells.compute_rows`) as points of
         the GP without a residual: their log is the linear part's ``log C(û) + J_C (u − û)`` plus Student-t noise of
         the refit's scale, as the refit's MAP and prior conditioning read them (each weighs as its residual at the
         MAP says, :func:`_compute_noise`'s E-step). Returns their largest ``|z|`` before the update (the refit's
@@ -407,7 +407,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
     scale from the job's distance to it (Student-t prior as a scale mixture), one scale per block of
     coordinates (``blocks``, on every type; ``None``: one for all). Returns the fit, the noise,
-    the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.hierarchy.compute_rows`),
+    the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.cells.compute_rows`),
     each one's noise std (:func:`_compute_noise`; ``None`` without compute times) and that noise's scale (the
     prior's, shrunk as the step times' is, without them).
 
@@ -440,10 +440,12 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     base = chol
     base_cov = base @ base.T
     prior_prec = np.linalg.inv(base_cov)
-    # each block's coordinates on every type (their scale is the job's: a job odd in its compute, host-bound, keeps
-    # its sync's prior as wide as a typical job's, as the cluster's EM weighs it, goodput.hierarchy.SCALE_BLOCKS)
-    scaled = [np.arange(base_cov.shape[0])] if blocks is None else [
-        np.array([K * k + c for k in range(len(types)) for c in block], dtype=int) for block in blocks]
+    # each block's coordinates on every type and their marginal precision (their scale is the job's: a job odd in its
+    # compute, host-bound, keeps its sync's prior as wide as a typical job's, as the cluster's EM weighs it,
+    # goodput.hierarchy.SCALE_BLOCKS)
+    scaled = [(np.arange(base_cov.shape[0]), prior_prec)] if blocks is None else [
+        (idx, np.linalg.inv(base_cov[np.ix_(idx, idx)]))
+        for idx in (np.array([K * k + c for k in range(len(types)) for c in block], dtype=int) for block in blocks)]
     for _ in range(2 if dof is not None else 1):
         if computes:
             noise = _shrunk(fit.rms, fit.n, residual_std)
@@ -461,8 +463,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
             delta = (fit.u - mean).ravel()
             post = np.linalg.inv(info + prior_prec)
             scale_sq = np.ones(delta.size)
-            for idx in scaled:
-                prec = np.linalg.inv(base_cov[np.ix_(idx, idx)])
+            for idx, prec in scaled:
                 quad = float(delta[idx] @ prec @ delta[idx] + np.trace(prec @ post[np.ix_(idx, idx)]))
                 scale_sq[idx] = (dof + quad) / (dof + idx.size)
             chol = prior_cholesky(base_cov * np.sqrt(np.outer(scale_sq, scale_sq)))
@@ -480,7 +481,7 @@ def _compute_weights(residual: np.ndarray, scale: float) -> np.ndarray:
 
 def _compute_groups(groups: Iterable[tuple[int, Sequence[Observation]]], ref_bsz: float) -> list[tuple[int, Rows, np.ndarray]]:
     """``(type index, rows, log compute times)`` of each type's measured compute times
-    (:func:`goodput.hierarchy.compute_rows`), the types without any left out."""
+    (:func:`goodput.cells.compute_rows`), the types without any left out."""
     out = []
     for k, observations in groups:
         rows, y = compute_rows(observations, ref_bsz)
@@ -546,9 +547,10 @@ def build_posterior(
     in the order of ``observations``; ``prior_dof``: the degrees of freedom of a Student-t prior
     (:data:`goodput.hierarchy.EFFECT_DOF`) whose scale the job's own distance from it sets (``None``:
     the Gaussian prior as given), one scale per block of coordinates ``prior_blocks`` (indices into the K
-    coordinates, on every type: :data:`goodput.hierarchy.SCALE_BLOCKS`; ``None``: one scale for all). ``hyper_prior``: what a job's residual GP typically looks like on this
-    cluster (:attr:`goodput.hierarchy.ClusterPrior.gp_prior`, else weak defaults): the prior of the GP's
-    hyperparameters and, through its variance, of the MAP's noise; few observations cannot estimate them.
+    coordinates, on every type: :data:`goodput.hierarchy.SCALE_BLOCKS`; ``None``: one scale for all).
+    ``hyper_prior``: what a job's residual GP typically looks like on this cluster
+    (:attr:`goodput.hierarchy.ClusterPrior.gp_prior`, else weak defaults): the prior of the GP's hyperparameters
+    and, through its variance, of the MAP's noise; few observations cannot estimate them.
     ``hyper``: hyperparameters (another job's) that a fit also starts from, and that stand until one (else the
     previous refit's, else the prior's medians). A fit always starts from the prior's medians, so the
     hyperparameters are a function of the observations, not of when the model was asked.
