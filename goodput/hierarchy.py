@@ -441,6 +441,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
             _set_type_mean_prior(prior_prec, prior_lin, len(types), mu, type_mean_var)
         sum_aa = np.zeros((K, K))
         sum_ee = np.zeros((len(types), K))
+        root_w = np.sqrt(weights)  # the weights the sums below use (the E-step in the loop updates them for the next)
         for group, arrow, qf, qg in solved:
             w = weights[group.jobs]
             z = qg - qf @ beta  # the effects' posterior mean, Q⁻¹ (g − f β)
@@ -458,7 +459,18 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
             for block in SCALE_BLOCKS:
                 cols = list(block)
                 weights[np.ix_(group.jobs, cols)] = ((EFFECT_DOF + len(cols) * dims) / (EFFECT_DOF + quad[:, cols].sum(axis=1)))[:, None]
-        shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + len(jobs)), 0.0)
+        # A's M-step divides the jobs' weighted second moments by their weights, not their number: the update of the
+        # parameter-expanded EM for the Student-t (Liu, Rubin & Wu, Biometrika 85, 1998), so the weights
+        # down-weight a job far out against the others without rescaling A; at the t's maximum likelihood they
+        # average 1 and both updates agree (Kent, Tyler & Vardi, Comm. Stat. Simul. 23, 1994). Here their common
+        # level also counts each job's e-dimensions, where E's pseudo-cells hold E above what the cells show: the
+        # shared data's jobs all weighed 1.2-1.9 on the sync, which multiplied A, and the P1-P3 intervals needed
+        # 0.73-0.79 of their width for 90% coverage (experiments/results/accuracy.md). E keeps its count (its PX
+        # form put Pollux's P3 at 8.5, Gavel's P2 at 18.7). One job cannot tell how jobs differ: A stays the default.
+        if len(jobs) > 1:
+            shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + root_w.T @ root_w), 0.0)
+        else:
+            shared = a0.copy()
         held = np.array(NO_JOB_EFFECT, dtype=int)
         shared[held, held] = a0[held, held]  # the diagonal held at the default's (near zero): no job effect there
         # the correlations of the sync's job effects: a few jobs hardly estimate them, so the block's
