@@ -28,7 +28,9 @@ posteriori coordinates under a weak prior and the information of its data
 never ran multi-GPU on a type says nothing about its sync there), and EM
 (Dempster, Laird & Rubin, *JRSS B* 39, 1977) maximises the marginal
 likelihood, with ``A`` and ``E`` shrunk toward the weak defaults by
-:data:`PRIOR_WEIGHT` pseudo-jobs (conjugate inverse-Wishart / inverse-gamma)
+:data:`PRIOR_WEIGHT` pseudo-jobs (conjugate inverse-Wishart / inverse-gamma),
+the jobs' effects Student-t (:data:`EFFECT_DOF`; A's M-step in the parameter-expanded form of Liu, Rubin & Wu,
+*Biometrika* 85, 1998, so the weights tell jobs apart without rescaling A),
 and each type's mean toward the mean over types (what a type the cluster has
 not run multi-GPU on takes), itself integrated out under the weak default's
 spread (:data:`TYPE_LEVEL_STD`). How far the types' means spread around it is
