@@ -32,10 +32,11 @@ model its own factors on each type but the first, the type's times a
 log-normal of those standard deviations (seed ``--seed``): jobs that differ
 from type to type in more than the type's scale, as real jobs do (a model
 whose kernels suit one architecture; ``accuracy.md``), where the plain sets
-have none: Gavel's models' 1-GPU speedups between two of its types spread 0.47–0.87
-in log, which ``--interactions 0.5,0.4,0.3`` matches (``accuracy.md``'s strong-interaction set). ``--uneven`` measures the types unevenly, as a real cluster's are
-(:data:`UNEVEN_COVERAGE`): the larger local batches left out on a type with
-less memory, a type on one node only, a type without the scalability runs.
+have none: Gavel's models' 1-GPU speedups between two of its types spread
+0.47–0.87 in log, which ``--interactions 0.5,0.4,0.3`` matches (``accuracy.md``'s
+strong-interaction set). ``--uneven`` measures the types unevenly, as a real
+cluster's are (:data:`UNEVEN_COVERAGE`): the larger local batches left out on a
+type with less memory, a type on one node only, a type without the scalability runs.
 ``--batch-sizes N`` keeps each model's rows on each type at N of its local batches
 alone, drawn at random (seed ``--seed``): profiles taken at a few batch sizes, as
 a real cluster's are, where the traces sweep 5-21 of them.
