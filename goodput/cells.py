@@ -45,10 +45,9 @@ __all__ = ["CellSummary", "summarize_cell", "summarize_with_residuals", "step_ro
 # SYNC_CORRELATION); growth per extra replica ~5% of the constant; γ - 1 ~ 0.5. The intra-node growth ratio
 # has no shared part (goodput.hierarchy.NO_JOB_EFFECT): all of its default spread (1.1 = √(1² + ½²)) is the type's. Compute's
 # power p around Pollux's sum (log p = 0): 0.25 in log for the job, 0.2 for one type, about what the EM
-# learned on the shared data from twice that (A 0.24 and E 0.13-0.16 on Gavel, A 0.35 and E 0.13-0.35 on Zeus). A cell fitted
-# under twice that (summarize_cell) bends its curve only as far as its sizes show: with 0.5 and 0.4, Gavel's
-# non-monotone K80 steps (resnet-18: 0.21 s at 16 samples, 0.14 s at 32 and 64) took p to 7.8, and Gavel's
-# P5 went 10.9 -> 11.3 (8.8 with these; experiments/results/accuracy.md).
+# learned on the shared data from twice that. A cell fitted under twice that (summarize_cell) bends its curve
+# only as far as its sizes show: with 0.5 and 0.4, Gavel's non-monotone K80 steps (resnet-18: 0.21 s at 16
+# samples, 0.14 s at 32 and 64) took p to 7.8.
 DEFAULT_SHARED_STD = np.array([1.0, 1.5, 1.0, 1.0, 0.01, 1.0, 0.7, 0.25])
 DEFAULT_TYPE_STD = np.array([1.0, 0.3, 0.5, 0.6, 1.1, 0.5, 0.5, 0.2])
 SYNC_CORRELATION = 0.95
@@ -174,8 +173,7 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
     The likelihood's scale is the fit's own residual std (shrunk toward :data:`CELL_NOISE_PRIOR` by
     2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less. Step
     times alone: with the measured compute times (:func:`compute_rows`) fitted here as the job's own
-    posterior fits them, the cluster's priors moved and P1-P3 got worse on the derived sets (derived P1 17.4
-    → 17.9, P3 8.8 → 10.1; ``experiments/results/accuracy.md``'s history).
+    posterior fits them, P1-P3 got worse on the derived sets (``experiments/results/accuracy.md``'s probes).
     """
     return summarize_with_residuals(job, gpu_type, observations, ref_bsz, shape, size)[0]
 

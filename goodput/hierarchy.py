@@ -88,28 +88,23 @@ __all__ = ["CellSummary", "ClusterPrior", "default_means", "default_means_by_typ
            "DEFAULT_TYPE_STD", "EFFECT_DOF", "BLOCKS", "NO_JOB_EFFECT", "SCALE_BLOCKS", "SCALE_BLOCK_NAMES"]
 
 # The weak defaults of A and E (a job's prior without a cluster, the pull on the EM's estimates) are in
-# goodput.cells, beside the cell fits made under them.
+# goodput.cells, beside the cell fits made under them. The figures behind each choice below are in
+# experiments/results/accuracy.md (history and probes).
 CORRELATION_WEIGHT = 10.0
 # Which coordinates a job's shared effect couples (A is block-diagonal over these): compute, and the sync
 # (the constants, the inter-node growth ratio, the overlap). A job's compute says little about its sync
 # beyond what its size says (an architecture's FLOPs per byte vary by orders of magnitude: Pollux's ncf is
-# host-bound; coupled, Pollux's P1 went 13.0 -> 22.6). Within the sync, a job's coordinates move together:
-# a latency-bound job (few bytes) has small constants that grow fast per replica, a bandwidth-bound one
-# overlaps more of its larger sync with compute; single-node steps pin combinations of them, not each one.
-# Their correlations are learned, shrunk toward independence (CORRELATION_WEIGHT pseudo-jobs), the
-# constants' toward SYNC_CORRELATION (experiments/results/accuracy.md: the derived set's P2 10.2 -> 9.8,
-# P3 9.8 -> 8.8).
+# host-bound). Within the sync, a job's coordinates move together: a latency-bound job (few bytes) has small
+# constants that grow fast per replica, a bandwidth-bound one overlaps more of its larger sync with compute;
+# single-node steps pin combinations of them, not each one. Their correlations are learned, shrunk toward
+# independence (CORRELATION_WEIGHT pseudo-jobs), the constants' toward SYNC_CORRELATION.
 BLOCKS = ((0, 1, 7), (2, 3, 5, 6))
 # Coordinates without a job effect (A's variance held at DEFAULT_SHARED_STD², i.e. none): how a job's
 # intra-node sync grows per extra GPU is set by the node's topology (PCIe switches, NVLink rings) as much as
-# by the job, so it is a property of the job on a type, learned per type (m[t], E[t]); the network between
-# nodes is the cluster's, so the inter-node growth keeps its job effect. The cells hardly identify it
-# (single-node steps trade it against the sync constant and the overlap), so the cluster's likelihood barely
-# tells a job effect (the EM settled at 0.4-0.55 in log) from a per-type one (0.1-0.2): with the job effect,
-# a job's single-node steps moved its growth along that ridge and its other types' with it (derived set P2
-# 12.0, P3 11.1; without, 10.4 and 9.9; Pollux's P3 7.8 -> 7.6; experiments/results/accuracy.md). A job effect
-# inside the sync's joint block (its default 1.0, the type's 0.5) does no better: derived P2 9.8 -> 10.8, P3
-# 8.8 -> 9.9, Pollux's P3 7.6 -> 8.0, Gavel's P2 16.7 -> 17.2.
+# by the job, so it is learned per type (m[t], E[t]); the network between nodes is the cluster's, so the
+# inter-node growth keeps its job effect. Single-node steps trade the intra-node growth against the sync
+# constant and the overlap, so with a job effect one type's single-node steps moved the job's other types
+# along that ridge.
 NO_JOB_EFFECT = tuple(c for c in range(K) if not any(c in block for block in BLOCKS))
 _BLOCK_MASK = np.zeros((K, K), dtype=bool)
 for _block in BLOCKS:
@@ -118,47 +113,34 @@ _SYNC = np.array(next(block for block in BLOCKS if 2 in block))  # the sync's bl
 # Model size: a job's sync constants grow with its gradient bytes (slope 1 in log), its compute with its
 # FLOPs (about half that, across architectures); the slopes are learned from the cluster around these, within
 # SIZE_SLOPE_STD. The inter-node constant α_n is an all-reduce of the gradient over the network, bandwidth-bound,
-# so its slope is held within 0.2 of 1; the others within 0.5. A cluster's few jobs reach its sizes' ends with
-# jobs that are not typical (Pollux's host-bound ncf, 1.6 M parameters, at the small end), and a new job at an end
-# takes the slope's error times its distance: on Pollux's traces without bert (110 M, the largest), α_n's slope
-# 1.14 and bert's prior log α_n 0.58 (its own fit 0.34; its P1 29%); at 0.2, 1.12 and 0.54 (P1 25%). Over the
-# shared data: P1 13.4 -> 12.5 (Pollux's traces), 17.4 -> 16.5 (derived set), 17.7 / 16.8 -> 16.9 / 15.7
-# (interaction sets), Gavel 14.6 -> 14.9; P2 and P3 within 0.2. At 0.1, ncf's P3 went 8.5 -> 21.5
-# (experiments/results/accuracy.md).
-# α_r's stays at 0.5: a single node shows little of its sync (it overlaps the backward), so its constant is
-# read together with the overlap, not off the bytes alone.
+# so its slope is held within 0.2 of 1: a cluster's few jobs reach its sizes' ends with jobs that are not
+# typical (Pollux's host-bound ncf at the small end), and a new job at an end takes the slope's error times its
+# distance. α_r's stays within 0.5: a single node shows little of its sync (it overlaps the backward), so its
+# constant is read together with the overlap, not off the bytes alone.
 SIZE_SLOPE_PRIOR = np.array([0.5, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
 SIZE_SLOPE_STD = np.array([0.5, 0.5, 0.5, 0.2, 0.5, 0.5, 0.5, 0.5])
 # A job that does not report its size gets one read off its 1-GPU compute (one_gpu_log_proxy): the optimizer
 # step and the backward's per-parameter work do not grow with the batch, so the per-step compute α_c tracks the
 # parameters, and the compute c at the smallest batch the FLOPs; the proxy is their geometric mean √(α_c·c), α_c
-# at least SIZE_PROXY_FLOOR of c (the rule-based model's size proxy, issue 4's round 5). It moves the sync
-# constants alone (not the compute it is read from, nor the growth ratios or the overlap), and where no job's
-# size is known both constants by one slope (held together within SIZE_SLOPE_TIE: the same gradient bytes
-# cross both interconnects; with a slope each, or with every sync coordinate moved, Pollux's P3 without sizes
-# went 20 -> 26-28). log size - log proxy spreads 0.35 over Pollux's six bundled models (T4) and 0.75 over
+# at least SIZE_PROXY_FLOOR of c. It moves the sync constants alone, and where no job's size is known both
+# constants by one slope (held together within SIZE_SLOPE_TIE: the same gradient bytes cross both
+# interconnects). log size − log proxy spreads 0.35 over Pollux's six bundled models (T4) and 0.75 over
 # Gavel's five (K80): SIZE_PROXY_STD is the error an imputed size carries, one pseudo-job's worth beside the
-# spread the cluster's sized jobs show. Without sizes, each job's sync prior was the cluster's typical one: P1
-# 64% on Pollux's traces (ncf's steps 20x too slow), 42% on Gavel; with the proxy 18% and 28%
-# (experiments/results/accuracy.md).
+# spread the cluster's sized jobs show.
 SIZE_PROXY_STD = 0.5
 SIZE_SLOPE_TIE = 0.01
 
-
-
 TYPE_MEAN_STD = 1.5  # weak default spread of a coordinate's type means around their mean over types (m[t] shrinkage)
 # ... learned per coordinate by the EM, the default counting for this many types (with one type it stays):
-# on this project's profiles (zoo jobs on the CPU and an H200) logit f's type means are ±4-5 apart, and at 1.5
-# the EM put it into the job × type effects instead; P5 there 34.6% → 8.9%, on the shared data every
-# protocol within its interval (Gavel's P2 17.1 → 16.3 and P5 8.8 → 10.3; the others ±0.4 at most)
+# a CPU and a GPU whose steps are launch-bound differ in their share of per-sample work (logit f) by ±4–5,
+# which a fixed 1.5 pushed into the job × type effects.
 TYPE_MEAN_WEIGHT = 1.0
 # The mean over types itself is not known before the cluster is seen: its prior is the weak default's
 # spread of one job's coordinate on a type (√(DEFAULT_SHARED_STD² + DEFAULT_TYPE_STD²)) around the cells'
 # mean, integrated out with the type means (Gelman et al., *Bayesian Data Analysis*, 3rd ed., §5.4: the
-# hierarchical normal model's population mean). Plugged in at the cells' mean, the level used the data twice:
-# with one job in the cluster, its effects sat at zero by construction and A's sync constants fell to 0.50 of
-# their weak default (0.58 now; tests/test_hierarchy.py). A flat level (std 10) kept them at the default but
-# left a coordinate that no cell informs (a cluster that ran 1 GPU only: its sync) at e^±10 (infinite intervals).
+# hierarchical normal model's population mean). Plugged in at the cells' mean, the level used the data twice
+# (one job's effects sat at zero by construction and A shrank); a flat level left a coordinate that no cell
+# informs (a cluster that ran 1 GPU only: its sync) at e^±10.
 TYPE_LEVEL_STD = np.sqrt(DEFAULT_SHARED_STD**2 + DEFAULT_TYPE_STD**2)
 PRIOR_WEIGHT = 0.1  # pseudo-jobs (and pseudo-cells) the weak defaults of A and E count for in the EM
 EM_ITERATIONS = 60
@@ -167,17 +149,13 @@ EM_ITERATIONS = 60
 # its own prior, so the typical job's is not stretched to cover it.
 EFFECT_DOF = 4.0
 # The groups of coordinates that share one Student-t scale, read off BLOCKS: A's blocks (the intra-node growth,
-# which has no job effect, joins the sync). Under A a job's compute and sync are independent, so a job odd in one (Pollux's
-# host-bound ncf, in compute) is down-weighted in that one only and its sync still informs the cluster's; one
-# scale over all K(n+1) coordinates of a job's effects could not tell them apart. Derived set P2 9.8 -> 9.7,
-# derived2 P2 11.6 -> 11.3, Gavel P1 14.5 -> 14.1 and P5 11.4 -> 10.9, Gavel P2 16.7 -> 16.9
-# (experiments/results/accuracy.md).
+# which has no job effect, joins the sync). Under A a job's compute and sync are independent, so a job odd in one
+# (Pollux's host-bound ncf, in compute) is down-weighted in that one only and its sync still informs the cluster's.
 SCALE_BLOCKS = tuple(tuple(sorted(block + (NO_JOB_EFFECT if 2 in block else ()))) for block in BLOCKS)  # ((0, 1, 7), (2, 3, 4, 5, 6))
 SCALE_BLOCK_NAMES = ("compute", "sync")
 # Pseudo-cells of the pooled E in each type's E: half a cell, a weak default like PRIOR_WEIGHT's. How far a
 # job strays on one type from its others is the type's (its topology, its interconnect): on Gavel the spread
-# of α_n is 0.33 on P100 and 0.94 on K80 (in log), which 2 pseudo-cells of the pooled value pulled to 0.35
-# and 0.58 (P2 17.0 -> 16.2, P3 12.0 -> 10.9; the derived set's P2 10.4 -> 10.2; experiments/results/accuracy.md).
+# of α_n is 0.33 in log on P100 and 0.94 on K80.
 TYPE_SHRINKAGE = 0.5
 
 
@@ -465,10 +443,8 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         # parameter-expanded EM for the Student-t (Liu, Rubin & Wu, Biometrika 85, 1998), so the weights
         # down-weight a job far out against the others without rescaling A; at the t's maximum likelihood they
         # average 1 and both updates agree (Kent, Tyler & Vardi, Comm. Stat. Simul. 23, 1994). Here their common
-        # level also counts each job's e-dimensions, where E's pseudo-cells hold E above what the cells show: the
-        # shared data's jobs all weighed 1.2-1.9 on the sync, which multiplied A, and the P1-P3 intervals needed
-        # 0.73-0.79 of their width for 90% coverage (experiments/results/accuracy.md). E keeps its count (its PX
-        # form put Pollux's P3 at 8.5, Gavel's P2 at 18.7). One job cannot tell how jobs differ: A stays the default.
+        # level also counts each job's e-dimensions, which had multiplied A (intervals too wide). E keeps its count.
+        # One job cannot tell how jobs differ: A stays the default.
         if len(jobs) > 1:
             shared = np.where(_BLOCK_MASK, (PRIOR_WEIGHT * a0 + sum_aa) / (PRIOR_WEIGHT + root_w.T @ root_w), 0.0)
         else:
