@@ -14,7 +14,7 @@ the log step time of a configuration with respect to the Pollux prediction
   Learning*, 2006, eq. 4.17; BoTorch's default), which lets the residual be
   rougher than the squared exponential would (on the shared data it cut the
   online error after 20 observations from 6.2% to 5.9% on Pollux's T4 traces
-  and from 4.6% to 4.3% on Gavel's: ``experiments/results/accuracy.md``);
+  and from 4.6% to 4.3% on Gavel's: issue 4's round 3 in the git history of ``experiments/results/accuracy.md``);
   ``B = w wᵀ + diag(v)`` is a rank-1-plus-diagonal covariance
   between GPU types, so residual structure learned on one type moves to the
   others in proportion to their learned correlation. ``x`` are the

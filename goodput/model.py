@@ -380,7 +380,7 @@ class JobModel:
         # A quarter of the observations held at the last refit: the linearisation point moves about as far as
         # the data's information grows. The floor was 5: a job's first refit, on one observation, then carried
         # four more through its linearisation, and a host-bound job's far from it (P4@5 on Pollux's traces:
-        # 235 predictions off by more than 100%, 25 now; experiments/results/accuracy.md). The count of
+        # 235 predictions off by more than 100%, 25 now; `git show ada7e64:experiments/results/accuracy.md`). The count of
         # refits stays logarithmic in the observations.
         threshold = self.refit_every or max(1, math.ceil(state.n_fit / 4))
         if self.last_z > self.surprise:

@@ -41,7 +41,7 @@ residuals as σ is, so a wrong sync reading is weighed down): the MAP fits both,
 linear part starts from is the prior conditioned on these compute times at ``û`` (the linear-Gaussian
 update), so the step times' GP conditions what they leave of the compute/sync split. Where the step time
 alone leaves that split to the prior (a type whose steps all include sync), the measured compute pins it
-(on Pollux's traces, P3 6.8 → 6.6 and online P4 next 5.8 → 5.5, ``experiments/results/accuracy.md``). Between
+(on Pollux's traces, P3 6.8 → 6.6 and online P4 next 5.8 → 5.5, ``git show 5b43f24:experiments/results/accuracy.md``). Between
 refits, :meth:`JobPosterior.condition` conditions the GP on new compute times too, as points without a residual
 (the linear part alone).
 
