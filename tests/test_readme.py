@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from goodput import Cluster, JobModel, Observation, Profile
-from goodput.throughput import ThroughputParams
+from goodput.throughput import ThroughputParams, predict_step_time
 from tests.service_helpers import PROFILES, live_server
 from tests.test_throughput import synthetic
 
@@ -93,6 +93,7 @@ def test_every_other_command_names_a_make_target_or_a_module_that_exists():
 
 # ---------------------------------------------------------------------- the Python blocks
 def observations(job: str, params: dict[str, ThroughputParams], configs, bszs=(32, 64, 128, 256), seed=0):
+    """Step times of ``job`` drawn from known parameters per GPU type, 3% log-normal noise."""
     return [obs for i, (gpu, p) in enumerate(params.items())
             for obs in synthetic(p, configs, bszs=bszs, job=job, gpu=gpu, seed=seed + i)]
 
@@ -112,6 +113,8 @@ def test_the_first_example_fits_predicts_and_writes_a_table(cifar10_profile):
     namespace: dict = {}
     exec(python_block('Profile.load("cifar10.jsonl")'), namespace)
     assert namespace["best"].goodput > 0 and namespace["best"].batch_size >= 128
+    truth = float(predict_step_time(T4, 1, 4, 128, 0))  # the README's predict() call, against the parameters measured
+    assert namespace["model"].predict("t4", num_nodes=1, num_replicas=4, local_bsz=128).step_time == pytest.approx(truth, rel=0.1)
     frame = namespace["table"].frame
     assert {"goodput", "batch_size", "std"} <= set(frame.columns) and len(frame) > 0
     assert json.loads(Path("cifar10-table.json").read_text())
