@@ -443,9 +443,9 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     # each block's coordinates on every type and their marginal precision (their scale is the job's: a job odd in its
     # compute, host-bound, keeps its sync's prior as wide as a typical job's, as the cluster's EM weighs it,
     # goodput.hierarchy.SCALE_BLOCKS)
-    scaled = [(np.arange(base_cov.shape[0]), prior_prec)] if blocks is None else [
-        (idx, np.linalg.inv(base_cov[np.ix_(idx, idx)]))
-        for idx in (np.array([K * k + c for k in range(len(types)) for c in block], dtype=int) for block in blocks)]
+    offsets = K * np.arange(len(types))[:, None]
+    indices = [(offsets + np.asarray(block)).ravel() for block in (blocks or (range(K),))]
+    scaled = [(idx, np.linalg.inv(base_cov[np.ix_(idx, idx)])) for idx in indices]
     for _ in range(2 if dof is not None else 1):
         if computes:
             noise = _shrunk(fit.rms, fit.n, residual_std)
