@@ -16,26 +16,26 @@ Run: ``python -m experiments.small_clusters DIR [DIR ...] [--jobs 1,2,3]
 [--subsets 4] [--out FILE]``: one line per folder, protocol and sizes setting
 (``--out`` also writes the figures as JSON, atomically).
 
-Measured (2-core VM, ``9a9e259``'s model, the defaults; median / mean):
+Measured (2-core VM, ``ec44ec7``'s model, the defaults, 91 s for both folders; median / mean):
 
 ==========================  ============  ===========  ===========  ===========
 folder, protocol, sizes     weak default  1 job        2 jobs       3 jobs
 ==========================  ============  ===========  ===========  ===========
-Pollux's traces, P1, sized  35.4 / 35.1   16.5 / 18.6  12.4 / 13.9  13.0 / 16.6
-Pollux's traces, P3, sized  20.3 / 24.0   10.3 / 11.6  8.7 / 12.4   7.4 / 12.2
-Gavel, P1, sized            22.7 / 25.6   18.5 / 22.6  15.4 / 17.7  15.6 / 16.1
-Gavel, P3, sized            25.0 / 27.4   17.2 / 21.7  14.2 / 16.4  13.0 / 14.6
-Pollux's traces, P1, none   35.4 / 35.1   14.5 / 28.0  10.0 / 30.9  17.9 / 32.7
-Pollux's traces, P3, none   20.3 / 24.0   18.7 / 27.6  14.7 / 29.0  22.1 / 32.2
-Gavel, P1, none             22.7 / 25.6   41.6 / 52.1  31.5 / 40.1  33.2 / 39.2
-Gavel, P3, none             25.0 / 27.4   23.3 / 26.9  17.0 / 20.5  16.8 / 19.0
+Pollux's traces, P1, sized  35.4 / 35.1   16.5 / 18.6  12.3 / 13.7  13.3 / 16.2
+Pollux's traces, P3, sized  20.3 / 24.0   13.1 / 14.6  9.1 / 12.5   6.7 / 9.1
+Gavel, P1, sized            22.7 / 25.6   18.6 / 23.0  15.7 / 17.4  15.9 / 16.2
+Gavel, P3, sized            25.0 / 27.4   18.4 / 22.4  14.4 / 16.3  12.9 / 14.0
+Pollux's traces, P1, none   35.4 / 35.1   14.4 / 28.1  12.4 / 27.8  16.7 / 28.1
+Pollux's traces, P3, none   20.3 / 24.0   18.6 / 28.1  15.5 / 29.2  24.5 / 34.5
+Gavel, P1, none             22.7 / 25.6   39.4 / 52.6  35.5 / 40.6  34.4 / 39.0
+Gavel, P3, none             25.0 / 27.4   22.7 / 27.7  15.8 / 21.7  16.4 / 19.1
 ==========================  ============  ===========  ===========  ===========
 
 With sizes, a prior from one other job already beats the weak default, on both folders and both
 protocols. Without them, Gavel's P1 is worse than the weak default with 1–3 jobs (and with all four
-others: 28.3 against 27.0, ``experiments/results/accuracy.md``), and Pollux's traces are better by
-the median but worse by the mean with 1–3 jobs: so the service learns a prior once two jobs report
-their size, each then taking the other's.
+others: ``experiments/results/accuracy.md``'s table without sizes), and Pollux's P3 is better by the
+median but worse by the mean with 1–2 jobs and worse by both with 3: so the service learns a prior
+once two jobs report their size, each then taking the other's.
 """
 
 from __future__ import annotations
