@@ -578,8 +578,11 @@ class ClusterPrior:
         """Mean (T, 8) and covariance (8T, 8T) of a new job's coordinates on ``types`` (module docstring);
         ``size``: its trainable parameters, when known (the cluster's size slopes place it); else ``proxies``
         (:func:`log_size_proxies` of its observations) give it one from its 1-GPU compute (:data:`SIZE_PROXY_FLOOR`'s
-        comment), with that guess's error; with neither, its size is averaged over the cluster's."""
+        comment), with that guess's error; with neither, its size is averaged over the cluster's. On a cluster none of
+        whose jobs reports its size, the sizes' centre and slopes are on the proxy's scale, where a parameter count
+        has no place: ``size`` is then left out and ``proxies`` place the job."""
         fit = self.fitted()
+        size = size if fit.sized else None
         imputed = not size
         log_size = math.log(size) if size else (fit.imputation.log_size(proxies) if fit.imputation is not None else None)
         num = len(types)

@@ -415,7 +415,7 @@ class JobModel:
         the cluster prior's, or the weak defaults around each type's observed compute."""
         if self.cluster_prior is not None and len(self.cluster_prior):
             return self.cluster_prior.prior(self.gpu_types, self.model_size,
-                                            proxies=None if self.model_size is not None else self._size_proxies())
+                                            proxies=self._size_proxies())  # placed by proxy where the cluster cannot place a size
         return default_prior(default_means_by_type({t: self._observations[t] for t in self.gpu_types}))
 
     def _size_proxies(self) -> dict[str, float]:

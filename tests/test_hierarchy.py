@@ -244,6 +244,26 @@ def test_a_job_that_reports_no_size_is_placed_by_its_per_step_compute():
     assert means["small"][2] < unknown[2] < means["big"][2]
 
 
+def test_a_reported_size_on_a_cluster_that_reports_none_is_placed_by_its_proxy():
+    """On a cluster whose jobs report no size, the sizes' centre and slopes are on the proxy's scale: a parameter
+    count differenced against that centre (log 1e8 ≈ 18.4 against a centre near 0) had moved a new job's prior sync
+    constants by e^15 and widened every coordinate's std to about 9. The job is placed by its proxy instead."""
+    from goodput.hierarchy import log_size_proxies
+
+    data, _ = _size_driven_cluster(8, seed=5)
+    prior = ClusterPrior.from_observations(data)
+    assert not prior.fitted().sized
+    obs = _job_of_size("new", 17.0, np.random.default_rng(6), configs=((1, 1),))
+    proxies = log_size_proxies({"t4": obs})
+    by_proxy = prior.prior(["t4"], proxies=proxies)
+    for reported in (prior.prior(["t4"], 1e8, proxies), prior.prior(["t4"], 1e3, proxies)):
+        np.testing.assert_allclose(reported[0], by_proxy[0])
+        np.testing.assert_allclose(reported[1], by_proxy[1])
+    model = JobModel("new", init_batch_size=32, cluster_prior=prior, model_size=1e8).observe(obs)
+    np.testing.assert_allclose(model.prior()[0], by_proxy[0])
+    assert np.all(np.sqrt(np.diag(model.prior()[1])) < 3.0)
+
+
 def test_a_jobs_size_proxy_is_read_again_only_when_its_1_gpu_steps_grow(monkeypatch):
     import goodput.model
     from goodput.hierarchy import log_size_proxies
