@@ -70,7 +70,7 @@ import scipy.optimize
 from .observations import Observation
 from .throughput import SoftMax
 
-__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "log_step_time", "log_compute_time", "stacked_log_compute_time",
+__all__ = ["COORDS", "K", "LOG_POWER_MAX", "power_from_log", "Rows", "reference_bsz", "theta_from_u", "u_from_theta", "rebase_u", "log_step_time", "log_compute_time", "stacked_log_compute_time",
            "sigma_points",
            "unscented_moments", "unscented_log_step_time", "fit_map", "MapFit"]
 
@@ -166,14 +166,26 @@ def theta_from_u(u: np.ndarray, ref_bsz: float) -> np.ndarray:
 
 def u_from_theta(theta: np.ndarray, ref_bsz: float, power: float | np.ndarray = 1.0) -> np.ndarray:
     """``u`` from θ (PARAM_NAMES order) and compute's power ``p`` (default 1: Pollux's sum); zero parameters
-    are floored at 1e-12 s, γ − 1 at 1e-6. ``u_from_theta(theta_from_u(u, b), b', p)`` is ``u`` at a new
-    reference batch ``b'``."""
+    are floored at 1e-12 s, γ − 1 at 1e-6 (so ``u`` at another reference batch is :func:`rebase_u`'s, not a
+    round trip through θ: the floor, raised to a small ``p``, is not small)."""
     a_c, b_c, a_n, b_n, a_r, b_r, gamma = (np.maximum(np.asarray(theta, dtype=float)[..., i], _FLOOR) for i in range(7))
     log_power = np.clip(np.log(np.broadcast_to(np.asarray(power, dtype=float), np.shape(a_c))), -LOG_POWER_MAX, LOG_POWER_MAX)
     p = np.exp(log_power)
     log_work, log_overhead = p * np.log(b_c * ref_bsz), p * np.log(a_c)
     return np.stack([np.logaddexp(log_overhead, log_work) / p, log_work - log_overhead, np.log(a_r), np.log(a_n),
                      np.log(b_r / a_r), np.log(b_n / a_n), np.log(np.maximum(gamma - 1.0, 1e-6)), log_power], axis=-1)
+
+
+def rebase_u(u: np.ndarray, ref_bsz: float, new_ref_bsz: float) -> np.ndarray:
+    """``u`` (..., 8) rewritten for the reference batch ``new_ref_bsz``: the same step times. Compute's level
+    becomes its value at the new batch, ``c' = c·g^{1/p}`` with ``g = (1 − f) + f·r^p``, ``r = new / old``, and
+    its share ``logit f' = logit f + p·log r``; the other coordinates do not depend on the batch."""
+    u = np.array(u, dtype=float)
+    p, log_ratio = power_from_log(u[..., 7]), math.log(new_ref_bsz / ref_bsz)
+    log_g = np.logaddexp(-np.logaddexp(0.0, u[..., 1]), -np.logaddexp(0.0, -u[..., 1]) + p * log_ratio)
+    u[..., 0] += log_g / p
+    u[..., 1] += p * log_ratio
+    return u
 
 
 def _compute(u0: np.ndarray, u1: np.ndarray, u7: np.ndarray, log_ratio: np.ndarray) -> tuple[np.ndarray, ...]:

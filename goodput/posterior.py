@@ -77,7 +77,8 @@ from .cells import compute_rows, step_rows
 from .gp import QUERY_CACHE_ENTRIES, GPHyperparameters, GPNumericalError, HyperPrior, OnlinePosterior, config_features, keep_recent
 from .gp_fit import fit_hyperparameters_over_modes
 from .observations import Observation
-from .parametric import K, MapFit, Rows, fit_map, log_step_time, power_from_log, reference_bsz, sigma_points, theta_from_u, u_from_theta, unscented_moments, stacked_log_compute_time
+from .parametric import (K, MapFit, Rows, fit_map, log_step_time, power_from_log, rebase_u, reference_bsz, sigma_points, stacked_log_compute_time,
+                         theta_from_u, unscented_moments)
 from .sync_shape import SyncShape
 from .tails import gaussian_t_cdf, split_std
 
@@ -354,12 +355,11 @@ def prior_cholesky(cov: np.ndarray) -> np.ndarray:
 
 def _carried_rows(previous: JobPosterior | None, types: Sequence[str], ref_bsz: float) -> dict[int, np.ndarray]:
     """The previous MAP's coordinates of the types it had, by index in ``types``, rewritten for the new
-    reference batch (the same θ and compute power)."""
+    reference batch (the same step times, :func:`goodput.parametric.rebase_u`)."""
     if previous is None:
         return {}
-    rows = {k: previous.u_hat[previous.types.index(gpu)] for k, gpu in enumerate(types) if gpu in previous.types}
-    return {k: u_from_theta(theta_from_u(u, previous.ref_bsz), ref_bsz, power_from_log(u[K - 1]))
-            for k, u in rows.items()}
+    return {k: rebase_u(previous.u_hat[previous.types.index(gpu)], previous.ref_bsz, ref_bsz)
+            for k, gpu in enumerate(types) if gpu in previous.types}
 
 
 def _coordinates(types: Sequence[int]) -> np.ndarray:

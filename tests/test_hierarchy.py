@@ -462,8 +462,9 @@ def test_a_summary_saved_before_computes_power_loads_with_pollux_sum(prior):
 
 def test_computes_power_bends_the_sum_and_survives_a_new_reference_batch():
     """p = 1 is Pollux's α_c + β_c·b exactly; any p is the soft maximum (α_c^p + (β_c·b)^p)^(1/p) of θ's
-    terms; :func:`u_from_theta` with the power rewrites ``u`` for another reference batch, the same step times."""
-    from goodput.parametric import Rows, log_step_time, theta_from_u, u_from_theta
+    terms; :func:`rebase_u` (and, away from θ's floor, :func:`u_from_theta` with the power) rewrites ``u`` for
+    another reference batch, the same step times."""
+    from goodput.parametric import Rows, log_step_time, rebase_u, theta_from_u, u_from_theta
 
     bsz = np.array([1.0, 8.0, 32.0, 256.0, 4096.0])
     for power in (0.4, 1.0, 3.0):
@@ -475,6 +476,14 @@ def test_computes_power_bends_the_sum_and_survives_a_new_reference_batch():
         np.testing.assert_allclose(log_step_time(moved, Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), 5.0))[0],
                                    log_step_time(u, rows)[0], atol=1e-12)
         assert moved[K - 1] == pytest.approx(np.log(power)) and (power == 1.0) == np.allclose(moved[1], u[1] + np.log(5 / 32))
+        np.testing.assert_allclose(rebase_u(u, 32.0, 5.0), moved, atol=1e-12)
+    # a small power and an extreme share: θ's terms fall below their 1e-12 s floor, which p = 0.22 raises to 2e-3
+    u = np.array([-3.0, -6.0, -2.5, -1.5, -2.0, -2.0, 0.5, np.log(0.22)])
+    rows = Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), 32.0)
+    for new_ref in (5.0, 32.0, 400.0):
+        np.testing.assert_allclose(log_step_time(rebase_u(u, 32.0, new_ref), Rows(np.ones(5), np.ones(5), bsz, np.zeros(5), new_ref))[0],
+                                   log_step_time(u, rows)[0], atol=1e-12)
+    assert not np.allclose(u_from_theta(theta_from_u(u, 32.0), 32.0, 0.22), u, atol=0.1)  # the round trip through θ does not hold
 
 
 def test_theta_keeps_the_per_step_term_when_the_share_rounds_to_one():
