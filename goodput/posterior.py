@@ -306,13 +306,14 @@ def _recent_window(stamps: np.ndarray, gpu_types: np.ndarray, max_points: int) -
     """Indices of the ``max_points`` most recent observations, each type keeping its most recent few.
 
     A type whose observations are older than the others' keeps its ``max_points // (2 × types)``
-    most recent ones (or all it has): without any, the GP would forget its residuals.
+    most recent ones, at least one (or all it has): without any, the GP would forget its residuals.
+    With fewer points than types, the most recent alone.
     """
     order = np.argsort(stamps, kind="stable")
     types = np.unique(gpu_types)
     floor = max(1, max_points // (2 * len(types)))
     chosen = np.zeros(stamps.size, dtype=bool)
-    for gpu in types:
+    for gpu in types if max_points >= len(types) else ():
         chosen[order[gpu_types[order] == gpu][-floor:]] = True
     newest_first = order[::-1]
     rest = newest_first[~chosen[newest_first]]

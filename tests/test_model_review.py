@@ -119,6 +119,9 @@ def test_recent_window_keeps_each_types_most_recent_few():
     keep = _recent_window(stamps, types, 4)  # floor 4 // (2 × 2) = 1 per type
     assert keep.tolist() == [2, 7, 8, 9]
     assert _recent_window(stamps, types, 20).tolist() == list(range(10))
+    three = np.array(["a", "b", "c", "a", "b", "c"])
+    assert _recent_window(np.arange(6.0), three, 3).tolist() == [3, 4, 5]  # one per type: the most recent of each
+    assert _recent_window(np.arange(6.0), three, 2).tolist() == [4, 5]  # fewer points than types: the most recent alone
 
 
 def test_a_type_outside_the_window_keeps_its_certainty():
