@@ -174,22 +174,33 @@ class _Fitted:
     type_mean_var: np.ndarray = field(default_factory=lambda: np.full(K, TYPE_MEAN_STD**2))  # (K,) learned spread² of m[t]
     imputation: _SizeImputation | None = None  # how a job that reports no size gets one (None: no cells)
     sized: bool = True  # some job's size is known (else every size is imputed, and moves the sync constants alone)
+    level_mean: np.ndarray = field(default_factory=lambda: np.zeros(K))  # (K,) the type means' level's prior mean (the cells' mean)
 
     def particular_of(self, gpu: str) -> np.ndarray:
         """E of a type (a type not in the cluster: the mean over its types)."""
         return self.particular[self.types.index(gpu)] if gpu in self.types else self.particular.mean(axis=0)
 
+    def unseen_type(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """How a type the cluster has not run is placed, per coordinate (K,) each: m* = level + δ* with the level given
+        the type means m[t], N(w·m̄ + (1 − w)·μ, v), ``v = 1 / (T/τ² + 1/L²)``, ``w = v·T/τ²`` (L: TYPE_LEVEL_STD, μ
+        the level's prior mean), and δ* ~ N(0, τ²): returns ``w``, ``(1 − w)·μ`` and ``v`` (which every unseen
+        type shares, as it shares the level)."""
+        level_var = 1.0 / (len(self.types) / self.type_mean_var + 1.0 / TYPE_LEVEL_STD**2)
+        shrink = level_var * len(self.types) / self.type_mean_var
+        return shrink, (1.0 - shrink) * self.level_mean, level_var
+
     def design(self, gpu: str, log_size: float | None, imputed: bool = False) -> np.ndarray:
         """(K, β's size): the prior mean of a job's ``u`` on ``gpu`` is this times β, m[t] + B·(log size − center)
-        (a type not in the cluster: the mean over its types; an imputed size moves the sync constants alone,
-        :data:`SIZE_PROXY_FLOOR`'s comment)."""
+        (a type not in the cluster: the shrunk mean over its types, :meth:`unseen_type`, whose offset the caller
+        adds; an imputed size moves the sync constants alone, :data:`SIZE_PROXY_FLOOR`'s comment)."""
         rows = np.zeros((K, self.beta.size))
         if gpu in self.types:
             k = self.types.index(gpu)
             rows[:, K * k:K * (k + 1)] = np.eye(K)
         else:
+            shrink = np.diag(self.unseen_type()[0]) / len(self.types)
             for k in range(len(self.types)):
-                rows[:, K * k:K * (k + 1)] = np.eye(K) / len(self.types)
+                rows[:, K * k:K * (k + 1)] = shrink
         if self.size_center is not None and log_size is not None:
             rows[:, K * len(self.types):] = (log_size - self.size_center) * _size_covariate(imputed)
         return rows
@@ -467,7 +478,7 @@ def _fit_hierarchy(cells: Sequence[CellSummary], iterations: int = EM_ITERATIONS
         particular = (TYPE_SHRINKAGE * pooled + sum_ee) / (TYPE_SHRINKAGE + count[:, None])
     job_weights = {job: tuple(float(weights[j, block[0]]) for block in SCALE_BLOCKS) for j, job in enumerate(jobs)}
     return _Fitted(types, beta, 0.5 * (beta_cov + beta_cov.T), shared, particular, center, size_var, job_weights,
-                   type_mean_var, imputation, len(imputed) < len(jobs))
+                   type_mean_var, imputation, len(imputed) < len(jobs), mu)
 
 
 def _set_type_mean_prior(prior_prec: np.ndarray, prior_lin: np.ndarray, num_types: int, mu: np.ndarray,
@@ -590,9 +601,14 @@ class ClusterPrior:
         mean = (rows @ fit.beta).reshape(num, K)
         # the type means' (and slopes') estimates are shared by the job's types, and so are its effect and its size
         cov = rows @ fit.beta_cov @ rows.T + np.kron(np.ones((num, num)), fit.shared + fit.size_cov(log_size, imputed))
+        _, offset, level_var = fit.unseen_type()
+        unseen = np.array([t not in fit.types for t in types])
+        mean[unseen] += offset
+        # unseen types share the level given the type means, and each has its own deviation from it
+        cov += np.kron(np.outer(unseen, unseen), np.diag(level_var))
         for i, t in enumerate(types):
             block = slice(K * i, K * (i + 1))
-            cov[block, block] += np.diag(fit.particular_of(t) + (0.0 if t in fit.types else fit.type_mean_var))
+            cov[block, block] += np.diag(fit.particular_of(t) + (fit.type_mean_var if unseen[i] else 0.0))
         return mean, 0.5 * (cov + cov.T)
 
     def describe(self) -> dict[str, Any]:

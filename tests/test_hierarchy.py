@@ -461,6 +461,40 @@ def test_a_type_seen_at_one_batch_size_keeps_the_curve_its_other_types_show():
     assert np.median(errors) < 0.3 and np.mean(covered) > 0.5, (errors, covered)
 
 
+def test_a_type_the_cluster_has_not_run_takes_the_level_of_its_type_means_with_its_uncertainty():
+    """A new type's mean m* = level + δ*: given the type means m[t] ~ N(β, cov β) the level is N(w·m̄ + (1 − w)·μ, v),
+    shared by every unseen type, each with its own δ* ~ N(0, τ²). The prior had taken m̄ and τ² alone: 78-92% of the
+    variance (found in review). Checked against the Gaussian conditional of the type means' prior, per coordinate
+    N(μ·1, L²·11ᵀ + τ²·I) over the cluster's types and the new ones, integrated over β's posterior."""
+    from goodput.cells import CellSummary
+    from goodput.hierarchy import TYPE_LEVEL_STD
+
+    rng = np.random.default_rng(4)
+    cells = [CellSummary(f"job{j}", gpu, TYPE_MEANS[gpu] + effect + rng.normal(0.0, 0.1, K), 1e3 * np.eye(K), 30, 0.03)
+             for j, effect in enumerate(rng.normal(0.0, 0.3, (6, K))) for gpu in ("t4", "v100")]
+    prior = ClusterPrior(summaries=cells)
+    fit = prior.fitted()
+    assert fit.size_center is None and fit.types == ["t4", "v100"]
+    seen, unseen, num = 2, 2, 4
+    design, offset, conditional = np.zeros((K * num, K * seen)), np.zeros(K * num), np.zeros((K * num, K * num))
+    design[:K, :K] = np.eye(K)  # "t4" asked first, then the two unseen types, then "v100"
+    design[3 * K:, K:] = np.eye(K)
+    for k in range(K):
+        joint = TYPE_LEVEL_STD[k] ** 2 + fit.type_mean_var[k] * np.eye(seen + unseen)
+        gain = np.linalg.solve(joint[:seen, :seen], joint[:seen, seen:]).T  # (unseen, seen)
+        rows = [K + k, 2 * K + k]
+        design[np.ix_(rows, [k, K + k])] = gain
+        offset[rows] = fit.level_mean[k] * (1.0 - gain.sum(axis=1))
+        conditional[np.ix_(rows, rows)] = joint[seen:, seen:] - gain @ joint[:seen, seen:]
+    expected_mean = design @ fit.beta + offset
+    expected_cov = design @ fit.beta_cov @ design.T + conditional + np.kron(np.ones((num, num)), fit.shared)
+    expected_cov += np.diag(np.concatenate([fit.particular[0], fit.particular.mean(0), fit.particular.mean(0), fit.particular[1]]))
+    mean, cov = prior.prior(["t4", "h100", "a100", "v100"])
+    np.testing.assert_allclose(mean.ravel(), expected_mean, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cov, expected_cov, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(prior.prior(["v100", "t4"])[0], mean[[3, 0]], atol=1e-12)  # seen types: their means as before
+
+
 def test_save_load_and_exclude(prior, tmp_path):
     path = prior.save(tmp_path / "prior.json")
     loaded = ClusterPrior.load(path)
