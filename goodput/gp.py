@@ -441,8 +441,10 @@ def cholesky_with_jitter(k: np.ndarray, start: float = 0.0) -> tuple[np.ndarray,
 class OnlinePosterior:
     """The GP posterior given training points, extended online by :meth:`condition`.
 
-    Holds ``L`` with ``L Lᵀ = K + diag(σ² + d) + jitter·I`` and ``α = (L Lᵀ)⁻¹ y``. A point whose type index
-    is ``hyper.num_tasks`` has no residual: it measures the linear part alone (its noise ``σ² + d``).
+    Holds ``L`` with ``L Lᵀ = K + diag(σ² + d + j)`` and ``α = (L Lᵀ)⁻¹ y``, ``j`` the jitter each point took
+    (0 unless its block would not factorise: the first block's, then each conditioned block's the jitter before it
+    plus what its own Schur complement needed; :attr:`jitter` the largest). A point whose type index is
+    ``hyper.num_tasks`` has no residual: it measures the linear part alone (its noise ``σ² + d``).
     Conditioning on m new points appends m rows to ``L`` (a block Cholesky
     update, O(n² m)); the hyperparameters stay fixed.
 
