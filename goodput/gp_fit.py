@@ -151,9 +151,9 @@ def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperP
     The same objective as gpytorch's ``ExactMarginalLogLikelihood`` of that model (the log likelihood and
     the priors registered on its modules, divided by n) plus the per-type signal prior of ``hyper_prior`` and,
     with several types, the prior of each type's shared fraction around its ``correlation``; those two are
-    normal in the log of the variance and in the logit of the fraction, their densities in those coordinates
-    (without the Jacobian a log-normal density on the variance itself has, which gpytorch's priors on the
-    length scales and the noise carry: their MAP sits at the median, not at median·e^(−σ²));
+    normal in the log of the variance and in the logit of the fraction, densities in those coordinates, so
+    alone they pull to their medians (gpytorch's log-normal priors on the length scales and the noise are
+    densities of the values themselves, with the Jacobian, and pull to median·e^(−σ²));
     ``tests/test_gp.py`` checks value and gradient against gpytorch's autograd. The gradient of the log
     likelihood is ``½ tr((K⁻¹ − ααᵀ) ∂K/∂θ)`` (Rasmussen & Williams, 2006, eq. 5.9; :func:`_gaussian_nll`).
     """
