@@ -516,7 +516,8 @@ def fit_throughput(
         reg_r=_A_R not in fixed or _B_R not in fixed,
         reg_n=has_inter,
         reg_gamma=_G not in fixed,
-        scale=np.ones_like(step) if sync_shape is None else np.asarray(sync_shape(nodes, replicas), dtype=float),
+        # the shape bends inter-node sync alone, as in _sync_time (a SyncShape is 1 on one node; any callable is held to it)
+        scale=np.ones_like(step) if sync_shape is None else np.where(nodes > 1, np.asarray(sync_shape(nodes, replicas), dtype=float), 1.0),
     )
     if free.size:
         warm = None
