@@ -170,8 +170,9 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
                    shape: SyncShape | None = None, size: float | None = None) -> CellSummary:
     """:class:`CellSummary` of one job's observations on one type: a MAP fit under a weak prior, then its data's information.
 
-    The likelihood's scale is the fit's own residual std (shrunk toward :data:`CELL_NOISE_PRIOR` by
-    2 pseudo-observations), so a job that Pollux's form fits badly informs its neighbours less. Step
+    The likelihood's scale is the fit's own residual std over the degrees of freedom its coordinates leave
+    (shrunk toward :data:`CELL_NOISE_PRIOR` by 2 pseudo-observations: :func:`_weak_map`), so a job that
+    Pollux's form fits badly informs its neighbours less, and a cell of a few steps no more than they carry. Step
     times alone: with the measured compute times (:func:`compute_rows`) fitted here as the job's own
     posterior fits them, P1-P3 got worse on the derived sets (``experiments/results/accuracy.md``'s probes).
     """
@@ -181,21 +182,34 @@ def summarize_cell(job: str, gpu_type: str, observations: Sequence[Observation],
 def summarize_with_residuals(job: str, gpu_type: str, observations: Sequence[Observation], ref_bsz: float,
                              shape: SyncShape | None, size: float | None) -> tuple[CellSummary, Rows, np.ndarray]:
     """:func:`summarize_cell`, with the cell's configurations and its log residuals of step time around ``u``."""
-    fit, rows, y = _weak_map(observations, ref_bsz, shape)
+    fit, rows, y, sigma = _weak_map(observations, ref_bsz, shape)
     log_t, jac = log_step_time(fit.u[0], rows)
-    info = jac.T @ jac / _shrunk_noise(fit.rms, fit.n) ** 2
+    info = jac.T @ jac / sigma**2
     return (CellSummary(job, gpu_type, fit.u[0], info, len(observations), fit.rms, size, one_gpu_log_proxy(observations)),
             rows, y - log_t)
 
 
-def _weak_map(observations: Sequence[Observation], ref_bsz: float, shape: SyncShape | None) -> tuple[MapFit, Rows, np.ndarray]:
-    """The MAP fit of one cell's step times under twice the weak default's std, its noise the fit's own (shrunk)."""
+def _weak_map(observations: Sequence[Observation], ref_bsz: float, shape: SyncShape | None) -> tuple[MapFit, Rows, np.ndarray, float]:
+    """The MAP fit of one cell's step times under twice the weak default's std, and its noise: the fit's own, over
+    the degrees of freedom its coordinates leave (``n − tr(H (H + P)⁻¹)``, H the data's information and P the
+    prior's precision at the MAP; restricted maximum likelihood's count, Patterson & Thompson, *Biometrika* 58, 1971),
+    shrunk toward :data:`CELL_NOISE_PRIOR` by 2 pseudo-observations."""
     mean, cov = default_prior([default_means(observations)])
     chol = np.linalg.cholesky(cov * 4.0)  # twice the default std: weak
     rows, y = step_rows(observations, ref_bsz, shape)
-    fit = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR)
-    sigma = _shrunk_noise(fit.rms, fit.n)
-    return fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u), rows, y
+    precision = np.linalg.inv(cov * 4.0)
+    fit, sigma = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR), CELL_NOISE_PRIOR
+    for _ in range(2):
+        sigma = _shrunk_noise(fit.rms, fit.n, _fitted_dof(fit.u[0], rows, sigma, precision))
+        fit = fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u)
+    return fit, rows, y, sigma
+
+
+def _fitted_dof(u: np.ndarray, rows: Rows, sigma: float, precision: np.ndarray) -> float:
+    """The effective number of coordinates a fit at ``u`` spends on its data: ``tr(H (H + P)⁻¹)``."""
+    jac = log_step_time(u, rows)[1]
+    info = jac.T @ jac / sigma**2
+    return float(np.trace(np.linalg.solve(info + precision, info)))
 
 
 def one_gpu_log_proxy(observations: Sequence[Observation]) -> float | None:
@@ -209,8 +223,8 @@ def one_gpu_log_proxy(observations: Sequence[Observation]) -> float | None:
     return float(log_size_proxy(_weak_map(one, min(o.local_bsz for o in one), None)[0].u[0]))
 
 
-def _shrunk_noise(rms: float, n: int) -> float:
-    value = math.sqrt((n * rms**2 + 2.0 * CELL_NOISE_PRIOR**2) / (n + 2.0))
+def _shrunk_noise(rms: float, n: int, spent: float = 0.0) -> float:
+    value = math.sqrt((n * rms**2 + 2.0 * CELL_NOISE_PRIOR**2) / (max(n - spent, 0.0) + 2.0))
     return min(max(value, NOISE_RANGE[0]), NOISE_RANGE[1])
 
 

@@ -46,6 +46,25 @@ def test_cells_summarise_a_jobs_data_on_a_type(data):
     assert np.allclose(one_gpu.info[2:7, 2:7], 0.0, atol=1e-8) and one_gpu.info[0, 0] > 100
 
 
+def test_a_small_cells_noise_counts_the_degrees_of_freedom_its_fit_spent():
+    """Nine steps of one job on a type, with noise at CELL_NOISE_PRIOR (5%, so that the 2 pseudo-observations do not
+    move the mean): the fit's 8 coordinates spend most of their degrees of freedom, so the residuals' mean square is
+    a fraction of the noise's variance. Over their n − tr(H (H + P)⁻¹) degrees of freedom the estimate is near it on
+    average; over n it was about half, and the cell's information twice what its data carry (found in review;
+    Gavel's cells are this small)."""
+    from goodput.cells import CELL_NOISE_PRIOR, _weak_map
+
+    rng = np.random.default_rng(11)
+    truth = TYPE_MEANS["t4"]
+    estimates, naive = [], []
+    for _ in range(40):
+        obs = observe("j", "t4", truth, SINGLE + SINGLE_NODE, rng, noise=CELL_NOISE_PRIOR)
+        fit, _, _, sigma = _weak_map(obs, REF_BSZ, None)
+        estimates.append(sigma**2)
+        naive.append((fit.n * fit.rms**2 + 2.0 * CELL_NOISE_PRIOR**2) / (fit.n + 2.0))
+    assert np.mean(estimates) == pytest.approx(CELL_NOISE_PRIOR**2, rel=0.25)
+    assert np.mean(naive) < 0.8 * CELL_NOISE_PRIOR**2
+
 def test_em_recovers_type_means_and_job_spread(prior):
     fit = prior.fitted()
     assert fit.types == sorted(TYPES)
