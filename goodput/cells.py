@@ -198,11 +198,9 @@ def _weak_map(observations: Sequence[Observation], ref_bsz: float, shape: SyncSh
     chol = np.linalg.cholesky(cov * 4.0)  # twice the default std: weak
     rows, y = step_rows(observations, ref_bsz, shape)
     precision = np.linalg.inv(cov * 4.0)
-    fit, sigma = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR), CELL_NOISE_PRIOR
-    for _ in range(2):
-        sigma = _shrunk_noise(fit.rms, fit.n, _fitted_dof(fit.u[0], rows, sigma, precision))
-        fit = fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u)
-    return fit, rows, y, sigma
+    fit = fit_map([(0, rows, y)], mean, chol, CELL_NOISE_PRIOR)
+    sigma = _shrunk_noise(fit.rms, fit.n, _fitted_dof(fit.u[0], rows, CELL_NOISE_PRIOR, precision))
+    return fit_map([(0, rows, y)], mean, chol, sigma, initial=fit.u), rows, y, sigma
 
 
 def _fitted_dof(u: np.ndarray, rows: Rows, sigma: float, precision: np.ndarray) -> float:
