@@ -174,12 +174,16 @@ class GoodputTable:
             elif not isinstance(series, pd.Series):
                 series = pd.Series(list(series), dtype=object if not isinstance(series, np.ndarray) else None)
             if series.dtype.kind in "iuf":  # numeric already: no booleans, no text to coerce
-                values = np.asarray(series, dtype=float)
+                values = np.array(series, dtype=float)  # a copy: the caller's frame or array may change later
             else:
                 _reject_booleans(f"{self.job}: {column}", series)
                 # a 0-d array in a cell is its number (pandas' coercion had raised TypeError on it)
                 series = series.map(lambda v: v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v)
-                values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
+                numeric = pd.to_numeric(series, errors="coerce")
+                if numeric.dtype.kind == "c":  # to float, numpy would drop the imaginary part with a warning
+                    row = int(np.flatnonzero(np.asarray(numeric).imag != 0)[0]) if np.any(np.asarray(numeric).imag) else 0
+                    raise ValidationError(f"{self.job}: {column}[{row}]", _at(series, row), "must be a real number")
+                values = numeric.to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)
             if column in ("num_nodes", "num_gpus"):
                 bad |= values < 1

@@ -92,6 +92,7 @@ def test_normalized_goodput_row_minimum_is_one():
         ({"num_nodes": 3}, "num_nodes"),
         ({"gpu_type": "T4?"}, "gpu_type"),
         ({"num_gpus": 1.5}, "num_gpus"),
+        ({"goodput": 1 + 5j}, "goodput"),  # numpy had dropped the imaginary part with a warning
     ],
 )
 def test_bad_rows_raise_naming_the_column(change, field):
@@ -99,6 +100,23 @@ def test_bad_rows_raise_naming_the_column(change, field):
     data[1] = {**data[1], **change}
     with pytest.raises(ValidationError, match=field):
         GoodputTable("job", data)
+
+
+def test_a_table_keeps_what_it_validated_when_the_callers_data_change():
+    """The table's float columns had been the caller's own buffers: editing the frame afterwards put a negative
+    goodput past validation, and from_columns made the caller's arrays read-only (found in review)."""
+    import numpy as np
+
+    frame = pd.DataFrame(rows())
+    table = GoodputTable("job", frame)
+    before = table.frame["goodput"].tolist()
+    frame.loc[0, "goodput"] = -5.0
+    assert table.frame["goodput"].tolist() == before
+    goodput = np.array([100.0, 200.0])
+    table = GoodputTable.from_columns("job", {"gpu_type": ["t4", "t4"], "num_nodes": [1, 1], "num_gpus": [1, 2],
+                                              "goodput": goodput})
+    goodput[0] = -1.0  # still the caller's to change, and the table's unchanged
+    assert table.column_arrays()["goodput"].tolist() == [100.0, 200.0]
 
 
 def test_duplicates_and_missing_columns_raise():
