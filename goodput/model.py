@@ -461,6 +461,12 @@ class JobModel:
         return self._state
 
     @property
+    def unrefitted(self) -> int:
+        """Observations conditioned online since the last refit (0 for the plain model, whose fits are always
+        current): a :meth:`refit` now gives the model a fresh fit of every observation would."""
+        return self._pending if self.bayesian and self._state is not None else 0
+
+    @property
     def gp_hyperparameters(self) -> GPHyperparameters | None:
         """The GP hyperparameters of the last refit (``None`` before the first or for the plain model)."""
         return self._state.hyper if self._state is not None else None

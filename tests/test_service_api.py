@@ -269,7 +269,7 @@ def test_job_records_stored_pages_health_metrics_and_docs(server):
     assert httpx.get(f"{url}/v1/jobs/nobody/observations").status_code == 404
     health = client.health()
     assert health["status"] == "ok" and health["store"] == "sqlite" and health["jobs"] >= 2
-    assert set(health["worker"]) == {"rebuild", "update", "warm", "refresh", "busy", "learning_prior", "prior_behind",
+    assert set(health["worker"]) == {"rebuild", "update", "warm", "refresh", "settle", "busy", "learning_prior", "prior_behind",
                                       "idle"}
     text = client.metrics()
     assert 'goodput_requests_total{method="GET",route="/v1/jobs/{job}/goodput",status="200"}' in text
