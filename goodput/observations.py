@@ -46,9 +46,13 @@ from .validation import (
     normalize_gpu_type,
 )
 
-__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type", "indices_by_gpu_type", "MIN_STEP_TIME"]
+__all__ = ["Observation", "Profile", "ProfileWriter", "TornRecordWarning", "by_gpu_type", "indices_by_gpu_type", "MIN_STEP_TIME",
+           "MAX_STEP_TIME"]
 
 MIN_STEP_TIME = 1e-9  # seconds: the shortest step an observation may record (a kernel launch takes microseconds)
+# seconds: the longest (11.6 days for one optimizer step): beyond it a record is a unit error or corrupt, and one
+# step_time of 1e300 had been accepted and then made every table of its job fail, for good (found in review)
+MAX_STEP_TIME = 1e6
 
 
 class TornRecordWarning(UserWarning):
@@ -128,6 +132,8 @@ class Observation:
         step_time = check_float("step_time", self.step_time, positive=True)
         if step_time < MIN_STEP_TIME:
             raise ValidationError("step_time", step_time, f"must be >= {MIN_STEP_TIME:g} s (a shorter one is not a measured step)")
+        if step_time > MAX_STEP_TIME:
+            raise ValidationError("step_time", step_time, f"must be <= {MAX_STEP_TIME:g} s (11.6 days for one step: a unit error?)")
         set_(self, "step_time", step_time)
         sync_time = check_optional_float("sync_time", self.sync_time, nonnegative=True)
         if sync_time is not None and sync_time > step_time:
