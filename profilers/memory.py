@@ -141,7 +141,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_MESSAGES)
 
 
-_OOM_MESSAGES = ("CUDA out of memory", "DefaultCPUAllocator: can't allocate memory")
+# what torch and its libraries say when memory runs out: the caching allocator, CUDA itself (an allocation inside a
+# kernel or the runtime), cuBLAS' and cuDNN's workspaces, Apple's MPS backend, the CPU allocator (the last four had
+# ended a sweep with a ModelFailureError instead of at the largest batch that fit; found in review)
+_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                 "MPS backend out of memory", "DefaultCPUAllocator: can't allocate memory")
 
 
 def release_cuda_memory(device: Any) -> None:

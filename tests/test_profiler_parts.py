@@ -329,3 +329,21 @@ def test_trainable_parameters_count_what_gradient_sync_moves():
     tied = torch.nn.Sequential(first, torch.nn.ReLU(), first.__class__(32, 32), torch.nn.ReLU())
     tied.append(tied[2])  # the same layer twice: one set of gradients
     assert trainable_parameters(tied) == 32 + 32 * 32 + 32
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("CUDA error: out of memory", True),  # CUDA itself, inside a kernel or the runtime
+    ("CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+    ("MPS backend out of memory (MPS allocated: 1.00 GB)", True),
+    ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1000 bytes", True),
+    ("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)", False),  # a bug in the job: not the sweep's end
+])
+def test_out_of_memory_is_recognised_in_the_words_each_library_uses(message, expected):
+    """A sweep ends at the largest batch that fit when memory runs out; the last four texts had ended it with a
+    ModelFailureError instead (found in review)."""
+    from profilers.memory import is_out_of_memory
+
+    assert is_out_of_memory(RuntimeError(message)) is expected
+    assert is_out_of_memory(torch.cuda.OutOfMemoryError("any")) and not is_out_of_memory(ValueError(message))
