@@ -34,7 +34,7 @@ __all__ = ["BatchLimits", "GoodputCandidates", "GoodputChoices", "best_goodput",
            "goodput_candidates", "optimize_goodput"]
 
 _EPS = 1e-8  # tolerance of ceil() on ratios that should be integral
-EDGE_COUNTS = 32  # numbers of micro-batches per step tried at the largest micro-batch: each up to this, as many more geometric
+EDGE_COUNTS = 32  # numbers of micro-batches per step tried at both ends of the micro-batch: each up to this, as many more geometric
 
 
 @dataclass(frozen=True)
