@@ -186,6 +186,11 @@ def check_run_options(init_batch_size: int, *, max_batch_size: int | None, batch
     if memory_cap_bytes is not None:
         memory_cap_bytes = check_int("memory_cap_bytes", memory_cap_bytes, minimum=1)
     grid = _check_sizes("batch_sizes", batch_sizes) or default_grid(init_batch_size, max_batch_size, min_local_bsz)
+    if max_batch_size is not None and grid[-1] > check_int("max_batch_size", max_batch_size, minimum=1):  # a given list
+        # a local batch above the largest total batch is one the job never runs (it had been swept and reported as
+        # the type's max_local_bsz; found in review)
+        raise ValidationError("batch_sizes", grid[-1], f"above max_batch_size ({max_batch_size}): a local batch the "
+                              "job never runs")
     if replicas == 0:
         replicas = []
     if cpu_threads is not None:

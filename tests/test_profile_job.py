@@ -191,6 +191,7 @@ def test_a_broken_model_gets_an_error_naming_device_and_batch(tmp_path):
     ({"devices": "tpu"}, "devices"),
     ({"memory_cap_bytes": 0}, "memory_cap_bytes"),
     ({"max_batch_size": 4}, "max_batch_size"),
+    ({"max_batch_size": 64, "batch_sizes": [16, 64, 512]}, "batch_sizes"),  # 512 had been swept and reported
     ({"model": "not a module"}, "model"),
 ])
 def test_arguments_are_validated(kwargs, field):
