@@ -181,8 +181,8 @@ def rebase_u(u: np.ndarray, ref_bsz: float, new_ref_bsz: float) -> np.ndarray:
     becomes its value at the new batch, ``c' = c·g^{1/p}`` with ``g = (1 − f) + f·r^p``, ``r = new / old``, and
     its share ``logit f' = logit f + p·log r``; the other coordinates do not depend on the batch."""
     u = np.array(u, dtype=float)
-    p, log_ratio = power_from_log(u[..., 7]), math.log(new_ref_bsz / ref_bsz)
-    log_g = np.logaddexp(-np.logaddexp(0.0, u[..., 1]), -np.logaddexp(0.0, -u[..., 1]) + p * log_ratio)
+    log_ratio = math.log(new_ref_bsz / ref_bsz)
+    _, _, p, _, log_g = _compute(u[..., 0], u[..., 1], u[..., 7], log_ratio)  # log g = p·log(C(b') / c)
     u[..., 0] += log_g / p
     u[..., 1] += p * log_ratio
     return u

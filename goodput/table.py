@@ -181,7 +181,7 @@ class GoodputTable:
                 series = series.map(lambda v: v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v)
                 numeric = pd.to_numeric(series, errors="coerce")
                 if numeric.dtype.kind == "c":  # to float, numpy would drop the imaginary part with a warning
-                    row = int(np.flatnonzero(np.asarray(numeric).imag != 0)[0]) if np.any(np.asarray(numeric).imag) else 0
+                    row = int(np.argmax(np.asarray(numeric).imag != 0))
                     raise ValidationError(f"{self.job}: {column}[{row}]", _at(series, row), "must be a real number")
                 values = numeric.to_numpy(dtype=float)
             bad = ~np.isfinite(values) | (values < 0)

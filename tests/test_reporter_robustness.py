@@ -351,12 +351,12 @@ reporter = GoodputReporter("a", "http://127.0.0.1:9", init_batch_size=8, buffer_
                            warmup_steps=1)
 reporter.attach(ddp)
 counts = []
-for skip_sync in (False, True):
+for quiet_first in (False, True):
     before = len(reporter._grads)
     for _ in range(4):
         with reporter.step(local_bsz=8, accum_steps=1):
             for micro in range(2):
-                quiet = ddp.no_sync() if skip_sync and micro == 0 else contextlib.nullcontext()
+                quiet = ddp.no_sync() if quiet_first and micro == 0 else contextlib.nullcontext()
                 with quiet:
                     ddp(torch.randn(8, 16)).pow(2).mean().backward()
     counts.append(len(reporter._grads) - before)
