@@ -112,6 +112,7 @@ class _FitData:
     one_hot: np.ndarray  # (n, T) each point's task
     linear: np.ndarray  # (n, n) s sᵀ, the fixed kernel of the linear part
     fixed_noise: np.ndarray  # (n,) per-point variance d
+    noise_scale: np.ndarray  # (n,) each point's multiple of the noise σ² (a Student-t noise's scale mixture)
     y: np.ndarray
     present: np.ndarray  # tasks with data (the signal prior's terms)
 
@@ -165,11 +166,11 @@ def _negative_log_posterior(raw: np.ndarray, data: _FitData, hyper_prior: HyperP
     task = np.outer(w, w) + np.diag(v)
     task_full = data.one_hot @ task @ data.one_hot.T
     k = matern * task_full + data.linear
-    k[np.diag_indices(n)] += data.fixed_noise + hyper.noise
+    k[np.diag_indices(n)] += data.fixed_noise + hyper.noise * data.noise_scale
     # gpytorch's psd_safe_cholesky with cholesky_jitter 1e-8 and 4 tries
     loss, weight = _gaussian_nll(k, data.y, (0.0, 1e-8, 1e-7, 1e-6, 1e-5))
     loss += 0.5 * n * math.log(2.0 * math.pi)
-    grad_noise = np.trace(weight)
+    grad_noise = float(np.diagonal(weight) @ data.noise_scale)
     grad_ls = (5.0 / 3.0) * np.tensordot(weight * task_full * (1.0 + r) * decay, data.sq_diff, axes=([0, 1], [0, 1])) / ls**3
     grad_task = data.one_hot.T @ (weight * matern) @ data.one_hot  # ∂loss/∂B
     grad_w, grad_v = 2.0 * grad_task @ w, np.diag(grad_task).copy()
@@ -215,6 +216,7 @@ def fit_hyperparameters(
     init: GPHyperparameters,
     *,
     extra_noise: np.ndarray | None = None,
+    noise_scale: np.ndarray | None = None,
     max_iter: int = 60,
     hyper_prior: HyperPrior | None = None,
     restarts: Sequence[tuple[GPHyperparameters, int]] = (),
@@ -232,8 +234,10 @@ def fit_hyperparameters(
     intervals), with many the data decide. Without one: a Gamma(2, ½) prior on the length scales and a
     weak one on the noise. L-BFGS-B (scipy; Byrd et al., 1995) walks the raw coordinates, at most
     ``max_iter`` iterations. Returns ``init`` unchanged when the optimisation fails numerically from every start.
+    ``extra_noise`` adds a fixed variance to each point's noise; ``noise_scale`` multiplies each point's noise
+    variance σ² (an E-step's ``1 / w`` of Student-t noise: :func:`goodput.posterior.build_posterior`).
     """
-    return _fit_scored(x, t, s, y, init, extra_noise, max_iter, hyper_prior, restarts)[0]
+    return _fit_scored(x, t, s, y, init, extra_noise, max_iter, hyper_prior, restarts, noise_scale)[0]
 
 
 def fit_hyperparameters_over_modes(
@@ -246,16 +250,17 @@ def fit_hyperparameters_over_modes(
     *,
     max_iter: int = 60,
     restarts: Sequence[tuple[GPHyperparameters, int]] = (),
+    noise_scale: np.ndarray | None = None,
 ) -> tuple[GPHyperparameters, int]:
     """:func:`fit_hyperparameters` under each of the cluster's modes (:meth:`HyperPrior.modes`), and the one whose
     optimum has the highest log posterior plus its mode's log weight: a prior that mixes the modes by their
     evidence, each job's hyperparameters at the maximum a posteriori mode of it. Under the first mode from
     ``init`` and ``restarts``, under the others from their medians. Returns the hyperparameters and the mode's
-    index (0: ``hyper_prior``'s own)."""
+    index (0: ``hyper_prior``'s own). ``noise_scale``: as :func:`fit_hyperparameters`'."""
     best, best_value, best_mode = init, math.inf, 0
     for mode, (prior, log_weight) in enumerate(hyper_prior.modes()):
         start = init if mode == 0 else replace(prior.initial(init.num_tasks), task_names=init.task_names)
-        found, value = _fit_scored(x, t, s, y, start, None, max_iter, prior, restarts if mode == 0 else ())
+        found, value = _fit_scored(x, t, s, y, start, None, max_iter, prior, restarts if mode == 0 else (), noise_scale)
         if value - log_weight < best_value:
             best, best_value, best_mode = found, value - log_weight, mode
     return best, best_mode
@@ -263,14 +268,16 @@ def fit_hyperparameters_over_modes(
 
 def _fit_scored(x: np.ndarray, t: np.ndarray, s: np.ndarray, y: np.ndarray, init: GPHyperparameters,
                 extra_noise: np.ndarray | None, max_iter: int, hyper_prior: HyperPrior | None,
-                restarts: Sequence[tuple[GPHyperparameters, int]]) -> tuple[GPHyperparameters, float]:
+                restarts: Sequence[tuple[GPHyperparameters, int]], noise_scale: np.ndarray | None = None
+                ) -> tuple[GPHyperparameters, float]:
     """:func:`fit_hyperparameters` and −log posterior at its optimum (the sum over points; ``inf`` when every start failed)."""
     y = np.asarray(y, dtype=float).ravel()
     x = np.asarray(x, dtype=float).reshape(y.size, -1)
     t = np.asarray(t, dtype=int).ravel()
     s = np.asarray(s, dtype=float).reshape(y.size, -1)
     data = _FitData((x[:, None, :] - x[None, :, :]) ** 2, np.eye(init.num_tasks)[t], s @ s.T,
-                    np.zeros(y.size) if extra_noise is None else np.asarray(extra_noise, dtype=float).ravel(), y, np.unique(t))
+                    np.zeros(y.size) if extra_noise is None else np.asarray(extra_noise, dtype=float).ravel(),
+                    np.ones(y.size) if noise_scale is None else np.asarray(noise_scale, dtype=float).ravel(), y, np.unique(t))
     best, best_value = init, math.inf
     for start, iterations in ((init, max_iter), *restarts):
         try:

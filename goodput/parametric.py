@@ -333,6 +333,8 @@ class MapFit:
             (twice the negative log posterior, up to a constant).
         compute_rms: RMS of the log residuals of the compute times at ``u`` (0 without them).
         compute_n: compute times used.
+        residuals: (n,) log residuals of step time at ``u``, observed minus predicted, in the order of the
+            steps' rows.
     """
 
     u: np.ndarray
@@ -341,13 +343,14 @@ class MapFit:
     objective: float = math.nan
     compute_rms: float = 0.0
     compute_n: int = 0
+    residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def fit_map(
     steps: Sequence[tuple[int, Rows, np.ndarray]],
     prior_mean: np.ndarray,
     prior_chol: np.ndarray,
-    noise_std: float,
+    noise_std: float | np.ndarray,
     initial: np.ndarray | None = None,
     starts: Sequence[np.ndarray] = (),
     computes: Sequence[tuple[int, Rows, np.ndarray]] = (),
@@ -359,7 +362,8 @@ def fit_map(
         steps: per type with observations, ``(type index, rows, log step times)``.
         prior_mean: (T, 8).
         prior_chol: (8T, 8T) lower Cholesky factor L of the prior covariance (type-major order).
-        noise_std: std of a log step time around the model (the likelihood's scale).
+        noise_std: std of a log step time around the model (the likelihood's scale), or one per step time (in
+            the order of ``steps``' rows: a Student-t noise's scale mixture, :mod:`goodput.posterior`).
         initial: (T, 8) starting point (default: the prior mean).
         starts: further (T, 8) starting points; the optimum with the lowest objective wins. Pollux's soft
             maximum makes the posterior multimodal: one step that includes synchronisation is explained by
@@ -376,12 +380,12 @@ def fit_map(
     mean = np.asarray(prior_mean, dtype=float)
     num_types = mean.shape[0]
     dim = num_types * K
-    sigma = max(float(noise_std), 1e-4)
+    n_steps = sum(len(y) for _, _, y in steps)
+    sigma = np.maximum(np.broadcast_to(np.asarray(noise_std, dtype=float), (n_steps,)), 1e-4)
     y_c = np.concatenate([y for _, _, y in computes]) if computes else np.zeros(0)
     n_computes = y_c.size
-    sigma_c = np.maximum(np.broadcast_to(sigma if compute_noise_std is None else np.asarray(compute_noise_std, dtype=float),
-                                         (n_computes,)), 1e-4)
-    n_steps = sum(len(y) for _, _, y in steps)
+    sigma_c = np.maximum(np.broadcast_to(max(float(np.min(noise_std, initial=np.inf)), 1e-4) if compute_noise_std is None
+                                         else np.asarray(compute_noise_std, dtype=float), (n_computes,)), 1e-4)
     n_rows = n_steps + n_computes
 
     # The search runs in the prior's whitened coordinates z = L⁻¹(u − m), u = m + L z: the prior's term is |z|², and a
@@ -400,8 +404,10 @@ def fit_map(
         flat = to_u(z)
         u = flat.reshape(num_types, K)
         parts = [z]
+        row = 0
         for k, rows, y in steps:
-            parts.append((log_step_time(u[k], rows, jacobian=False)[0] - y) / sigma)
+            parts.append((log_step_time(u[k], rows, jacobian=False)[0] - y) / sigma[row:row + len(y)])
+            row += len(y)
         if computes:
             parts.append((stacked_log_compute_time(u, computes)[0] - y_c) / sigma_c)
         return np.concatenate(parts)
@@ -411,7 +417,7 @@ def fit_map(
         jac_u = np.zeros((n_rows, dim))
         row = 0
         for k, rows, y in steps:
-            jac_u[row:row + len(y), k * K:(k + 1) * K] = log_step_time(u[k], rows)[1] / sigma
+            jac_u[row:row + len(y), k * K:(k + 1) * K] = log_step_time(u[k], rows)[1] / sigma[row:row + len(y), None]
             row += len(y)
         if computes:
             jac_u[row:] = stacked_log_compute_time(u, computes)[1] / sigma_c[:, None]
@@ -440,4 +446,4 @@ def fit_map(
     r = best_residuals[dim:dim + n_steps] * sigma  # the log residuals of step time at the optimum
     r_c = best_residuals[dim + n_steps:] * sigma_c  # and of compute time
     return MapFit(best.reshape(num_types, K), float(np.sqrt(np.mean(r**2))) if r.size else 0.0, int(r.size), best_value,
-                  float(np.sqrt(np.mean(r_c**2))) if r_c.size else 0.0, int(r_c.size))
+                  float(np.sqrt(np.mean(r_c**2))) if r_c.size else 0.0, int(r_c.size), -r)

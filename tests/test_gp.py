@@ -306,11 +306,38 @@ def test_the_dense_objective_is_gpytorchs_marginal_likelihood(with_prior, linear
     noise_module = likelihood.second_noise_covar if fixed_noise else likelihood.noise_covar
     expected_grad = np.concatenate([p.grad.numpy().ravel() for p in (noise_module.raw_noise, model.data_kernel.raw_lengthscale,
                                                                      model.task_kernel.covar_factor, model.task_kernel.raw_var)])
-    data = _FitData((x[:, None, :] - x[None, :, :]) ** 2, np.eye(3)[t], s @ s.T, np.zeros(30) if d is None else d, y, np.unique(t))
+    data = _FitData((x[:, None, :] - x[None, :, :]) ** 2, np.eye(3)[t], s @ s.T, np.zeros(30) if d is None else d, np.ones(30), y,
+                    np.unique(t))
     value, grad = _negative_log_posterior(_raw_from_hyper(hyper), data, prior)
     # gpytorch keeps its constraints' bounds (0.05, 50, the noise floor) as float32 numbers: 1e-9 relative apart
     assert value == pytest.approx(float(loss.detach()), rel=1e-7)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-9)
+
+
+def test_a_noise_scale_per_point_is_the_fixed_noise_it_stands_for_and_its_gradient_matches_finite_differences():
+    """The objective with each point's noise σ²·c_i (a Student-t noise's E-step, ``noise_scale``) equals the one with
+    σ² plus the fixed variance σ²·(c_i − 1) at the same σ², and its gradient in the raw noise matches central
+    differences (the other coordinates' gradient is the fixed-noise one's)."""
+    from scipy.optimize import approx_fprime
+
+    from goodput.gp_fit import _FitData, _negative_log_posterior, _raw_from_hyper
+
+    x, t, s, y = _data(30, tasks=3, seed=21)
+    scale = np.random.default_rng(4).uniform(0.8, 40.0, 30)
+    hyper = GPHyperparameters(task_names=("a", "b", "c"), lengthscale=(1.2, 0.8, 2.0, 1.5, 3.0, 0.9),
+                              task_factor=(0.02, -0.01, 0.03), task_var=(1e-3, 2e-3, 5e-4), noise=7e-4)
+    prior = HyperPrior((2.0, 1.0, 3.0, 2.0, 2.0, 4.0), 0.004, 0.002, log_std=0.7, correlation=0.4)
+    geometry = ((x[:, None, :] - x[None, :, :]) ** 2, np.eye(3)[t], s @ s.T)
+    scaled = _FitData(*geometry, np.zeros(30), scale, y, np.unique(t))
+    fixed = _FitData(*geometry, hyper.noise * (scale - 1.0), np.ones(30), y, np.unique(t))
+    raw = _raw_from_hyper(hyper)
+    value, grad = _negative_log_posterior(raw, scaled, prior)
+    value_fixed, grad_fixed = _negative_log_posterior(raw, fixed, prior)
+    assert value == pytest.approx(value_fixed, rel=1e-12)
+    np.testing.assert_allclose(grad[1:], grad_fixed[1:], rtol=1e-9, atol=1e-12)
+    numeric = approx_fprime(raw, lambda r: _negative_log_posterior(r, scaled, prior)[0], 1e-7)
+    assert grad[0] == pytest.approx(numeric[0], rel=1e-4)
+    assert grad[0] != pytest.approx(grad_fixed[0], rel=1e-3)  # the scale multiplies σ²'s own slope
 
 
 def test_the_shared_fits_gradient_matches_finite_differences():
