@@ -2,11 +2,18 @@
 
 A job's log step time on GPU type t at configuration x is modelled as
 
-    log y = log T(u_t, x) + f(x, t) + ε,     u ~ prior (goodput.hierarchy),  f ~ GP,  ε ~ N(0, σ²)
+    log y = log T(u_t, x) + f(x, t) + ε,     u ~ prior (goodput.hierarchy),  f ~ GP,  ε ~ t_ν(0, σ²)
 
-with ``T`` Pollux's form in the coordinates of :mod:`goodput.parametric` and
+with ``T`` Pollux's form in the coordinates of :mod:`goodput.parametric`,
 ``f`` a Gaussian process with a Hadamard multitask kernel over GPU types
-(:mod:`goodput.gp`) for what the form misses.
+(:mod:`goodput.gp`) for what the form misses, and ``ε`` Student-t noise whose
+degrees of freedom ν the cluster's residuals give (:attr:`goodput.gp.HyperPrior.noise_dof`;
+∞, Gaussian, where they show no heavier tails). The t is a scale mixture of normals,
+``ε ~ N(0, σ²/w)``: each step's weight ``w`` is its E-step (Lange, Little & Taylor,
+*JASA* 84, 1989), at the MAP's residuals for the MAP and the GP's hyperparameters, then at
+the GP's posterior (its latent variance counted) for the posterior and each step conditioned
+online, so one step far off (a checkpoint's, a stalled loader's) weighs as the tails say
+instead of pulling its configuration's prediction toward it.
 
 A refit finds the maximum a posteriori ``û`` (:func:`goodput.parametric.fit_map`;
 Pollux's soft maximum can give two optima, compute or sync explaining a step that
@@ -31,8 +38,8 @@ over the coordinates' posterior instead of the linearisation's ``J Cov Jᵀ``
 (:func:`goodput.parametric.unscented_log_step_time`: Pollux's form bends within the
 spread; the 90% intervals' P4 coverage moved toward 90 on Pollux's traces, Gavel and the
 derived sets, experiments/results/accuracy.md);
-the noise's Student-t tails, learned from the cluster (:mod:`goodput.tails`),
-widen the intervals of :class:`goodput.model.Prediction` beyond the normal's.
+the noise's Student-t tails also widen the intervals of :class:`goodput.model.Prediction`
+beyond the normal's (:mod:`goodput.tails`).
 
 A step on several replicas whose sync was measured also gives its compute, ``(step − sync) / (a + 1)``
 (``Observation.compute_time``; Pollux's fit reads it beside the step time: Qiao et al., OSDI'21, §3.2), whose
@@ -71,6 +78,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.linalg
 from scipy.special import ndtri
 
 from .cells import compute_rows, step_rows
@@ -89,6 +97,7 @@ FIT_ITERATIONS = 60  # L-BFGS iterations of a hyperparameter fit
 MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many observations (random subset)
 NOISE_PRIOR_WEIGHT = 5.0  # pseudo-observations of the cluster's residual std in the MAP's noise
 NOISE_RANGE = (0.005, 0.5)
+STEP_SCALE_ITERATIONS = 20  # EM steps of a Student-t step-noise scale at fixed residuals (_step_noise)
 COMPUTE_DOF = 4.0  # degrees of freedom of a compute time's Student-t noise (Lange, Little & Taylor, JASA 84, 1989: ν = 4)
 # Without a cluster: a residual ~5% (half smooth misfit of the form, half noise), length scales of 2
 # doublings, each a factor e (log-std 1) either way.
@@ -274,7 +283,11 @@ class JobPosterior:
         # either way
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
         z = self.normal_z(y - mu, var)
-        self.posterior.condition(design.x, design.t, design.s, y)
+        # each one weighed by its E-step under the Student-t noise, as a refit weighs it (1 if Gaussian):
+        # E[(y − f)²] = (y − E f)² + Var f
+        sigma_sq = self.posterior.hyper.noise
+        weights = _t_weights((y - mu) ** 2 + var - sigma_sq, math.sqrt(sigma_sq), self.noise_dof)
+        self.posterior.condition(design.x, design.t, design.s, y, extra_noise=sigma_sq * (1.0 / weights - 1.0))
         z_compute = self._condition_on_compute(observations)
         return float(max(np.max(z) if z.size else 0.0, z_compute))
 
@@ -403,14 +416,17 @@ def _conditional_start(known: Mapping[int, np.ndarray], mean: np.ndarray, cov: n
 def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str], ref_bsz: float, mean: np.ndarray,
              chol: np.ndarray, shapes: Mapping[str, SyncShape | None], noise: float, initial: np.ndarray | None,
              residual_std: float, dof: float | None, cov: np.ndarray | None = None,
-             carried: Mapping[int, np.ndarray] | None = None, blocks: Sequence[Sequence[int]] | None = None
+             carried: Mapping[int, np.ndarray] | None = None, blocks: Sequence[Sequence[int]] | None = None,
+             step_dof: float = math.inf
              ) -> tuple[MapFit, float, np.ndarray, list[tuple[int, Rows, np.ndarray]], np.ndarray | None, float]:
     """The MAP under the prior, its noise re-estimated from its residuals and, with ``dof``, the prior's
     scale from the job's distance to it (Student-t prior as a scale mixture), one scale per block of
     coordinates (``blocks``, on every type; ``None``: one for all). Returns the fit, the noise,
     the prior's Cholesky factor used, the compute times' rows per type (:func:`goodput.cells.compute_rows`),
     each one's noise std (:func:`_compute_noise`; ``None`` without compute times) and that noise's scale (the
-    prior's, shrunk as the step times' is, without them).
+    prior's, shrunk as the step times' is, without them). The step times' noise is Student-t with ``step_dof``
+    degrees of freedom (∞: Gaussian), each step weighed as its residual says (:func:`_step_noise`); the noise
+    returned is its scale.
 
     Without ``initial``, the search also starts from :func:`_conditional_start` of ``carried`` (the
     previous MAP's types) or, cold, of the MAP of the types whose compute 1-replica steps pin; the
@@ -428,7 +444,11 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
             if start is not None:
                 starts.append(start)
     fit = fit_map(steps, mean, chol, noise, initial, starts, computes)
-    noise = _shrunk(fit.rms, fit.n, residual_std)
+    robust = not math.isinf(step_dof)
+    noise, step_std = _step_noise(fit.residuals, residual_std, step_dof)
+    if robust:  # the steps weighed as their tails say, before anything else reads the fit
+        fit = fit_map(steps, mean, chol, step_std, fit.u, computes=computes)
+        noise, step_std = _step_noise(fit.residuals, residual_std, step_dof)
     compute_noise, scale = None, _shrunk(0.0, 0, residual_std)  # without compute times: the prior's scale
     if computes:
         # the compute times' own Student-t noise (an EM step here and one before each refit below), then the fit
@@ -437,7 +457,7 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
         # of its step had taken the step times' noise from 0.03 to 0.23)
         scale = _shrunk(fit.compute_rms, fit.compute_n, residual_std)
         scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
-        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
+        fit = fit_map(steps, mean, chol, step_std, fit.u, computes=computes, compute_noise_std=compute_noise)
     base_cov = chol @ chol.T
     base_prec = np.linalg.inv(base_cov)
     # each block's coordinates on every type and their marginal precision (their scale is the job's: a job odd in its
@@ -447,22 +467,25 @@ def _map_fit(observations: Mapping[str, Sequence[Observation]], types: list[str]
     indices = [(offsets + np.asarray(block)).ravel() for block in (blocks or (range(K),))]
     scaled = [(idx, np.linalg.inv(base_cov[np.ix_(idx, idx)])) for idx in indices]
     for _ in range(2 if dof is not None else 1):
+        if computes or robust:
+            noise, step_std = _step_noise(fit.residuals, residual_std, step_dof)
         if computes:
-            noise = _shrunk(fit.rms, fit.n, residual_std)
             scale, compute_noise = _compute_noise(fit.u, computes, scale, residual_std)
         if dof is not None:
             info = np.zeros_like(base_cov)
-            for k, rows, _y in steps:
-                jac = log_step_time(fit.u[k], rows)[1]
-                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac / noise**2
+            row = 0
+            for k, rows, y in steps:
+                jac = log_step_time(fit.u[k], rows)[1] / step_std[row:row + y.size, None]
+                info[K * k:K * (k + 1), K * k:K * (k + 1)] += jac.T @ jac
+                row += y.size
             if computes:
                 jac = stacked_log_compute_time(fit.u, computes)[1] / compute_noise[:, None]
                 info += jac.T @ jac
             scale_sq = _prior_scales((fit.u - mean).ravel(), info, base_prec, scaled, dof)
             chol = prior_cholesky(base_cov * np.sqrt(np.outer(scale_sq, scale_sq)))
-        fit = fit_map(steps, mean, chol, noise, fit.u, computes=computes, compute_noise_std=compute_noise)
-    if computes:  # the step times' noise of the fit whose compute times are weighed as their noise says
-        noise = _shrunk(fit.rms, fit.n, residual_std)
+        fit = fit_map(steps, mean, chol, step_std, fit.u, computes=computes, compute_noise_std=compute_noise)
+    if computes or robust:  # the step times' noise of the fit whose compute times are weighed as their noise says
+        noise = _step_noise(fit.residuals, residual_std, step_dof)[0]
     return fit, noise, chol, computes, compute_noise, scale
 
 
@@ -488,10 +511,37 @@ def _prior_scales(delta: np.ndarray, info: np.ndarray, scale_prec: np.ndarray,
     return scale_sq
 
 
+def _t_weights(residual_sq: np.ndarray, scale: float, dof: float) -> np.ndarray:
+    """E-step weights ``w = (ν + 1) / (ν + E[r²] / s²)`` of residuals under Student-t noise of scale ``s`` and ``dof`` ν
+    (Lange, Little & Taylor, *JASA* 84, 1989): a point's std in the normal it mixes is ``s / √w``. All 1 for
+    Gaussian noise (ν = ∞)."""
+    if math.isinf(dof):
+        return np.ones_like(residual_sq)
+    return (dof + 1.0) / (dof + residual_sq / scale**2)
+
+
 def _compute_weights(residual: np.ndarray, scale: float) -> np.ndarray:
-    """E-step weights ``w = (ν + 1) / (ν + r² / scale²)`` of log compute residuals under their Student-t noise
-    (:data:`COMPUTE_DOF`; Lange, Little & Taylor 1989): a compute time's std in the normal it mixes is ``scale / √w``."""
-    return (COMPUTE_DOF + 1.0) / (COMPUTE_DOF + (residual / scale) ** 2)
+    """:func:`_t_weights` of log compute residuals under their Student-t noise (:data:`COMPUTE_DOF`)."""
+    return _t_weights(residual**2, scale, COMPUTE_DOF)
+
+
+def _step_noise(residuals: np.ndarray, residual_std: float, dof: float) -> tuple[float, np.ndarray]:
+    """The step times' noise at a fit's log residuals: its scale (shrunk toward the cluster's residual std,
+    :func:`_shrunk`) and each step time's std (n,).
+
+    Gaussian (``dof`` ∞): the residuals' RMS, the same std for all. Student-t: the scale at the fixed point of
+    EM's ``s² = mean(w r²)`` (:func:`_t_weights` at ``s``, from the RMS), and each step's std in the normal it
+    mixes, ``s / √w``: one step far off (a checkpoint's, a stalled loader's) weighs as the tails the cluster's
+    residuals show say (:class:`goodput.gp.HyperPrior.noise_dof`), instead of pulling the fit and the noise
+    toward it."""
+    n = residuals.size
+    sq = residuals**2
+    scale = _shrunk(math.sqrt(float(np.mean(sq))) if n else 0.0, n, residual_std)
+    if math.isinf(dof) or not n:
+        return scale, np.full(n, scale)
+    for _ in range(STEP_SCALE_ITERATIONS):
+        scale = _shrunk(math.sqrt(float(np.mean(_t_weights(sq, scale, dof) * sq))), n, residual_std)
+    return scale, scale / np.sqrt(_t_weights(sq, scale, dof))
 
 
 def _compute_groups(groups: Iterable[tuple[int, Sequence[Observation]]], ref_bsz: float) -> list[tuple[int, Rows, np.ndarray]]:
@@ -581,7 +631,7 @@ def build_posterior(
     same = previous is not None and previous.types == types
     fit, noise, chol, computes, compute_noise, compute_scale = _map_fit(
         observations, types, ref_bsz, prior_mean, chol, shapes, residual_std, None, residual_std, prior_dof, prior_cov,
-        None if same else _carried_rows(previous, types, ref_bsz), prior_blocks)
+        None if same else _carried_rows(previous, types, ref_bsz), prior_blocks, hyper_prior.noise_dof)
     prior_mean, chol = _conditioned_on_compute(fit.u, prior_mean, chol, computes, compute_noise)
     cold = hyper_prior.initial(len(types)).for_types(types)  # the prior's medians
     start = hyper if hyper is not None else (previous.hyper if previous is not None else None)
@@ -595,6 +645,9 @@ def build_posterior(
     if not np.all(np.isfinite(y)):
         state.reason = "non-finite residuals"
         return state
+    dof = hyper_prior.noise_dof
+    # each step's E-step weight under the Student-t noise, at the MAP's residuals and scale first (all 1 if Gaussian)
+    weights = _t_weights((y + design.log_mean - design.log_map) ** 2, noise, dof)
     if fit_hyper and y.size >= 4:
         # The GP models what Pollux's form misses at the MAP: its hyperparameters are fitted to the MAP's
         # residuals. (Fitted to the residuals around the prior mean, with the linear part, a job far from
@@ -611,9 +664,28 @@ def build_posterior(
         # and the modes' weights choosing.
         state.hyper, state.gp_mode = fit_hyperparameters_over_modes(
             design.x[idx], design.t[idx], np.zeros((idx.size, 0)), at_map, cold if hyper is None else start, hyper_prior,
-            max_iter=FIT_ITERATIONS, restarts=[] if hyper is None else [(cold, FIT_ITERATIONS)])
+            max_iter=FIT_ITERATIONS, restarts=[] if hyper is None else [(cold, FIT_ITERATIONS)], noise_scale=1.0 / weights[idx])
     try:
-        state.posterior = OnlinePosterior(state.hyper, design.x, design.t, design.s, y)
+        state.posterior = _weighted_posterior(state.hyper, design, y, weights)
+        if not math.isinf(dof):
+            # the E-step again, at the GP's posterior: a residual the GP explains (the form's misfit, smooth over
+            # configurations) is no outlier (Lange, Little & Taylor 1989; the GP's own latent variance counted)
+            state.posterior = _weighted_posterior(state.hyper, design, y, _gp_weights(state.posterior, dof))
     except GPNumericalError as exc:
         state.reason = f"GP not positive definite: {exc}"
     return state
+
+
+def _weighted_posterior(hyper: GPHyperparameters, design: Design, y: np.ndarray, weights: np.ndarray) -> OnlinePosterior:
+    """The GP posterior of residuals ``y`` at ``design`` with each point's noise ``σ² / w`` (its E-step weight)."""
+    return OnlinePosterior(hyper, design.x, design.t, design.s, y, extra_noise=hyper.noise * (1.0 / weights - 1.0))
+
+
+def _gp_weights(post: OnlinePosterior, dof: float) -> np.ndarray:
+    """E-step weights (:func:`_t_weights`) of a posterior's training points under Student-t noise of scale σ (the GP's
+    noise): ``E[(y − f)²] = (y − E f)² + Var f``, from the noise's share of α (``y − E f = D α``, ``D`` each point's
+    noise variance) and the diagonal of ``(K + D)⁻¹`` (``Var f = d − d² (K + D)⁻¹ᵢᵢ``)."""
+    noise = post.hyper.noise + post.extra_noise
+    inverse_diag = np.sum(scipy.linalg.solve_triangular(post.L, np.eye(len(post)), lower=True, check_finite=False) ** 2, axis=0)
+    latent_var = np.maximum(noise - noise**2 * inverse_diag, 0.0)
+    return _t_weights((noise * post.alpha) ** 2 + latent_var, math.sqrt(post.hyper.noise), dof)

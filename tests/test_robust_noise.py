@@ -1,0 +1,144 @@
+"""Step times' Student-t noise in the fit (goodput.posterior): one step far off weighs as the tails say.
+
+The cluster's residuals give the noise's degrees of freedom (:attr:`goodput.gp.HyperPrior.noise_dof`); the MAP,
+the GP's hyperparameters and its posterior weigh each step by its E-step weight (Lange, Little & Taylor 1989), so
+a checkpoint's or a stalled loader's step does not pull a configuration's prediction toward it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from goodput import JobModel
+from goodput.hierarchy import ClusterPrior
+from goodput.posterior import _gp_weights, _step_noise, _t_weights, _weighted_posterior, build_posterior
+from tests.hierarchy_jobs import SINGLE, SINGLE_NODE, cluster, draw_job, observe
+
+
+@pytest.fixture(scope="module")
+def cluster_prior() -> ClusterPrior:
+    return ClusterPrior.from_observations(cluster(6, seed=3))
+
+
+def _with_dof(prior: ClusterPrior, dof: float) -> ClusterPrior:
+    assert prior.gp_prior is not None
+    return dataclasses.replace(prior, gp_prior=dataclasses.replace(prior.gp_prior, noise_dof=dof))
+
+
+def test_the_weights_are_one_for_gaussian_noise_and_fall_with_the_residual():
+    sq = np.array([0.0, 1.0, 100.0]) * 0.05**2
+    assert np.array_equal(_t_weights(sq, 0.05, math.inf), np.ones(3))
+    w = _t_weights(sq, 0.05, 4.0)
+    np.testing.assert_allclose(w, [5.0 / 4.0, 1.0, 5.0 / 104.0])
+
+
+def test_the_step_noise_scale_is_the_rms_when_gaussian_and_ignores_an_outlier_when_heavy_tailed():
+    rng = np.random.default_rng(0)
+    clean = 0.05 * rng.standard_normal(60)
+    dirty = np.append(clean, math.log(10.0))
+    gaussian, stds = _step_noise(dirty, 0.05, math.inf)
+    assert np.all(stds == gaussian) and gaussian > 0.25  # one step 10x too slow: the RMS is five times the noise
+    heavy, stds = _step_noise(dirty, 0.05, 5.0)
+    assert heavy == pytest.approx(_step_noise(clean, 0.05, 5.0)[0], rel=0.15)
+    assert heavy < 0.07
+    assert stds[-1] > 20 * np.median(stds[:-1])  # the outlier's std in the normal it mixes
+
+
+def test_the_gp_weights_read_the_residual_the_gp_leaves_and_its_latent_variance():
+    """_gp_weights against a dense computation of E[(y − f)²] under the GP posterior."""
+    from goodput.gp import GPHyperparameters, covariance
+    from goodput.posterior import Design
+
+    rng = np.random.default_rng(1)
+    n = 12
+    x = rng.uniform(0, 3, (n, 6))
+    t = rng.integers(0, 2, n)
+    s = 0.1 * rng.standard_normal((n, 3))
+    y = 0.05 * rng.standard_normal(n)
+    y[4] += 1.5
+    hyper = GPHyperparameters(task_names=("a", "b"), lengthscale=(1.0,) * 6, task_factor=(0.03, 0.02), task_var=(1e-3, 1e-3),
+                              noise=2e-3)
+    weights = rng.uniform(0.2, 1.1, n)
+    post = _weighted_posterior(hyper, Design(x, t, s, np.zeros(n), np.zeros(n)), y, weights)
+    k = covariance(hyper, x, t, s, x, t, s)
+    d = np.diag(hyper.noise / weights)
+    mean_f = k @ np.linalg.solve(k + d, y)
+    var_f = np.diag(k - k @ np.linalg.solve(k + d, k))
+    expected = _t_weights((y - mean_f) ** 2 + var_f, math.sqrt(hyper.noise), 4.0)
+    np.testing.assert_allclose(_gp_weights(post, 4.0), expected, rtol=1e-7)
+
+
+def _job(rng: np.random.Generator) -> list:
+    truth = draw_job(rng, ("t4", "a100"))
+    return [o for t, u in truth.items() for o in observe("new", t, u, SINGLE + SINGLE_NODE, rng)], truth
+
+
+@pytest.mark.parametrize("where", ["seen", "new"])
+def test_one_step_ten_times_too_slow_barely_moves_a_heavy_tailed_models_prediction(cluster_prior, where):
+    """With the cluster's tails heavy (ν = 5), one step 10x too slow moves its configuration's predicted step time by
+    under 10% and its spread by under 30%; with Gaussian noise the same step moves the prediction by more than 15%
+    and widens its spread more than five-fold (the check can fail). (A step in a regime the job has not run,
+    its first on several nodes, is no outlier: nothing else says what its sync costs.)"""
+    rng = np.random.default_rng(5)
+    observations, truth = _job(rng)
+    base = observations[4]  # t4 on 2 GPUs, 32 samples each
+    if where == "new":  # a batch between two measured ones on that placement (a regime the job's steps pin)
+        base = dataclasses.replace(base, local_bsz=64)
+    bad = dataclasses.replace(base, step_time=base.step_time * 10.0)
+    query = (bad.gpu_type, bad.num_nodes, bad.num_replicas, bad.local_bsz)
+    moved = {}
+    for dof in (5.0, math.inf):
+        prior = _with_dof(cluster_prior, dof)
+        clean = JobModel("new", 32, cluster_prior=prior).observe(observations)
+        dirty = JobModel("new", 32, cluster_prior=prior).observe(observations + [bad])
+        before, after = clean.predict(*query), dirty.predict(*query)
+        moved[dof] = (float(after.step_time / before.step_time), float(after.log_std / before.log_std))
+    assert abs(math.log(moved[5.0][0])) < math.log(1.1), moved
+    assert moved[5.0][1] < 1.3, moved
+    assert moved[math.inf][0] > 1.15 and moved[math.inf][1] > 5.0, moved
+
+
+def test_a_heavy_tailed_model_without_outliers_predicts_as_the_gaussian_one(cluster_prior):
+    """On clean steps the weights stay near 1: predictions within 5% of the Gaussian model's."""
+    rng = np.random.default_rng(8)
+    observations, _ = _job(rng)
+    heavy = JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, 6.0)).observe(observations)
+    gaussian = JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, math.inf)).observe(observations)
+    for gpu in ("t4", "a100"):
+        nodes, replicas = np.array([1, 1, 2, 4]), np.array([1, 4, 4, 16])
+        a = heavy.predict(gpu, nodes, replicas, 32).step_time
+        b = gaussian.predict(gpu, nodes, replicas, 32).step_time
+        np.testing.assert_allclose(a, b, rtol=0.05)
+
+
+def test_an_online_outlier_is_weighed_as_a_refit_weighs_it(cluster_prior):
+    """Conditioned online (no refit), a step far off gets the E-step's small weight: the prediction at its
+    configuration moves by under 10% (under Gaussian noise it moves most of the way toward the step)."""
+    rng = np.random.default_rng(9)
+    observations, _ = _job(rng)
+    moved = {}
+    for dof in (5.0, math.inf):
+        model = JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, dof), surprise=1e9, refit_every=1000)
+        model.observe(observations).refit()
+        before = model.predict("t4", 1, 2, 32).step_time
+        model.observe(dataclasses.replace(observations[0], num_nodes=1, num_replicas=2, local_bsz=32,
+                                          step_time=float(before) * 10.0))
+        assert model.unrefitted == 1
+        moved[dof] = float(model.predict("t4", 1, 2, 32).step_time / before)
+    assert moved[5.0] < 1.1 and moved[math.inf] > 2.0, moved
+
+
+def test_build_posterior_with_gaussian_noise_is_unchanged_by_the_weights(cluster_prior):
+    """ν = ∞: every weight is 1, so the posterior holds no extra noise (the Gaussian model as before)."""
+    rng = np.random.default_rng(2)
+    observations, _ = _job(rng)
+    model = JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, math.inf)).observe(observations).refit()
+    assert np.all(model._current().posterior.extra_noise == 0.0)
+    by_type = {"t4": [o for o in observations if o.gpu_type == "t4"]}
+    mean, cov = JobModel("new", 32).observe(by_type["t4"]).prior()
+    state = build_posterior(by_type, mean, cov, {"t4": None})
+    assert np.all(state.posterior.extra_noise == 0.0)
