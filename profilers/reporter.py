@@ -418,7 +418,10 @@ class GoodputReporter:
                 self._tracker.update_two_batches(float(local), small, float(total), large)
 
     def _aggregate(self, final: bool) -> list[dict[str, Any]]:
-        from goodput import Observation
+        """The flush's records: one per configuration, its median step. A configuration whose record the
+        observation's checks refuse (a step over ``MAX_STEP_TIME``, a timer that read 0) is counted as an
+        ``aggregate`` fault and left out alone; the others' records are kept."""
+        from goodput import Observation, ValidationError
 
         groups: dict[tuple[int, int, int, int], list[tuple[float, float | None]]] = {}
         taken: list[tuple[tuple[int, int, int, int], Any, float, float | None]] = []
@@ -444,11 +447,15 @@ class GoodputReporter:
             syncs = [sync for _, sync in steps if sync is not None]
             # the median exposed sync where every step of the group has one (no more than the median step)
             sync_time = min(statistics.median(syncs), step_time) if syncs and len(syncs) == len(steps) else None
-            observation = Observation(
-                job=self.job, gpu_type=self.gpu_type, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz,
-                accum_steps=accum, step_time=step_time, sync_time=sync_time,
-                step_time_std=statistics.stdev(times) if len(times) > 1 else None,
-                source="training", timestamp=now, **grads)
+            try:
+                observation = Observation(
+                    job=self.job, gpu_type=self.gpu_type, num_nodes=nodes, num_replicas=replicas, local_bsz=bsz,
+                    accum_steps=accum, step_time=step_time, sync_time=sync_time,
+                    step_time_std=statistics.stdev(times) if len(times) > 1 else None,
+                    source="training", timestamp=now, **grads)
+            except ValidationError as exc:
+                self._fault("aggregate", exc)
+                continue
             records.append({**observation.to_dict(), "id": uuid.uuid4().hex})
         return records
 

@@ -368,3 +368,26 @@ dist.destroy_process_group()
     assert result.returncode == 0, result.stderr[-2000:]
     _, naive, quiet, timed = result.stdout.split()[-4:]
     assert (int(naive), int(quiet)) == (0, 4) and int(timed) >= 6  # the warm-up (the first step of the key) is a naive one
+
+
+def test_a_configuration_whose_record_is_refused_loses_only_its_own_steps(tmp_path):
+    """One configuration's median step beyond MAX_STEP_TIME (a clock that jumped) is an ``aggregate`` fault; the
+    flush keeps the other configurations' records (it had dropped them all)."""
+    from goodput.observations import MAX_STEP_TIME
+
+    with socket.socket() as probe:  # a port nothing listens on: sending is not what is tested
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    reporter = GoodputReporter("bad", f"http://127.0.0.1:{port}", init_batch_size=8, buffer_dir=tmp_path,
+                               flush_interval=3600, warmup_steps=0)
+    try:
+        now = time.time()
+        for duration in (0.1, 0.12):
+            reporter._samples.append(((1, 1, 8, 0), duration, now, None))
+        for duration in (2 * MAX_STEP_TIME, 3 * MAX_STEP_TIME):
+            reporter._samples.append(((1, 1, 16, 0), duration, now, None))
+        records = reporter._aggregate(final=True)
+        assert [(r["local_bsz"], r["step_time"]) for r in records] == [(8, pytest.approx(0.11))]
+        assert reporter.faults["aggregate"] == 1
+    finally:
+        reporter.close(timeout=1.0)
