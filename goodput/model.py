@@ -681,7 +681,8 @@ class JobModel:
                 "std": np.broadcast_to(np.asarray(std, dtype=float), nodes.shape),
             })
         if not parts:
-            empty = pd.DataFrame(columns=["gpu_type", "num_nodes", "num_gpus", "goodput"])
+            empty = pd.DataFrame(columns=["gpu_type", "num_nodes", "num_gpus", *(["num_replicas"] if self._stages.hybrid else []),
+                                          "goodput"])
             return GoodputTable(self.job, empty, missing_gpu_types=missing)
         # numpy columns, validated without pandas (GoodputTable.from_columns); the frame is built when read
         columns = {name: (sum((p[name] for p in parts), []) if name == "gpu_type" else

@@ -119,6 +119,8 @@ def test_goodput_by_gpu_count_maps_to_pipelines_and_refuses_partial_ones():
         assert choice.goodput == 0 and not choice.feasible and choice.local_bsz == 0
     assert model.goodput("rtx2080ti", 1, num_gpus=12).goodput == 0
     assert all(r >= 2 for r in model.table(Cluster.parse("a100:2x8")).frame.num_replicas)
+    empty = model.table(Cluster.parse("a100:1x2"))  # not two whole pipelines: no rows, the same columns
+    assert len(empty) == 0 and "num_replicas" in empty.frame.columns and model.empty_table_reason(Cluster.parse("a100:1x2"))
     with pytest.raises(ValidationError, match="num_replicas"):
         model.goodput("a100", 1)  # neither replicas nor GPUs
     with pytest.raises(ValidationError, match="num_replicas"):
