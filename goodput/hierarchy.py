@@ -80,7 +80,7 @@ from .gp_fit import fit_shared_hyperparameters
 from .observations import Observation, by_gpu_type
 from .parametric import COORDS, K, reference_bsz
 from .sync_shape import SyncShape, learn_sync_shape
-from .tails import fit_noise_dof
+from .tails import DEFAULT_NOISE_DOF, fit_noise_dof
 from .threads import single_threaded
 from .validation import check_sizes, is_collection, normalize_gpu_type
 
@@ -550,7 +550,7 @@ class ClusterPrior:
             residuals.append((np.concatenate(features), np.concatenate(values), np.concatenate(types)))  # one process per job
         hyper = fit_shared_hyperparameters(residuals) if gp_prior else None  # None: too few points, or the fit failed
         if hyper is not None:  # the noise's tails, from every cell's residuals around its own fit (goodput.tails)
-            hyper = replace(hyper, noise_dof=fit_noise_dof(cell_residuals))
+            hyper = replace(hyper, noise_dof=fit_noise_dof(cell_residuals, default=DEFAULT_NOISE_DOF))
         return cls(cells, shapes=shapes, gp_prior=hyper,
                    observations=kept,
                    sizes={k: v for k, v in sizes.items() if v is not None})

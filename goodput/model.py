@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ from .cluster import Cluster
 from .efficiency import check_batch_sizes
 from .efficiency import efficiency as _efficiency
 from .errors import UnknownGPUTypeError, ValidationError
-from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError
+from .gp import FEATURE_NAMES, GPHyperparameters, GPNumericalError, HyperPrior
 from .cells import default_means_by_type, default_prior
 from .hierarchy import EFFECT_DOF, SCALE_BLOCKS, ClusterPrior, log_size_proxies
 from .hybrid import Stages, check_min_replicas, check_observation_stages, replicas_of, stages_of
@@ -189,6 +189,12 @@ class JobModel:
         min_replicas: the fewest replicas (pipelines) the job runs on;
             configurations with fewer are left out of :meth:`table` and have
             goodput 0 in :meth:`goodput`.
+        noise_dof: degrees of freedom of the step times' Student-t noise, which
+            weighs each step in the fit and widens the intervals
+            (:mod:`goodput.posterior`): > 2, ``math.inf`` for Gaussian noise;
+            ``None``: the cluster prior's (:attr:`goodput.gp.HyperPrior.noise_dof`,
+            learned from its jobs' residuals), else
+            :data:`goodput.tails.DEFAULT_NOISE_DOF`.
     """
 
     def __init__(
@@ -208,6 +214,7 @@ class JobModel:
         gp_hyperparameters: GPHyperparameters | None = None,
         num_stages: int | Mapping[str, int] = 1,
         min_replicas: int = 1,
+        noise_dof: float | None = None,
     ) -> None:
         self.job = check_str("job", job)
         self._stages = Stages.parse(num_stages)
@@ -244,6 +251,9 @@ class JobModel:
             raise ValidationError("gp_hyperparameters.lengthscale", gp_hyperparameters.lengthscale,
                                   f"expected one per GP feature ({len(FEATURE_NAMES)}: {', '.join(FEATURE_NAMES)})")
         self._gp_init = gp_hyperparameters
+        if noise_dof is not None:  # checked as the hyperprior checks it
+            noise_dof = replace(DEFAULT_HYPER_PRIOR, noise_dof=noise_dof).noise_dof
+        self._noise_dof = noise_dof
         self._observations: dict[str, list[Observation]] = {}
         self._params: dict[str, ThroughputParams] = {}  # each type's plain Pollux fit (bayesian=False, own_fit)
         self._dirty: set[str] = set()
@@ -442,10 +452,9 @@ class JobModel:
         shapes = {t: self.sync_shape(t) for t in self.gpu_types}
         previous = self._state
         fit_hyper = hyperparameters or (previous is None and self._gp_init is None)
-        gp_prior = self.cluster_prior.gp_prior if self.cluster_prior is not None else None
         self._state = build_posterior(self._observations, mean, cov, shapes, previous,
                                       hyper=self._gp_init if previous is None else None,
-                                      hyper_prior=gp_prior or DEFAULT_HYPER_PRIOR,
+                                      hyper_prior=self._hyper_prior(),
                                       prior_dof=EFFECT_DOF if self.cluster_prior is not None and len(self.cluster_prior) else None,
                                       prior_blocks=SCALE_BLOCKS,
                                       fit_hyper=fit_hyper, max_points=self.max_gp_points)
@@ -453,6 +462,16 @@ class JobModel:
         self._pending = 0
         self.refits += 1
         return self
+
+    @property
+    def noise_dof(self) -> float | None:
+        """The step noise's degrees of freedom as given (``None``: the cluster prior's, else the default's)."""
+        return self._noise_dof
+
+    def _hyper_prior(self) -> HyperPrior:
+        """The GP's hyperprior: the cluster prior's (else the weak default), with :attr:`noise_dof` where given."""
+        hyper_prior = (self.cluster_prior.gp_prior if self.cluster_prior is not None else None) or DEFAULT_HYPER_PRIOR
+        return hyper_prior if self.noise_dof is None else replace(hyper_prior, noise_dof=self.noise_dof)
 
     def _current(self) -> JobPosterior:
         if self._refit_due or self._state is None:

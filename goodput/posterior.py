@@ -88,7 +88,7 @@ from .observations import Observation
 from .parametric import (K, MapFit, Rows, fit_map, log_step_time, power_from_log, rebase_u, reference_bsz, sigma_points, stacked_log_compute_time,
                          theta_from_u, unscented_moments)
 from .sync_shape import SyncShape
-from .tails import gaussian_t_cdf, split_std
+from .tails import DEFAULT_NOISE_DOF, gaussian_t_cdf, split_std
 
 __all__ = ["JobPosterior", "build_posterior", "prior_cholesky", "FALLBACK_LOG_STD", "DEFAULT_HYPER_PRIOR"]
 
@@ -98,10 +98,11 @@ MAX_FIT_POINTS = 256  # hyperparameters are fitted on at most this many observat
 NOISE_PRIOR_WEIGHT = 5.0  # pseudo-observations of the cluster's residual std in the MAP's noise
 NOISE_RANGE = (0.005, 0.5)
 STEP_SCALE_ITERATIONS = 20  # EM steps of a Student-t step-noise scale at fixed residuals (_step_noise)
+ONLINE_E_STEPS = 20  # EM steps of a point's weight conditioned online (_online_weights)
 COMPUTE_DOF = 4.0  # degrees of freedom of a compute time's Student-t noise (Lange, Little & Taylor, JASA 84, 1989: ν = 4)
 # Without a cluster: a residual ~5% (half smooth misfit of the form, half noise), length scales of 2
-# doublings, each a factor e (log-std 1) either way.
-DEFAULT_HYPER_PRIOR = HyperPrior((2.0,) * 6, 0.0015, 0.001, log_std=1.0)
+# doublings, each a factor e (log-std 1) either way, and the noise's tails Pollux's (goodput.tails.DEFAULT_NOISE_DOF).
+DEFAULT_HYPER_PRIOR = HyperPrior((2.0,) * 6, 0.0015, 0.001, log_std=1.0, noise_dof=DEFAULT_NOISE_DOF)
 
 
 def _shrunk(rms: float, n: int, prior: float) -> float:
@@ -283,10 +284,9 @@ class JobPosterior:
         # either way
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
         z = self.normal_z(y - mu, var)
-        # each one weighed by its E-step under the Student-t noise, as a refit weighs it (1 if Gaussian):
-        # E[(y − f)²] = (y − E f)² + Var f
+        # each one weighed by its E-step under the Student-t noise, as a refit weighs it (1 if Gaussian)
         sigma_sq = self.posterior.hyper.noise
-        weights = _t_weights((y - mu) ** 2 + var - sigma_sq, math.sqrt(sigma_sq), self.noise_dof)
+        weights = _online_weights(y - mu, var - sigma_sq, sigma_sq, self.noise_dof)
         self.posterior.condition(design.x, design.t, design.s, y, extra_noise=sigma_sq * (1.0 / weights - 1.0))
         z_compute = self._condition_on_compute(observations)
         return float(max(np.max(z) if z.size else 0.0, z_compute))
@@ -514,10 +514,30 @@ def _prior_scales(delta: np.ndarray, info: np.ndarray, scale_prec: np.ndarray,
 def _t_weights(residual_sq: np.ndarray, scale: float, dof: float) -> np.ndarray:
     """E-step weights ``w = (ν + 1) / (ν + E[r²] / s²)`` of residuals under Student-t noise of scale ``s`` and ``dof`` ν
     (Lange, Little & Taylor, *JASA* 84, 1989): a point's std in the normal it mixes is ``s / √w``. All 1 for
-    Gaussian noise (ν = ∞)."""
-    if math.isinf(dof):
+    Gaussian noise (ν = ∞) and without noise (``s`` 0: no point to weigh)."""
+    if math.isinf(dof) or not scale > 0.0:
         return np.ones_like(residual_sq)
     return (dof + 1.0) / (dof + residual_sq / scale**2)
+
+
+def _online_weights(residual: np.ndarray, latent_var: np.ndarray, sigma_sq: float, dof: float) -> np.ndarray:
+    """E-step weights (:func:`_t_weights`) of new points, each at the posterior that includes it: with ``r`` its
+    residual and ``v`` the latent variance of the GP's prediction before it, the posterior given it and the noise
+    ``σ² / w`` leaves ``(y − E f) = s r`` and ``Var f = s v``, ``s = (σ² / w) / (v + σ² / w)``; the weight is
+    iterated to its fixed point (EM on the one point, :data:`ONLINE_E_STEPS`). A step far from what the job's data
+    pin is weighed down; a step where they pin nothing (``v`` ≫ σ²: a regime it had not run) is not, as the
+    prediction before it says nothing against it. A non-finite residual is read as 0 (the update then fails as it
+    did, and a refit reads it)."""
+    residual = np.where(np.isfinite(residual), residual, 0.0)
+    latent_var = np.where(np.isfinite(latent_var), np.maximum(latent_var, 0.0), 0.0)
+    weights = np.ones_like(residual)
+    if math.isinf(dof):
+        return weights
+    for _ in range(ONLINE_E_STEPS):
+        noise = sigma_sq / weights
+        share = noise / (latent_var + noise)
+        weights = _t_weights((share * residual) ** 2 + share * latent_var, math.sqrt(sigma_sq), dof)
+    return weights
 
 
 def _compute_weights(residual: np.ndarray, scale: float) -> np.ndarray:

@@ -4,10 +4,11 @@ Step times measured on a shared cluster have outliers (a straggler, a
 co-located job, a checkpoint): the residuals of Pollux's traces around each
 (job, GPU type)'s fit follow a Student-t with ν ≈ 6 degrees of freedom
 (5.4–7.4 leaving one job out), while Gavel's and Zeus's averaged throughputs
-are Gaussian (ν → ∞). The model keeps a Gaussian likelihood for its fits and
-online updates (conjugate, fast); the noise's tails enter the intervals of a
-new measurement (Pollux's P4 coverage 85.2 → 87.8 at 20 observations) and
-the test of a surprising one. Its log is
+are Gaussian (ν → ∞). A job's fit weighs each step by the tails
+(:mod:`goodput.posterior`: a scale mixture of normals, so its updates stay
+Gaussian and fast), and the tails enter the intervals of a new measurement
+(Pollux's P4 coverage 85.2 → 87.8 at 20 observations) and the test of a
+surprising one. Its log is
 
     μ + g + σ·t_ν,     g ~ N(0, s²) (the parameters' and the GP's uncertainty),  t_ν a standard Student-t
 
@@ -45,11 +46,15 @@ from scipy.special import gammaln, ndtr, ndtri, roots_hermitenorm, roots_legendr
 
 from .validation import check_float, check_quantile
 
-__all__ = ["fit_noise_dof", "gaussian_t_quantile", "gaussian_t_cdf", "split_std", "DOF_RANGE", "MIN_GROUP_SIZE"]
+__all__ = ["fit_noise_dof", "gaussian_t_quantile", "gaussian_t_cdf", "split_std", "DOF_RANGE", "MIN_GROUP_SIZE", "DEFAULT_NOISE_DOF"]
 
 DOF_RANGE = (2.5, 100.0)  # ν searched; at the upper end the noise is Gaussian (inf): 100 dof are within 1% of it
 MIN_GROUP_SIZE = 8  # residuals a group needs for its scale to be estimated alongside ν
-MIN_RESIDUALS = 50  # fewer in all cannot tell tails from noise: Gaussian
+MIN_RESIDUALS = 50  # fewer in all cannot tell tails from noise: fit_noise_dof's default
+# A job's tails where nothing has measured them (no cluster, or one with too few residuals): Pollux's traces' (6.2,
+# the one cluster in the shared data that measured each configuration many times), so one stalled step does not
+# move a job's model before its cluster has said how heavy its tails are
+DEFAULT_NOISE_DOF = 6.0
 _SCALE_ITERATIONS = 50
 _HERMITE_NODES = 64
 _LEGENDRE_NODES = 200
@@ -67,13 +72,13 @@ def _profile_loglik(r2: np.ndarray, mask: np.ndarray, dof: float) -> float:
     return float(np.sum(counts * (const - 0.5 * np.log(s2))) - 0.5 * (dof + 1) * np.sum(np.log1p(r2 / (dof * s2[:, None])) * mask))
 
 
-def fit_noise_dof(residuals: Sequence[Any]) -> float:
+def fit_noise_dof(residuals: Sequence[Any], *, default: float = math.inf) -> float:
     """Maximum-likelihood degrees of freedom of Student-t noise shared by groups of residuals (e.g. of
     log step time around each (job, GPU type)'s fit), each group with its own scale.
 
     Groups of fewer than :data:`MIN_GROUP_SIZE` residuals are left out. Returns ``math.inf`` (Gaussian)
-    when the likelihood peaks at the top of :data:`DOF_RANGE` or fewer than :data:`MIN_RESIDUALS`
-    residuals remain.
+    when the likelihood peaks at the top of :data:`DOF_RANGE`, and ``default`` when fewer than
+    :data:`MIN_RESIDUALS` residuals remain (too few to tell tails from noise).
     """
     groups = []
     for index, r in enumerate(residuals):
@@ -83,7 +88,7 @@ def fit_noise_dof(residuals: Sequence[Any]) -> float:
         if r.size >= MIN_GROUP_SIZE and np.any(r != 0):
             groups.append(r - r.mean())
     if sum(r.size for r in groups) < MIN_RESIDUALS:
-        return math.inf
+        return default
     width = max(r.size for r in groups)
     r2, mask = np.zeros((len(groups), width)), np.zeros((len(groups), width), dtype=bool)
     for row, r in enumerate(groups):

@@ -13,9 +13,11 @@ import math
 import numpy as np
 import pytest
 
-from goodput import JobModel
+from goodput import JobModel, ValidationError
 from goodput.hierarchy import ClusterPrior
-from goodput.posterior import _gp_weights, _step_noise, _t_weights, _weighted_posterior, build_posterior
+from goodput.tails import DEFAULT_NOISE_DOF
+from goodput.posterior import (DEFAULT_HYPER_PRIOR, _gp_weights, _online_weights, _step_noise, _t_weights,
+                               _weighted_posterior, build_posterior)
 from tests.hierarchy_jobs import SINGLE, SINGLE_NODE, cluster, draw_job, observe
 
 
@@ -140,5 +142,40 @@ def test_build_posterior_with_gaussian_noise_is_unchanged_by_the_weights(cluster
     assert np.all(model._current().posterior.extra_noise == 0.0)
     by_type = {"t4": [o for o in observations if o.gpu_type == "t4"]}
     mean, cov = JobModel("new", 32).observe(by_type["t4"]).prior()
-    state = build_posterior(by_type, mean, cov, {"t4": None})
+    gaussian = dataclasses.replace(DEFAULT_HYPER_PRIOR, noise_dof=math.inf)
+    state = build_posterior(by_type, mean, cov, {"t4": None}, hyper_prior=gaussian)
     assert np.all(state.posterior.extra_noise == 0.0)
+    heavy = build_posterior(by_type, mean, cov, {"t4": None})  # the default's tails: the weights differ
+    assert heavy.noise_dof == DEFAULT_NOISE_DOF and np.any(heavy.posterior.extra_noise != 0.0)
+
+
+def test_an_online_weight_is_its_points_fixed_point_and_spares_a_regime_the_data_do_not_pin():
+    """A step 2.3 off (10x) where the data pin the prediction (latent variance ≪ σ²) gets a tiny weight; the same
+    step where they pin nothing (latent variance ≫ σ²: a regime the job had not run) keeps about 1. Each weight
+    is the fixed point of its E-step at the posterior given the point itself."""
+    sigma_sq, dof = 0.03**2, 6.0
+    residual = np.array([2.3, 2.3, 0.03, np.nan])
+    latent = np.array([1e-4, 4.0, 1e-4, 1e-4])
+    w = _online_weights(residual, latent, sigma_sq, dof)
+    assert w[0] < 3e-3 and w[1] > 0.9 and 0.8 < w[2] < 1.2
+    assert w[3] == _online_weights(np.zeros(1), latent[3:], sigma_sq, dof)[0]  # not finite: read as no residual
+    share = (sigma_sq / w) / (latent + sigma_sq / w)
+    again = _t_weights((share * np.nan_to_num(residual)) ** 2 + share * latent, math.sqrt(sigma_sq), dof)
+    np.testing.assert_allclose(w, again, rtol=1e-6)
+    assert np.array_equal(_online_weights(residual, latent, sigma_sq, math.inf), np.ones(4))
+
+
+def test_a_job_can_set_its_noise_tails_and_a_bad_value_is_refused_by_name(cluster_prior):
+    rng = np.random.default_rng(3)
+    observations, _ = _job(rng)
+    heavy_cluster = _with_dof(cluster_prior, 5.0)
+    assert JobModel("new", 32, cluster_prior=heavy_cluster).observe(observations).predict("t4", 1, 2, 32).noise_dof == 5.0
+    gaussian = JobModel("new", 32, cluster_prior=heavy_cluster, noise_dof=math.inf).observe(observations)
+    assert math.isinf(gaussian.predict("t4", 1, 2, 32).noise_dof) and gaussian.noise_dof == math.inf
+    assert np.all(gaussian._current().posterior.extra_noise == 0.0)
+    alone = JobModel("new", 32, noise_dof=3).observe(observations)
+    assert alone.predict("t4", 1, 2, 32).noise_dof == 3.0 and isinstance(alone.noise_dof, float)
+    assert JobModel("new", 32).observe(observations).predict("t4", 1, 2, 32).noise_dof == DEFAULT_NOISE_DOF
+    for bad in (2.0, 1, float("nan"), "4", True):
+        with pytest.raises(ValidationError, match="noise_dof"):
+            JobModel("new", 32, noise_dof=bad)

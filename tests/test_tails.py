@@ -14,7 +14,7 @@ from goodput.errors import ValidationError
 from goodput.gp import HyperPrior
 from goodput.hierarchy import ClusterPrior
 from goodput.model import Prediction
-from goodput.tails import fit_noise_dof, gaussian_t_cdf, gaussian_t_quantile
+from goodput.tails import DEFAULT_NOISE_DOF, fit_noise_dof, gaussian_t_cdf, gaussian_t_quantile
 from tests import hierarchy_jobs as hj
 
 
@@ -91,10 +91,11 @@ def test_the_degrees_of_freedom_are_recovered_from_groups_of_different_scales(do
     assert fit_noise_dof(groups) == pytest.approx(dof, rel=0.3)
 
 
-def test_gaussian_residuals_and_too_few_residuals_read_as_gaussian():
+def test_gaussian_residuals_read_as_gaussian_and_too_few_as_the_default():
     rng = np.random.default_rng(0)
     assert math.isinf(fit_noise_dof([0.05 * rng.standard_normal(3000), 0.2 * rng.standard_normal(3000)]))
-    assert math.isinf(fit_noise_dof([0.05 * rng.standard_t(2.5, 40)]))  # fewer than MIN_RESIDUALS
+    assert math.isinf(fit_noise_dof([0.05 * rng.standard_t(2.5, 40)]))  # fewer than MIN_RESIDUALS: the default
+    assert fit_noise_dof([0.05 * rng.standard_t(2.5, 40)], default=DEFAULT_NOISE_DOF) == DEFAULT_NOISE_DOF
     # groups too small for their own scale are left out, whatever they hold
     heavy = [0.05 * rng.standard_t(3.0, 3000)]
     assert fit_noise_dof(heavy + [np.array([0.0, 5.0, -5.0])]) == fit_noise_dof(heavy)
@@ -151,14 +152,21 @@ def test_a_cluster_learns_its_noise_tails_and_a_jobs_intervals_take_them(heavy_c
     assert p.noise_dof == prior.gp_prior.noise_dof and 0 < p.noise_log_std <= p.log_std
     gaussian = Prediction(p.step_time, p.std, p.throughput, p.log_std)
     assert p.interval(0.9)[1] > gaussian.interval(0.9)[1]
-    # without a cluster, or with Gaussian noise on it: normal intervals
+    # without a cluster: the default's tails (goodput.tails.DEFAULT_NOISE_DOF); with Gaussian noise on it: normal intervals
     alone = JobModel("job0", init_batch_size=32)
     alone.observe(heavy_cluster["job0"][:40])
-    assert math.isinf(alone.predict("t4", 2, 8, 32).noise_dof)
+    assert alone.predict("t4", 2, 8, 32).noise_dof == DEFAULT_NOISE_DOF
+    smooth = JobModel("job0", init_batch_size=32, cluster_prior=_smooth_cluster())
+    smooth.observe(heavy_cluster["job0"][:40])
+    assert math.isinf(smooth.cluster_prior.gp_prior.noise_dof) and math.isinf(smooth.predict("t4", 2, 8, 32).noise_dof)
+
+
+def _smooth_cluster() -> ClusterPrior:
+    """Two jobs with Gaussian noise: the cluster's tails are normal."""
     rng = np.random.default_rng(5)
     smooth = {f"g{j}": hj.observe(f"g{j}", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE, rng,
                                   bszs=tuple(range(8, 136, 4))) for j in range(2)}
-    assert math.isinf(ClusterPrior.from_observations(smooth).gp_prior.noise_dof)
+    return ClusterPrior.from_observations(smooth)
 
 
 def test_an_outlier_the_noises_tails_expect_is_less_of_a_surprise(heavy_cluster):
@@ -177,12 +185,12 @@ def test_an_outlier_the_noises_tails_expect_is_less_of_a_surprise(heavy_cluster)
     p = model.predict("t4", 2, 8, 32)
     high = math.log(p.interval(0.9)[1] / p.step_time)
     assert state.normal_z(np.array([high]), np.array([p.log_std**2]))[0] == pytest.approx(stats.norm.ppf(0.95), rel=1e-3)
-    alone = JobModel("job0", init_batch_size=32)
-    alone.observe(heavy_cluster["job0"][:40])
-    np.testing.assert_allclose(alone._current().normal_z(residual, var), gaussian)
+    smooth = JobModel("job0", init_batch_size=32, cluster_prior=_smooth_cluster())  # Gaussian noise: the normal's z
+    smooth.observe(heavy_cluster["job0"][:40])
+    np.testing.assert_allclose(smooth._current().normal_z(residual, var), gaussian)
 
 
-def test_a_cluster_too_small_for_a_gp_prior_has_none_and_no_tails():
+def test_a_cluster_too_small_for_a_gp_prior_has_none_and_the_default_tails():
     rng = np.random.default_rng(4)
     tiny = {"job0": hj.observe("job0", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE[:1], rng, bszs=(8, 32))}
     assert len(tiny["job0"]) < 8  # fewer than the shared fit needs
@@ -190,4 +198,15 @@ def test_a_cluster_too_small_for_a_gp_prior_has_none_and_no_tails():
     assert prior.gp_prior is None and len(prior) == 1
     model = JobModel("new", init_batch_size=32, cluster_prior=prior)
     model.observe([replace(o, job="new") for o in tiny["job0"]])
-    assert math.isinf(model.predict("t4", 1, 2, 32).noise_dof)
+    assert model.predict("t4", 1, 2, 32).noise_dof == DEFAULT_NOISE_DOF
+
+
+def test_a_cluster_with_too_few_residuals_to_tell_its_tails_keeps_the_default_ones():
+    """Enough steps for the GP's shared hyperparameters, too few (< MIN_RESIDUALS) for the tails: the default's,
+    as a job without a cluster has, not Gaussian noise."""
+    rng = np.random.default_rng(6)
+    small = {f"s{j}": hj.observe(f"s{j}", "t4", hj.draw_job(rng)["t4"], hj.SINGLE + hj.SINGLE_NODE, rng, bszs=(8, 16, 32, 64))
+             for j in range(3)}
+    assert sum(len(v) for v in small.values()) < 50
+    prior = ClusterPrior.from_observations(small)
+    assert prior.gp_prior is not None and prior.gp_prior.noise_dof == DEFAULT_NOISE_DOF
