@@ -304,8 +304,8 @@ class HyperPrior:
             cluster's measured figure, not an assumption (:func:`goodput.gp_fit.fit_shared_hyperparameters` finds 0.17 on
             Gavel's K80/P100/V100 and 0.68 on Zeus's four types).
         noise_dof: degrees of freedom of the measurement noise's Student-t tails (> 2; ``inf``: Gaussian),
-            :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 6.2; Gavel,
-            Zeus: inf). They weigh each step in a job's fit (:mod:`goodput.posterior`) and widen its intervals.
+            :func:`goodput.tails.fit_noise_dof` of the cluster's residuals (Pollux's traces: 6.2; Zeus:
+            7.0; Gavel: inf). They weigh each step in a job's fit (:mod:`goodput.posterior`) and widen its intervals.
         alternatives: the cluster's other modes, ``((HyperPrior, log weight), ...)``, each weight its log
             evidence relative to this one's (≤ 0). A cluster whose jobs were each measured once per
             configuration (Gavel's) cannot tell noise from a residual that varies on a short scale: its
