@@ -492,7 +492,9 @@ class JobModel:
 
     @property
     def diagnostics(self) -> dict[str, Any]:
-        """State of the Bayesian layer: refits, hyperparameters, task correlation, the MAP parameters, fallback reason."""
+        """State of the Bayesian layer: refits, hyperparameters, task correlation, the MAP parameters, fallback reason;
+        the step noise's degrees of freedom (``noise_dof``, ``None`` for Gaussian noise) and how many of the GP's
+        steps it weighs at under half (``downweighted``: their noise at least doubled, the stalls it reads as outliers)."""
         if not self.bayesian:
             return {"bayesian": False, "observations": len(self.observations)}
         state = self._current() if self._observations else None
@@ -509,6 +511,9 @@ class JobModel:
             "gp_prior_mode": state.gp_mode,
             "task_correlation": state.hyper.task_correlation().round(3).tolist(),
             "noise_std": round(state.noise_std, 4),
+            "noise_dof": None if math.isinf(state.noise_dof) else state.noise_dof,
+            "downweighted": 0 if state.posterior is None else int(np.sum(
+                (state.posterior.t < state.posterior.hyper.num_tasks) & (state.posterior.extra_noise > state.posterior.hyper.noise))),
             "params": {t: ThroughputParams(*state.theta(t).tolist()).to_dict() for t in state.types},
             "compute_power": {t: round(state.compute_power(t), 3) for t in state.types},
             "prior": "cluster" if self.cluster_prior is not None and len(self.cluster_prior) else "defaults",

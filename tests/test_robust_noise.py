@@ -179,3 +179,14 @@ def test_a_job_can_set_its_noise_tails_and_a_bad_value_is_refused_by_name(cluste
     for bad in (2.0, 1, float("nan"), "4", True):
         with pytest.raises(ValidationError, match="noise_dof"):
             JobModel("new", 32, noise_dof=bad)
+
+
+def test_the_diagnostics_say_which_tails_and_how_many_steps_were_weighed_down(cluster_prior):
+    rng = np.random.default_rng(5)
+    observations, _ = _job(rng)
+    stalled = observations + [dataclasses.replace(observations[4], step_time=observations[4].step_time * 10.0)]
+    heavy = JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, 5.0)).observe(stalled).diagnostics
+    assert heavy["noise_dof"] == 5.0 and heavy["downweighted"] == 1
+    assert JobModel("new", 32, cluster_prior=_with_dof(cluster_prior, 5.0)).observe(observations).diagnostics["downweighted"] == 0
+    gaussian = JobModel("new", 32, noise_dof=math.inf).observe(stalled).diagnostics
+    assert gaussian["noise_dof"] is None and gaussian["downweighted"] == 0
