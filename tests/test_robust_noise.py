@@ -15,9 +15,9 @@ import pytest
 
 from goodput import JobModel, ValidationError
 from goodput.hierarchy import ClusterPrior
-from goodput.tails import DEFAULT_NOISE_DOF
 from goodput.posterior import (DEFAULT_HYPER_PRIOR, _gp_weights, _online_weights, _step_noise, _t_weights,
                                _weighted_posterior, build_posterior)
+from goodput.tails import DEFAULT_NOISE_DOF
 from tests.hierarchy_jobs import SINGLE, SINGLE_NODE, cluster, draw_job, observe
 
 
@@ -74,7 +74,8 @@ def test_the_gp_weights_read_the_residual_the_gp_leaves_and_its_latent_variance(
     np.testing.assert_allclose(_gp_weights(post, 4.0), expected, rtol=1e-7)
 
 
-def _job(rng: np.random.Generator) -> list:
+def _job(rng: np.random.Generator) -> tuple[list, dict]:
+    """A new job's steps on t4 and a100, one and two GPUs at three batches each, and its true coordinates."""
     truth = draw_job(rng, ("t4", "a100"))
     return [o for t, u in truth.items() for o in observe("new", t, u, SINGLE + SINGLE_NODE, rng)], truth
 
@@ -86,7 +87,7 @@ def test_one_step_ten_times_too_slow_barely_moves_a_heavy_tailed_models_predicti
     and widens its spread more than five-fold (the check can fail). (A step in a regime the job has not run,
     its first on several nodes, is no outlier: nothing else says what its sync costs.)"""
     rng = np.random.default_rng(5)
-    observations, truth = _job(rng)
+    observations, _ = _job(rng)
     base = observations[4]  # t4 on 2 GPUs, 32 samples each
     if where == "new":  # a batch between two measured ones on that placement (a regime the job's steps pin)
         base = dataclasses.replace(base, local_bsz=64)
