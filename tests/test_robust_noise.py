@@ -75,7 +75,7 @@ def test_the_gp_weights_read_the_residual_the_gp_leaves_and_its_latent_variance(
 
 
 def _job(rng: np.random.Generator) -> tuple[list, dict]:
-    """A new job's steps on t4 and a100, one and two GPUs at three batches each, and its true coordinates."""
+    """A new job's steps on t4 and a100, on 1, 2 and 4 GPUs of one node at three batches each, and its true coordinates."""
     truth = draw_job(rng, ("t4", "a100"))
     return [o for t, u in truth.items() for o in observe("new", t, u, SINGLE + SINGLE_NODE, rng)], truth
 
