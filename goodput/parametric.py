@@ -372,7 +372,7 @@ def fit_map(
             was measured (:func:`log_compute_time`): they split such a step between compute and sync, which
             its step time alone leaves to the prior.
         compute_noise_std: std σ_c of a log compute time around the model, or one per compute time (in the
-            order of ``computes``' rows; ``None``: ``noise_std``).
+            order of ``computes``' rows; ``None``: ``noise_std``, its smallest where one per step time).
 
     Minimises ``Σ (log T − y)² / σ² + Σ (log C − y_c)² / σ_c² + |L⁻¹(u − m)|²`` by Levenberg–Marquardt (MINPACK via
     :func:`scipy.optimize.leastsq`), the prior as pseudo-observations, over the whitened ``z = L⁻¹(u − m)``.

@@ -559,9 +559,15 @@ def _step_noise(residuals: np.ndarray, residual_std: float, dof: float) -> tuple
     scale = _shrunk(math.sqrt(float(np.mean(sq))) if n else 0.0, n, residual_std)
     if math.isinf(dof) or not n:
         return scale, np.full(n, scale)
-    for _ in range(STEP_SCALE_ITERATIONS):
-        scale = _shrunk(math.sqrt(float(np.mean(_t_weights(sq, scale, dof) * sq))), n, residual_std)
-    return scale, scale / np.sqrt(_t_weights(sq, scale, dof))
+    return _t_noise(sq, scale, residual_std, dof, STEP_SCALE_ITERATIONS)
+
+
+def _t_noise(residual_sq: np.ndarray, scale: float, residual_std: float, dof: float, steps: int) -> tuple[float, np.ndarray]:
+    """``steps`` EM steps of a Student-t noise's scale from ``scale``, ``s² = mean(w r²)`` shrunk toward
+    ``residual_std`` (:func:`_shrunk`), and each residual's std in the normal it mixes, ``s / √w``."""
+    for _ in range(steps):
+        scale = _shrunk(math.sqrt(float(np.mean(_t_weights(residual_sq, scale, dof) * residual_sq))), residual_sq.size, residual_std)
+    return scale, scale / np.sqrt(_t_weights(residual_sq, scale, dof))
 
 
 def _compute_groups(groups: Iterable[tuple[int, Sequence[Observation]]], ref_bsz: float) -> list[tuple[int, Rows, np.ndarray]]:
@@ -582,8 +588,7 @@ def _compute_noise(u: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray
     ``w = (ν + 1) / (ν + r² / scale²)`` (Lange, Little & Taylor 1989), in the order of ``computes``' rows."""
     r = np.concatenate([y for _, _, y in computes]) - stacked_log_compute_time(u, computes)[0]
     r = np.where(np.isfinite(r), r, 0.0)
-    scale = _shrunk(math.sqrt(float(np.mean(_compute_weights(r, scale) * r**2))), r.size, residual_std)
-    return scale, scale / np.sqrt(_compute_weights(r, scale))
+    return _t_noise(r**2, scale, residual_std, COMPUTE_DOF, 1)
 
 
 def _conditioned_on_compute(u_hat: np.ndarray, mean: np.ndarray, chol: np.ndarray, computes: Sequence[tuple[int, Rows, np.ndarray]],
@@ -706,6 +711,7 @@ def _gp_weights(post: OnlinePosterior, dof: float) -> np.ndarray:
     noise): ``E[(y − f)²] = (y − E f)² + Var f``, from the noise's share of α (``y − E f = D α``, ``D`` each point's
     noise variance) and the diagonal of ``(K + D)⁻¹`` (``Var f = d − d² (K + D)⁻¹ᵢᵢ``)."""
     noise = post.hyper.noise + post.extra_noise
-    inverse_diag = np.sum(scipy.linalg.solve_triangular(post.L, np.eye(len(post)), lower=True, check_finite=False) ** 2, axis=0)
+    inverse_l, _ = scipy.linalg.lapack.dtrtri(post.L, lower=1)  # L⁻¹ (a third of a triangular solve against I)
+    inverse_diag = np.sum(inverse_l**2, axis=0)
     latent_var = np.maximum(noise - noise**2 * inverse_diag, 0.0)
     return _t_weights((noise * post.alpha) ** 2 + latent_var, math.sqrt(post.hyper.noise), dof)
