@@ -62,6 +62,7 @@ from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .posterior import DEFAULT_HYPER_PRIOR, JobPosterior, build_posterior
+from .shifts import LevelShift, at_current_speed
 from .sync_shape import SyncShape
 from .table import GoodputTable
 from .tails import gaussian_t_quantile, split_std
@@ -70,6 +71,9 @@ from .throughput import ThroughputParams, _step_time, config_arrays, fit_through
 from .validation import MAX_BATCH, check_bounds, check_float, check_int, check_str, normalize_gpu_type
 
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
+
+MAX_SHIFT_REFITS = 4  # refits one refit may add to read changes of the job's speed (goodput.shifts)
+SETTLED_LOG_FACTOR = 0.01  # a change's rest below this (1%) is read as settled
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,10 @@ class JobModel:
             ``None``: the cluster prior's (:attr:`goodput.gp.HyperPrior.noise_dof`,
             learned from its jobs' residuals), else
             :data:`goodput.tails.DEFAULT_NOISE_DOF`.
+        level_shifts: let a refit find a change of the job's speed in time among
+            its timestamped steps (:mod:`goodput.shifts`: every step slower or
+            faster from some moment on) and read the steps before it at the
+            current speed; :attr:`level_shifts_found` lists those it found.
     """
 
     def __init__(
@@ -215,6 +223,7 @@ class JobModel:
         num_stages: int | Mapping[str, int] = 1,
         min_replicas: int = 1,
         noise_dof: float | None = None,
+        level_shifts: bool = True,
     ) -> None:
         self.job = check_str("job", job)
         self._stages = Stages.parse(num_stages)
@@ -235,11 +244,13 @@ class JobModel:
                 self._bounds_by_type[name] = check_bounds(f"local_bsz_bounds[{gpu!r}]", bounds)
         else:
             self._bounds_default = check_bounds("local_bsz_bounds", local_bsz_bounds)
-        for flag, value in (("accumulation", accumulation), ("bayesian", bayesian)):
+        for flag, value in (("accumulation", accumulation), ("bayesian", bayesian), ("level_shifts", level_shifts)):
             if not isinstance(value, bool):
                 raise ValidationError(flag, value, "expected True or False")
         self.accumulation = accumulation
         self.bayesian = bayesian
+        self.level_shifts = level_shifts
+        self.level_shifts_found: tuple[LevelShift, ...] = ()  # the last refit's, oldest change first (its docstring)
         self._cluster_prior = _checked_cluster_prior(cluster_prior)
         self._model_size = _checked_model_size(model_size)
         self.refit_every = None if refit_every is None else check_int("refit_every", refit_every, minimum=1)
@@ -452,12 +463,32 @@ class JobModel:
         shapes = {t: self.sync_shape(t) for t in self.gpu_types}
         previous = self._state
         fit_hyper = hyperparameters or (previous is None and self._gp_init is None)
-        self._state = build_posterior(self._observations, mean, cov, shapes, previous,
-                                      hyper=self._gp_init if previous is None else None,
-                                      hyper_prior=self._hyper_prior(),
-                                      prior_dof=EFFECT_DOF if self.cluster_prior is not None and len(self.cluster_prior) else None,
-                                      prior_blocks=SCALE_BLOCKS,
-                                      fit_hyper=fit_hyper, max_points=self.max_gp_points)
+
+        def build(observations: Mapping[str, list[Observation]], fit_hyper: bool) -> JobPosterior:
+            return build_posterior(observations, mean, cov, shapes, previous, hyper=self._gp_init if previous is None else None,
+                                   hyper_prior=self._hyper_prior(),
+                                   prior_dof=EFFECT_DOF if self.cluster_prior is not None and len(self.cluster_prior) else None,
+                                   prior_blocks=SCALE_BLOCKS, fit_hyper=fit_hyper, max_points=self.max_gp_points)
+
+        observations: Mapping[str, list[Observation]] = self._observations
+        state = build(observations, fit_hyper)
+        found: dict[float, LevelShift] = {}  # by when the change came
+        at = None  # the change just read: its rest, untested, at the next refit
+        for _ in range(MAX_SHIFT_REFITS if self.level_shifts else 0):
+            # A change's new steps weigh as outliers of the old speed in the fit that finds it, so its factor is
+            # read in part (85-90% on Pollux's traces): refitted at the current speed, the rest is read again at
+            # the same moment, until it settles; then another change is looked for.
+            shift = state.level_shift(at)
+            if at is not None and (shift is None or abs(math.log(shift.factor)) < SETTLED_LOG_FACTOR):
+                shift = state.level_shift()
+            if shift is None:
+                break
+            earlier = found.get(shift.at)
+            found[shift.at] = shift if earlier is None else replace(earlier, factor=earlier.factor * shift.factor)
+            at = shift.at
+            observations = at_current_speed(observations, shift)  # the steps before it, read at the current speed
+            state = build(observations, True)
+        self._state, self.level_shifts_found = state, tuple(found[when] for when in sorted(found))
         self._refit_due = self._hyper_due = False
         self._pending = 0
         self.refits += 1
@@ -494,7 +525,9 @@ class JobModel:
     def diagnostics(self) -> dict[str, Any]:
         """State of the Bayesian layer: refits, hyperparameters, task correlation, the MAP parameters, fallback reason;
         the step noise's degrees of freedom (``noise_dof``, ``None`` for Gaussian noise) and how many of the GP's
-        steps it weighs at under half (``downweighted``: their noise at least doubled, the stalls it reads as outliers)."""
+        steps it weighs at under half (``downweighted``: their noise at least doubled, the stalls it reads as outliers);
+        the changes of the job's speed the last refit read (``level_shifts``: :meth:`goodput.shifts.LevelShift.to_dict`
+        each, oldest first)."""
         if not self.bayesian:
             return {"bayesian": False, "observations": len(self.observations)}
         state = self._current() if self._observations else None
@@ -514,6 +547,7 @@ class JobModel:
             "noise_dof": None if math.isinf(state.noise_dof) else state.noise_dof,
             "downweighted": 0 if state.posterior is None else int(np.sum(
                 (state.posterior.t < state.posterior.hyper.num_tasks) & (state.posterior.extra_noise > state.posterior.hyper.noise))),
+            "level_shifts": [shift.to_dict() for shift in self.level_shifts_found],
             "params": {t: ThroughputParams(*state.theta(t).tolist()).to_dict() for t in state.types},
             "compute_power": {t: round(state.compute_power(t), 3) for t in state.types},
             "prior": "cluster" if self.cluster_prior is not None and len(self.cluster_prior) else "defaults",

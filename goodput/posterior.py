@@ -87,6 +87,7 @@ from .gp_fit import fit_hyperparameters_over_modes
 from .observations import Observation
 from .parametric import (K, MapFit, Rows, fit_map, log_step_time, power_from_log, rebase_u, reference_bsz, sigma_points, stacked_log_compute_time,
                          theta_from_u, unscented_moments)
+from .shifts import LevelShift, find_level_shift
 from .sync_shape import SyncShape
 from .tails import DEFAULT_NOISE_DOF, gaussian_t_cdf, split_std
 
@@ -140,6 +141,7 @@ class JobPosterior:
     fallback_log_std: float = FALLBACK_LOG_STD
     noise_dof: float = math.inf  # the measurement noise's Student-t tails (goodput.tails; inf: Gaussian)
     compute_scale: float = 0.05  # the Student-t scale of a measured compute time's log noise (COMPUTE_DOF)
+    window: list[Observation] = field(default_factory=list, repr=False)  # the step times the GP was built on, in its order
     index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +188,14 @@ class JobPosterior:
         inverse[order] = np.arange(order.size)
         design = Design(*(np.concatenate([getattr(d, name) for _, d in parts])[inverse] for name in ("x", "t", "s", "log_mean", "log_map")))
         return design, y - design.log_mean
+
+    def level_shift(self, at: float | None = None) -> LevelShift | None:
+        """A change of the job's speed among the steps the GP was built on (:func:`goodput.shifts.find_level_shift`,
+        ``at`` as there); ``None`` without one, without a posterior, or where a step has no timestamp."""
+        if self.posterior is None or len(self.window) != len(self.posterior) or any(o.timestamp is None for o in self.window):
+            return None
+        configs = [(o.gpu_type, o.num_nodes, o.num_replicas, o.local_bsz, o.accum_steps) for o in self.window]
+        return find_level_shift(self.posterior.L, self.posterior.alpha, np.array([o.timestamp for o in self.window]), configs, at)
 
     # ------------------------------------------------------------------ prediction
     def log_mean(self, gpu: str, nodes: np.ndarray, replicas: np.ndarray, bsz: np.ndarray, accum: np.ndarray) -> np.ndarray:
@@ -663,7 +673,8 @@ def build_posterior(
     start = cold if start is None else start.for_types(types)  # kept as they are when not fitted now
     state = JobPosterior(types, fit.u, prior_mean, chol, dict(shapes), ref_bsz, start, noise, noise_dof=hyper_prior.noise_dof,
                          compute_scale=compute_scale)
-    design, y = state.rows_of(_window(observations, max_points))
+    state.window = _window(observations, max_points)
+    design, y = state.rows_of(state.window)
     state.n_fit = y.size
     rms = float(np.sqrt(np.mean(y**2))) if y.size else 0.0
     state.fallback_log_std = max(FALLBACK_LOG_STD, 3.0 * rms) if np.isfinite(rms) else FALLBACK_LOG_STD
