@@ -136,6 +136,20 @@ def test_online_the_model_follows_a_change_within_a_few_steps(cluster_prior):
     assert model.level_shifts_found and model.level_shifts_found[-1].at == len(steps)
 
 
+def test_three_stalled_steps_in_a_row_are_outliers_not_a_change(cluster_prior):
+    """The synthetic cluster's noise is near-Gaussian (ν ≈ 36): read with it, two stalls among the last three steps
+    had been a change to 3x the speed; the change test reads the steps with at least Pollux's tails."""
+    truth, steps, rng = _job(4)
+    model = JobModel("new", 32, cluster_prior=cluster_prior).observe(steps)
+    plain = JobModel("new", 32, cluster_prior=cluster_prior, level_shifts=False).observe(steps)
+    stalled = _slowed([steps[i] for i in rng.choice(len(steps), 3)], 5.0, start=len(steps))  # a checkpoint's
+    for step in stalled:
+        model.observe(step)
+        plain.observe(step)
+        np.testing.assert_array_equal(_ratio(model, truth, 1.0), _ratio(plain, truth, 1.0))
+        assert model.level_shifts_found == ()
+
+
 def test_steps_without_timestamps_are_exchangeable(cluster_prior):
     truth, steps, rng = _job(3)
     late = _slowed([steps[i] for i in rng.choice(len(steps), 10)], 1.5, start=len(steps))
