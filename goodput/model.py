@@ -22,7 +22,9 @@ hyperparameters are refitted now and then, lazily at the next question: after
 refit, at least one; the hyperparameters too), when an observation is
 surprising (``|z| > surprise``: the hyperparameters too, as the GP's scale
 and length scales of the fewer observations before it may not hold for it),
-when a new GPU type appears, or on :meth:`JobModel.refit`. Numerical trouble
+when a new GPU type appears, or on :meth:`JobModel.refit`. A refit also reads
+changes of the job's speed among its timestamped steps (:mod:`goodput.shifts`):
+the steps before one are read at the current speed. Numerical trouble
 never raises: the GP escalates jitter, then the prediction falls back to the
 parametric one with an inflated ``std`` (:attr:`JobModel.diagnostics`).
 
@@ -483,8 +485,9 @@ class JobModel:
                 shift = state.level_shift()
             if shift is None:
                 break
-            earlier = found.get(shift.at)
-            found[shift.at] = shift if earlier is None else replace(earlier, factor=earlier.factor * shift.factor)
+            earlier = found.get(shift.at)  # its record: the first reading's, the factor the product of its readings
+            found[shift.at] = replace(shift, moments=(), probabilities=(), log_factors=()) if earlier is None else \
+                replace(earlier, factor=earlier.factor * shift.factor)
             at = shift.at
             observations = at_current_speed(observations, shift)  # the steps before it, read at the current speed
             state = build(observations, True)

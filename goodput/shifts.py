@@ -19,7 +19,7 @@ and δ's posterior given τ is ``N(s² c / (1 + s² a), s² / (1 + s² a))``. τ
 boundaries between the window's distinct timestamps that leave :data:`MIN_REGIME_POINTS` steps on each
 side and a configuration measured on both (else a shift and what the configurations differ by cannot be
 told apart); a shift is accepted when its posterior odds, :data:`SHIFT_PRIOR_ODDS` times the mean of
-``B_τ`` over them, exceed 1 (Bayesian model comparison, Kass & Raftery, *JASA* 90, 1995; the single
+``B_τ`` over them, exceed 1, and each step's offset is then δ's posterior mean averaged over τ's posterior (Bayesian model comparison, Kass & Raftery, *JASA* 90, 1995; the single
 change point as in Smith, *Biometrika* 62, 1975). All the ``a`` come from one pass over ``L⁻¹``'s
 columns in time order (a running sum), so the scan costs O(n²) after a triangular inverse.
 
@@ -50,13 +50,25 @@ MIN_REGIME_POINTS = 3  # steps each side of a change: one stalled step is the no
 
 @dataclass(frozen=True)
 class LevelShift:
-    """A change of the job's speed: steps measured before ``at`` (a timestamp, seconds) took ``factor`` times
-    the current speed's step time (``factor`` = e^δ, δ's posterior mean); ``log_odds``: the posterior log odds
-    of a change against none."""
+    """A change of the job's speed: steps measured before ``at`` (a timestamp, seconds: the most probable moment)
+    took ``factor`` times the current speed's step time (``factor`` = e^δ, δ's posterior mean); ``log_odds``: the
+    posterior log odds of a change against none. Where the steps leave the moment open (steps between two
+    candidates that say nothing of the speed: configurations measured once), a step's offset is averaged over
+    the moments' posterior, :meth:`log_offset`: ``moments`` (timestamps), their posterior ``probabilities``
+    given a change, and δ's posterior mean at each (``log_factors``); by default the one moment ``at``."""
 
     at: float
     factor: float
     log_odds: float
+    moments: tuple[float, ...] = ()
+    probabilities: tuple[float, ...] = ()
+    log_factors: tuple[float, ...] = ()
+
+    def log_offset(self, timestamp: float) -> float:
+        """E[δ · 1(timestamp < τ)] over the moment τ's posterior: what a step measured then adds to log step time."""
+        if not self.moments:
+            return math.log(self.factor) if timestamp < self.at else 0.0
+        return float(sum(p * d for m, p, d in zip(self.moments, self.probabilities, self.log_factors) if timestamp < m))
 
     def to_dict(self) -> dict[str, float]:
         return {"at": self.at, "factor": round(self.factor, 4), "log_odds": round(self.log_odds, 2)}
@@ -103,18 +115,21 @@ def find_level_shift(chol: np.ndarray, alpha: np.ndarray, stamps: np.ndarray, co
     if not math.isfinite(log_odds) or (at is None and log_odds <= 0.0):
         return None
     best = int(np.argmax(log_bayes))
-    delta = s2 * c[best] / (1.0 + s2 * a[best])
-    return LevelShift(float(sorted_stamps[j[best]]), float(math.exp(delta)), log_odds)
+    delta = s2 * c / (1.0 + s2 * a)  # δ's posterior mean at each moment
+    probabilities = np.exp(log_bayes - logsumexp(log_bayes))
+    return LevelShift(float(sorted_stamps[j[best]]), float(math.exp(probabilities @ delta)), log_odds,
+                      tuple(sorted_stamps[j].tolist()), tuple(probabilities.tolist()), tuple(delta.tolist()))
 
 
 def at_current_speed(observations: Mapping[str, Sequence[Observation]], shift: LevelShift) -> dict[str, list[Observation]]:
     """The observations with those measured before the shift rescaled to the speed after it (their step, sync
-    and spread divided by its factor; one the rescaling would make invalid, e.g. shorter than a step can be, as
-    it is)."""
+    and spread divided by e^:meth:`LevelShift.log_offset`; one the rescaling would make invalid, e.g. shorter
+    than a step can be, as it is)."""
     def rescaled(o: Observation) -> Observation:
-        if o.timestamp is None or o.timestamp >= shift.at:
+        offset = 0.0 if o.timestamp is None else shift.log_offset(o.timestamp)
+        if offset == 0.0:
             return o
-        scale = 1.0 / shift.factor
+        scale = math.exp(-offset)
         try:
             return replace(o, step_time=o.step_time * scale, sync_time=None if o.sync_time is None else o.sync_time * scale,
                            step_time_std=None if o.step_time_std is None else o.step_time_std * scale)

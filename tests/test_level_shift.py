@@ -77,7 +77,12 @@ def test_the_scan_is_the_dense_bayes_factor_averaged_over_the_moments_a_change_c
     assert shift.log_odds == pytest.approx(expected, rel=1e-9)
     best = int(np.argmax(log_bayes))
     assert shift.at == bounds[best]
-    assert math.log(shift.factor) == pytest.approx(dense[best][1], rel=1e-9)
+    posterior = np.exp(log_bayes - log_bayes.max())
+    posterior /= posterior.sum()
+    deltas = np.array([d[1] for d in dense])
+    assert math.log(shift.factor) == pytest.approx(posterior @ deltas, rel=1e-9)  # δ averaged over the moments
+    for when in (0.0, 4.0, 7.5, 13.0):  # a step's offset: over the moments after it
+        assert shift.log_offset(when) == pytest.approx(posterior[bounds > when] @ deltas[bounds > when], rel=1e-9, abs=1e-12)
     forced = find_level_shift(np.linalg.cholesky(cov), np.linalg.solve(cov, y), stamps, configs, at=5.0)
     assert forced is not None and forced.at == 5.0
     assert math.log(forced.factor) == pytest.approx(_dense_log_bayes(cov, y, stamps < 5)[1], rel=1e-9)
