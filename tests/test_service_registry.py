@@ -116,3 +116,37 @@ def test_a_published_model_caches_the_tables_of_a_few_clusters_and_computes_the_
     # the server's own answers, computed ahead by the worker, are kept whatever the queries before them asked
     published.table_json(clusters[0], None, reserved=True)
     assert published.cached(("table-json", None)) is not None
+
+
+def test_a_change_of_a_job_s_speed_in_its_reports_is_read_through_the_store_and_after_a_restart(tmp_path):
+    """The reporter's steps, slower than the profile's from some moment on: the published (Bayesian) model reads
+    the change from the stored timestamps, predicts the new speed, and a restart rebuilding from the store agrees."""
+    url = f"sqlite:///{tmp_path / 'goodput.db'}"
+    prof = profile("mlp")
+    start = max(o.timestamp for o in prof.observations) + 60.0
+    reports = [type(o).from_dict({**o.to_dict(), "step_time": 1.5 * o.step_time, "timestamp": start + k, "source": "training"})
+               for k, o in enumerate(prof.observations[i] for i in [4, 5, 6, 4, 5, 6, 4, 5, 6, 4])]
+    records = list(prof.observations) + reports
+
+    def check(registry: Registry) -> list:
+        assert registry.wait_idle(120)
+        published = registry.published(prof.job)
+        (shift,) = published.diagnostics["level_shifts"]
+        # after the profile's last step at a configuration the reports repeat, at the latest with the first report
+        # (the profile's 2-replica steps between, each configuration measured once, leave the moment open)
+        assert prof.observations[6].timestamp < shift["at"] <= start
+        assert shift["factor"] == pytest.approx(1 / 1.5, rel=0.1)
+        o = prof.observations[5]
+        predicted = published.answer(("test-predict",), lambda m: float(m.predict(o.gpu_type, o.num_nodes, o.num_replicas,
+                                                                                  o.local_bsz).step_time))
+        assert predicted == pytest.approx(1.5 * o.step_time, rel=0.1)
+        return published.diagnostics["level_shifts"]
+
+    registry = Registry(Store(url), coalesce_s=0, min_interval_s=0).start()
+    registry.register(prof.job, _settings(prof))
+    registry.add(prof.job, records, [record_id(o.to_dict()) for o in records])
+    found = check(registry)
+    registry.close()
+    restarted = Registry(Store(url), coalesce_s=0, min_interval_s=0).start()
+    assert check(restarted) == found
+    restarted.close()
