@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 
 from experiments.folder_check import run
-from experiments.outliers import _number, _scores
+from experiments.outliers import _number, _scores, draws
 from goodput import JobModel
-from goodput.hierarchy import ClusterPrior
 from goodput.observations import Observation
 
 __all__ = ["shift_figures", "main", "VARIANTS"]
@@ -72,31 +71,21 @@ def shift_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[st
     ape: dict[tuple[str, str], list[np.ndarray]] = {}
     inside: dict[tuple[str, str], list[np.ndarray]] = {}
     found: dict[tuple[str, str], list[bool]] = {}
-    for job, observations in sorted(models.items()):
-        n_train = min(train_n, len(observations) // 2)
-        if n_train < 4:
-            continue
-        others = {k: v for k, v in models.items() if k != job}
-        prior = ClusterPrior.from_observations(others) if len(others) >= 2 else None
-        init = min(o.batch_size for o in observations)
-        for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            order = rng.permutation(len(observations))
-            train = [dataclasses.replace(observations[i], timestamp=float(k)) for k, i in enumerate(order[:n_train])]
-            test = [observations[i] for i in order[n_train:n_train + test_n]]
-            repeated = rng.choice(n_train, after_n)
-            for label, factor, stalled in scenarios:
-                slower = [factor * (5.0 if k >= after_n - stalled else 1.0) for k in range(after_n)]
-                after = [dataclasses.replace(train[i], step_time=train[i].step_time * f, timestamp=float(n_train + k),
-                                             sync_time=None if train[i].sync_time is None else train[i].sync_time * f)
-                         for k, (i, f) in enumerate(zip(repeated, slower))]
-                now = [dataclasses.replace(o, step_time=o.step_time * factor) for o in test]
-                for name, shifts in VARIANTS.items():
-                    model = JobModel(job, init, cluster_prior=prior, level_shifts=shifts).observe(train + after)
-                    a, c, _ = _scores(model, now)
-                    ape.setdefault((label, name), []).append(a)
-                    inside.setdefault((label, name), []).append(c)
-                    found.setdefault((label, name), []).append(bool(model.level_shifts_found))
+    for job, prior, init, rng, untimed, test in draws(models, train_n, test_n, seeds):
+        train = [dataclasses.replace(o, timestamp=float(k)) for k, o in enumerate(untimed)]
+        repeated = rng.choice(len(train), after_n)
+        for label, factor, stalled in scenarios:
+            slower = [factor * (5.0 if k >= after_n - stalled else 1.0) for k in range(after_n)]
+            after = [dataclasses.replace(train[i], step_time=train[i].step_time * f, timestamp=float(len(train) + k),
+                                         sync_time=None if train[i].sync_time is None else train[i].sync_time * f)
+                     for k, (i, f) in enumerate(zip(repeated, slower))]
+            now = [dataclasses.replace(o, step_time=o.step_time * factor) for o in test]
+            for name, shifts in VARIANTS.items():
+                model = JobModel(job, init, cluster_prior=prior, level_shifts=shifts).observe(train + after)
+                a, c, _ = _scores(model, now)
+                ape.setdefault((label, name), []).append(a)
+                inside.setdefault((label, name), []).append(c)
+                found.setdefault((label, name), []).append(bool(model.level_shifts_found))
     out: dict[str, Any] = {}
     for (label, name), parts in ape.items():
         values = np.concatenate(parts)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from goodput import JobModel
 from goodput.hierarchy import ClusterPrior
 from goodput.observations import Observation
 
-__all__ = ["stall_figures", "main", "VARIANTS"]
+__all__ = ["stall_figures", "draws", "main", "VARIANTS"]
 
 VARIANTS = {"default": None, "gaussian": math.inf}  # JobModel(noise_dof=...): the model's default, and Gaussian noise
 
@@ -71,15 +71,11 @@ def _scores(model: JobModel, test: Sequence[Observation]) -> tuple[np.ndarray, n
     return np.array(ape), np.array(inside), dof
 
 
-def stall_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float] | None = None,
-                  args: Any = None) -> dict[str, Any]:
-    """The figures of one folder (module docstring): for each variant and each of clean / stalled, the median APE
-    and the 90% coverage, and how many predictions they are over."""
-    train_n, test_n = getattr(args, "train", 40), getattr(args, "test", 200)
-    fraction, factor, seeds = getattr(args, "fraction", 0.05), getattr(args, "factor", 5.0), getattr(args, "seeds", 3)
-    ape: dict[tuple[str, str], list[np.ndarray]] = {}
-    inside: dict[tuple[str, str], list[np.ndarray]] = {}
-    dofs: dict[str, float] = {}
+def draws(models: Mapping[str, Sequence[Observation]], train_n: int, test_n: int,
+          seeds: int) -> Iterator[tuple[str, ClusterPrior | None, int, np.random.Generator, list[Observation], list[Observation]]]:
+    """Each model's random draws: ``(job, its leave-one-model-out cluster prior, its smallest batch, the draw's
+    generator, train, test)``, ``train_n`` observations (at most half of a model's, none under 4) in a random
+    order and up to ``test_n`` of the others, one draw per seed."""
     for job, observations in sorted(models.items()):
         n_train = min(train_n, len(observations) // 2)  # a small model: half its observations
         if n_train < 4:
@@ -90,19 +86,31 @@ def stall_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[st
         for seed in range(seeds):
             rng = np.random.default_rng(seed)
             order = rng.permutation(len(observations))
-            train = [observations[i] for i in order[:n_train]]
-            test = [observations[i] for i in order[n_train:n_train + test_n]]
-            stalled = list(train)
-            for i in rng.choice(n_train, max(1, round(fraction * n_train)), replace=False):
-                stalled[i] = dataclasses.replace(stalled[i], step_time=stalled[i].step_time * factor)
-            for name, dof in VARIANTS.items():
-                for kind, data in (("clean", train), ("stalled", stalled)):
-                    model = JobModel(job, init, cluster_prior=prior, noise_dof=dof).observe(data)
-                    a, c, dof_used = _scores(model, test)
-                    if name == "default":
-                        dofs[job] = dof_used
-                    ape.setdefault((name, kind), []).append(a)
-                    inside.setdefault((name, kind), []).append(c)
+            yield (job, prior, init, rng, [observations[i] for i in order[:n_train]],
+                   [observations[i] for i in order[n_train:n_train + test_n]])
+
+
+def stall_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float] | None = None,
+                  args: Any = None) -> dict[str, Any]:
+    """The figures of one folder (module docstring): for each variant and each of clean / stalled, the median APE
+    and the 90% coverage, and how many predictions they are over."""
+    train_n, test_n = getattr(args, "train", 40), getattr(args, "test", 200)
+    fraction, factor, seeds = getattr(args, "fraction", 0.05), getattr(args, "factor", 5.0), getattr(args, "seeds", 3)
+    ape: dict[tuple[str, str], list[np.ndarray]] = {}
+    inside: dict[tuple[str, str], list[np.ndarray]] = {}
+    dofs: dict[str, float] = {}
+    for job, prior, init, rng, train, test in draws(models, train_n, test_n, seeds):
+        stalled = list(train)
+        for i in rng.choice(len(train), max(1, round(fraction * len(train))), replace=False):
+            stalled[i] = dataclasses.replace(stalled[i], step_time=stalled[i].step_time * factor)
+        for name, dof in VARIANTS.items():
+            for kind, data in (("clean", train), ("stalled", stalled)):
+                model = JobModel(job, init, cluster_prior=prior, noise_dof=dof).observe(data)
+                a, c, dof_used = _scores(model, test)
+                if name == "default":
+                    dofs[job] = dof_used
+                ape.setdefault((name, kind), []).append(a)
+                inside.setdefault((name, kind), []).append(c)
     out: dict[str, Any] = {"noise_dof": dofs}
     for (name, kind), parts in ape.items():
         values = np.concatenate(parts)
