@@ -75,7 +75,7 @@ from .validation import MAX_BATCH, check_bounds, check_float, check_int, check_s
 __all__ = ["JobModel", "Prediction", "GoodputChoice"]
 
 MAX_SHIFT_REFITS = 4  # refits one refit may add to read changes of the job's speed (goodput.shifts)
-SETTLED_LOG_FACTOR = 0.01  # a change's rest below this (1%) is read as settled
+SETTLED_LOG_FACTOR = 0.02  # a change's rest below this (2%, under the steps' typical noise) is read as settled
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,16 @@ the job's stored observations stay as measured, and each refit looks again.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
 from scipy.special import logsumexp
 
-from .errors import ValidationError
-from .observations import Observation
+from .observations import MAX_STEP_TIME, MIN_STEP_TIME, Observation
 
 __all__ = ["LevelShift", "find_level_shift", "SHIFT_STD", "SHIFT_PRIOR_ODDS", "MIN_REGIME_POINTS", "at_current_speed"]
 
@@ -127,12 +127,15 @@ def at_current_speed(observations: Mapping[str, Sequence[Observation]], shift: L
     than a step can be, as it is)."""
     def rescaled(o: Observation) -> Observation:
         offset = 0.0 if o.timestamp is None else shift.log_offset(o.timestamp)
-        if offset == 0.0:
+        step_time = o.step_time * math.exp(-offset)
+        if offset == 0.0 or not MIN_STEP_TIME <= step_time <= MAX_STEP_TIME:
             return o
-        scale = math.exp(-offset)
-        try:
-            return replace(o, step_time=o.step_time * scale, sync_time=None if o.sync_time is None else o.sync_time * scale,
-                           step_time_std=None if o.step_time_std is None else o.step_time_std * scale)
-        except ValidationError:
-            return o
+        # a copy with the times scaled: every other check of the validated original holds for it (sync ≤ step scales
+        # with both), and 1000 steps re-validated had cost 170 ms of a refit
+        out = copy.copy(o)
+        for name in ("step_time", "sync_time", "step_time_std"):
+            value = getattr(o, name)
+            if value is not None:
+                object.__setattr__(out, name, value * math.exp(-offset))
+        return out
     return {gpu: [rescaled(o) for o in items] for gpu, items in observations.items()}
