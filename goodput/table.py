@@ -479,7 +479,9 @@ def _normalize(goodput: np.ndarray) -> np.ndarray:
     positive = goodput[goodput > 0]
     if positive.size == 0:
         return np.zeros_like(goodput, dtype=float)
-    return np.where(goodput > 0, goodput / positive.min(), 0.0)
+    with np.errstate(over="ignore"):  # a subnormal smallest goodput: the ratio held at the largest float, not inf
+        ratio = np.minimum(goodput / positive.min(), np.finfo(float).max)
+    return np.where(goodput > 0, ratio, 0.0)
 
 
 def _plain(value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given
@@ -81,6 +82,14 @@ def test_normalized_goodput_row_minimum_is_one():
     assert table.best()["gpu_type"] == "a100"
     assert table.lookup("T4", 1, 2)["goodput"] == 700.0
     assert table.lookup("t4", 2, 8) is None
+
+
+def test_normalized_goodput_stays_finite_beside_a_subnormal_goodput():
+    table = GoodputTable("job", [{"gpu_type": "t4", "num_nodes": 1, "num_gpus": 1, "goodput": 5e-324},
+                                 {"gpu_type": "t4", "num_nodes": 1, "num_gpus": 2, "goodput": 10.0}])
+    norm = table.normalized()
+    assert np.isfinite(norm).all() and norm.tolist() == [1.0, np.finfo(float).max]
+    assert json.loads(json.dumps(norm.tolist(), allow_nan=False))  # strict JSON (an allocation's details): no Infinity
 
 
 @pytest.mark.parametrize(
