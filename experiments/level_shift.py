@@ -12,10 +12,13 @@ without (*plain*: ``level_shifts=False``, every step exchangeable). A factor of 
 reading shifts costs where there is none, and *stalls* what stalled steps at the end cost (a factor of 1,
 the last ``--stalls`` steps after it 5× slower: the moment a checkpoint or a stalled loader could pass for a
 change). Figures per scenario: the median APE of the predicted step time (percent), the share of held-out
-steps inside the 90% interval, and the share of fits that found a change.
+steps inside the 90% interval, and the share of fits that found a change. With ``--online``, the largest
+factor's steps after the change are also observed one at a time, a question after each (as a scheduler's
+come): the share of fits whose median prediction came within 10% of the new speed within the ``--after``
+steps, and how many steps that took (the median over those fits).
 
 Run: ``python -m experiments.level_shift DIR [DIR ...] [--factors 1,1.25,1.5] [--stalls 2] [--train 40]
-[--after 10] [--seeds 3] [--out FILE]``; one line per folder.
+[--after 10] [--seeds 3] [--online] [--out FILE]``; one line per folder.
 """
 
 from __future__ import annotations
@@ -56,6 +59,30 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--after", type=_number(int, 1), default=10, help="steps after the change (default 10)")
     parser.add_argument("--test", type=_number(int, 1), default=200, help="held-out observations predicted per model and seed (default 200)")
     parser.add_argument("--seeds", type=_number(int, 1), default=3, help="random draws per model (default 3)")
+    parser.add_argument("--online", action="store_true",
+                        help="also observe the largest factor's steps one at a time: how many until the model follows")
+
+
+FOLLOWED = 0.1  # online: the median prediction within 10% of the new speed
+
+
+def _median_ratio(model: JobModel, now: Sequence[Observation]) -> float:
+    """The median over ``now`` of the predicted over the actual step time (one vectorised question per type)."""
+    ratios = []
+    for gpu in dict.fromkeys(o.gpu_type for o in now):
+        rows = [o for o in now if o.gpu_type == gpu]
+        predicted = model.predict(gpu, np.array([o.num_nodes for o in rows]), np.array([o.num_replicas for o in rows]),
+                                  np.array([o.local_bsz for o in rows]), np.array([o.accum_steps for o in rows])).step_time
+        ratios.append(np.asarray(predicted, dtype=float) / np.array([o.step_time for o in rows]))
+    return float(np.median(np.concatenate(ratios)))
+
+
+def _steps_to_follow(model: JobModel, after: Sequence[Observation], now: Sequence[Observation]) -> int | None:
+    """Observe ``after`` one at a time, asking after each: the first count at which the model follows (``None``: never)."""
+    for count, step in enumerate(after, 1):
+        if abs(_median_ratio(model.observe(step), now) - 1.0) < FOLLOWED:
+            return count
+    return None
 
 
 def shift_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[str, float] | None = None,
@@ -71,6 +98,8 @@ def shift_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[st
     ape: dict[tuple[str, str], list[np.ndarray]] = {}
     inside: dict[tuple[str, str], list[np.ndarray]] = {}
     found: dict[tuple[str, str], list[bool]] = {}
+    follow: dict[str, list[int | None]] = {}
+    online = getattr(args, "online", False) and max(factors) != 1.0
     for job, prior, init, rng, untimed, test in draws(models, train_n, test_n, seeds):
         train = [dataclasses.replace(o, timestamp=float(k)) for k, o in enumerate(untimed)]
         repeated = rng.choice(len(train), after_n)
@@ -86,6 +115,10 @@ def shift_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[st
                 ape.setdefault((label, name), []).append(a)
                 inside.setdefault((label, name), []).append(c)
                 found.setdefault((label, name), []).append(bool(model.level_shifts_found))
+                if online and stalled == 0 and factor == max(factors):
+                    before = JobModel(job, init, cluster_prior=prior, level_shifts=shifts).observe(train)
+                    _median_ratio(before, now)  # its refit, before the change's steps come
+                    follow.setdefault(name, []).append(_steps_to_follow(before, after, now))
     out: dict[str, Any] = {}
     for (label, name), parts in ape.items():
         values = np.concatenate(parts)
@@ -94,6 +127,10 @@ def shift_figures(models: Mapping[str, Sequence[Observation]], sizes: Mapping[st
         out[f"{label}_{name}_found"] = float(100.0 * np.mean(found[(label, name)]))
         out["predictions"] = int(values.size)
         out["fits"] = len(found[(label, name)])
+    for name, counts in follow.items():
+        done = [c for c in counts if c is not None]
+        out[f"online_{name}_followed"] = float(100.0 * len(done) / len(counts))
+        out[f"online_{name}_median_steps"] = float(np.median(done)) if done else None
     return out
 
 
@@ -106,6 +143,11 @@ def _line(f: Mapping[str, Any]) -> str:
         cells = [f"{name} {f[f'{label}_{name}_median_ape']:.1f}% (cov {f[f'{label}_{name}_coverage90']:.0f}, "
                  f"change found {f[f'{label}_{name}_found']:.0f}%)" for name in VARIANTS]
         parts.append(f"{label}: " + ", ".join(cells))
+    for name in VARIANTS:
+        if f"online_{name}_followed" in f:
+            steps = f[f"online_{name}_median_steps"]
+            parts.append(f"online {name}: followed in {f[f'online_{name}_followed']:.0f}% of fits"
+                         + (f", after {steps:g} steps (median)" if steps is not None else ""))
     return "; ".join(parts) + f" [{f['predictions']} predictions, {f['fits']} fits each]"
 
 

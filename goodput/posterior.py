@@ -142,6 +142,8 @@ class JobPosterior:
     noise_dof: float = math.inf  # the measurement noise's Student-t tails (goodput.tails; inf: Gaussian)
     compute_scale: float = 0.05  # the Student-t scale of a measured compute time's log noise (COMPUTE_DOF)
     window: list[Observation] = field(default_factory=list, repr=False)  # the step times the GP was built on, in its order
+    z_sum: float = 0.0  # the signed z of the step times conditioned on since the refit (condition), summed
+    z_count: int = 0  # ... and how many
     index: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -288,7 +290,8 @@ class JobPosterior:
 
     # ------------------------------------------------------------------ online
     def condition(self, observations: Sequence[Observation]) -> float:
-        """Condition the posterior on observations of known types; returns the largest |z| before the update.
+        """Condition the posterior on observations of known types; returns the largest |z| before the update
+        (and adds their signed z to :attr:`z_sum`, their count to :attr:`z_count`).
 
         Raises :class:`GPNumericalError` when the update cannot be factorised.
         """
@@ -300,6 +303,8 @@ class JobPosterior:
         # either way
         mu, var = self.posterior.predict(design.x, design.t, design.s, noise=True)
         z = self.normal_z(y - mu, var)
+        self.z_sum += float(np.sum(np.sign(y - mu) * z))
+        self.z_count += z.size
         # each one weighed by its E-step under the Student-t noise, as a refit weighs it (1 if Gaussian)
         sigma_sq = self.posterior.hyper.noise
         weights = _online_weights(y - mu, var - sigma_sq, sigma_sq, self.noise_dof)

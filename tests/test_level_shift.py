@@ -178,3 +178,20 @@ def test_level_shifts_is_a_flag(cluster_prior):
     with pytest.raises(ValidationError, match="level_shifts"):
         JobModel("new", 32, level_shifts="no")
     assert TYPES  # the synthetic cluster's types exist (the fixture's jobs run on them)
+
+
+@pytest.mark.parametrize("signs, due", [((1, 1, 1, 1), True), ((1, -1, 1, -1), False)])
+def test_steps_surprising_together_call_for_a_refit_though_none_alone(cluster_prior, signs, due):
+    """Each step 2.2 predictive stds off, none beyond ``surprise`` alone: four on one side are a z-test's
+    surprise (a change whose steps each weigh as outliers of the old speed), four alternating are not."""
+    _, steps, _ = _job(5)
+    model = JobModel("new", 32, cluster_prior=cluster_prior).observe(steps)
+    flags = []
+    for k, sign in enumerate(signs):
+        nodes, replicas = CONFIGS[k + 1]
+        p = model.predict("t4", nodes, replicas, 32)
+        model.observe(Observation("new", "t4", nodes, replicas, 32, step_time=float(p.step_time) * math.exp(sign * 2.2 * float(p.log_std)),
+                                  timestamp=100.0 + k))
+        assert model.last_z < model.surprise
+        flags.append(model._refit_due)
+    assert not flags[0] and any(flags) == due

@@ -35,6 +35,13 @@ def test_a_change_is_read_and_none_is_invented():
         assert figures[f"{label}_shifts_median_ape"] == figures[f"{label}_plain_median_ape"]
 
 
+def test_online_the_model_follows_a_change_within_the_steps_after_it_and_the_plain_one_does_not():
+    args = SimpleNamespace(factors=(1.5,), stalls=0, train=30, after=8, test=20, seeds=1, online=True)
+    figures = shift_figures(_cluster(2), {}, args)
+    assert figures["online_shifts_followed"] == 100.0 and 3 <= figures["online_shifts_median_steps"] <= 8
+    assert figures["online_plain_followed"] == 0.0 and figures["online_plain_median_steps"] is None
+
+
 def test_the_command_checks_its_options_and_writes_its_figures(tmp_path, capsys):
     for bad in (["--factors", "1,x"], ["--factors", "20"], ["--after", "0"], ["--stalls", "-1"]):
         with pytest.raises(SystemExit) as exit_info:
