@@ -20,8 +20,8 @@ maximum a posteriori parameters (the linearisation point) and the GP
 hyperparameters are refitted now and then, lazily at the next question: after
 ``refit_every`` new observations (default: a quarter of those held at the last
 refit, at least one; the hyperparameters too), when an observation is
-surprising (``|z| > surprise``, or the mean z of those since the last refit
-beyond ``surprise / √n``: the hyperparameters too, as the GP's scale
+surprising (``|z| > surprise``, or the mean z of the n ≥ 3 since the last
+refit beyond ``surprise / √n``: the hyperparameters too, as the GP's scale
 and length scales of the fewer observations before it may not hold for it),
 when a new GPU type appears, or on :meth:`JobModel.refit`. A refit also reads
 changes of the job's speed among its timestamped steps (:mod:`goodput.shifts`):
@@ -65,7 +65,7 @@ from .lognormal import lognormal_std
 from .observations import Observation, Profile
 from .optimize import BatchLimits, GoodputChoices, optimize_goodput
 from .posterior import DEFAULT_HYPER_PRIOR, JobPosterior, build_posterior
-from .shifts import LevelShift, at_current_speed
+from .shifts import MIN_REGIME_POINTS, LevelShift, at_current_speed
 from .sync_shape import SyncShape
 from .table import GoodputTable
 from .tails import gaussian_t_quantile, split_std
@@ -178,7 +178,8 @@ class JobModel:
         refit_every: refit after this many new observations (``None``: a
             quarter of those held at the last refit, at least one).
         surprise: refit when a new observation's ``|z|`` exceeds this, or the
-            mean z of the ``n`` since the last refit exceeds this over ``√n``.
+            mean z of the ``n`` (at least 3) since the last refit exceeds this
+            over ``√n``.
         gp_hyperparameters: initial GP hyperparameters (e.g. another job's on
             the same cluster, :attr:`gp_hyperparameters`): used until the
             job's own observations call for a refit of the hyperparameters,
@@ -408,10 +409,12 @@ class JobModel:
         # 235 predictions off by more than 100%, 25 now; `git show ada7e64:experiments/results/accuracy.md`). The count of
         # refits stays logarithmic in the observations.
         threshold = self.refit_every or max(1, math.ceil(state.n_fit / 4))
-        # ... or when the steps since the refit are surprising together, their mean z beyond surprise / √n (a z-test
-        # of the lot: a change of speed whose steps each weigh as outliers of the old one, none beyond the
-        # threshold alone, had waited for the scheduled refit, Gavel's jobs past the 10 steps after the change)
-        if self.last_z > self.surprise or abs(state.z_sum) > self.surprise * math.sqrt(state.z_count):
+        # ... or when three or more steps since the refit are surprising together, their mean z beyond surprise / √n
+        # (a z-test of the lot: a change of speed whose steps each weigh as outliers of the old one, none beyond
+        # the threshold alone, had waited for the scheduled refit, Gavel's jobs past the 10 steps after the change;
+        # fewer than MIN_REGIME_POINTS cannot show a change, goodput.shifts)
+        together = state.z_count >= MIN_REGIME_POINTS and abs(state.z_sum) > self.surprise * math.sqrt(state.z_count)
+        if self.last_z > self.surprise or together:
             # the linearisation point is off, and the GP's hyperparameters were fitted to residuals that did
             # not include this one: both refitted, so the model is the one a fresh fit to the same observations
             # gives. (The MAP alone under the old hyperparameters let the GP carry a 2.6-log-unit miss to
