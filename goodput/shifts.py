@@ -19,13 +19,22 @@ and δ's posterior given τ is ``N(s² c / (1 + s² a), s² / (1 + s² a))``. τ
 boundaries between the window's distinct timestamps that leave :data:`MIN_REGIME_POINTS` steps on each
 side and a configuration measured on both (else a shift and what the configurations differ by cannot be
 told apart); a shift is accepted when its posterior odds, :data:`SHIFT_PRIOR_ODDS` times the mean of
-``B_τ`` over them, exceed 1, and each step's offset is then δ's posterior mean averaged over τ's posterior (Bayesian model comparison, Kass & Raftery, *JASA* 90, 1995; the single
-change point as in Smith, *Biometrika* 62, 1975). All the ``a`` come from one pass over ``L⁻¹``'s
-columns in time order (a running sum), so the scan costs O(n²) after a triangular inverse.
+``B_τ`` over them, exceed 1 (Bayesian model comparison, Kass & Raftery, *JASA* 90, 1995; the single
+change point as in Smith, *Biometrika* 62, 1975), and each step's offset is then δ's posterior mean
+averaged over τ's posterior (:meth:`LevelShift.log_offset`). All the ``a`` come from one pass over
+``L⁻¹``'s columns in time order (a running sum), so the scan costs O(n²) after a triangular inverse.
+:meth:`goodput.posterior.JobPosterior.level_shift` reads the steps with at least Pollux's tails
+(ν ≤ 6), so that a few stalled steps are outliers, not a change.
 
 :meth:`goodput.model.JobModel.refit` then rescales the older steps to the current speed and refits, so
 the parametric fit, the GP's hyperparameters and its posterior all read one speed, the current one;
-the job's stored observations stay as measured, and each refit looks again.
+the job's stored observations stay as measured, and each refit looks again. Online, three or more steps
+surprising together call for that refit (:meth:`goodput.model.JobModel.observe`).
+
+Example::
+
+    model = JobModel("bert", init_batch_size=12, cluster_prior=prior).observe(timestamped_steps)
+    model.level_shifts_found      # (LevelShift(at=1795284883.0, factor=0.67, log_odds=34.3),): it became 1.5x slower
 """
 
 from __future__ import annotations
