@@ -309,7 +309,7 @@ class HyperPrior:
         alternatives: the cluster's other modes, ``((HyperPrior, log weight), ...)``, each weight its log
             evidence relative to this one's (≤ 0). A cluster whose jobs were each measured once per
             configuration (Gavel's) cannot tell noise from a residual that varies on a short scale: its
-            likelihood has a mode for each (8–40 apart in log evidence on Gavel's clusters), and which one
+            likelihood has a mode for each (9–43 apart in log evidence on Gavel's clusters), and which one
             is highest can turn on one job. A job's fit weighs each mode by its weight and its own data
             (:meth:`modes`, :func:`goodput.posterior.build_posterior`), so that one job leaving the cluster
             does not move every other job's model from one mode to the other.

@@ -303,7 +303,7 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_
     ``groups``: ``(features (N, D), residuals (N,))`` or ``(features, residuals, types (N,))`` of each job
     of a cluster, each an independent draw of the Hadamard residual process of :func:`fit_hyperparameters`
     with the same length scales, variance and noise, and the task covariance ``σ²(ρ 11ᵀ + (1 − ρ) I)``
-    over its GPU types (each type's residuals centred). The cluster's typical residual structure, ``ρ``
+    over its GPU types, each type's mean free (the restricted likelihood, :func:`_restricted_nll`). The cluster's typical residual structure, ``ρ``
     included (the correlation of a job's residuals across types, learned from the jobs with several; else
     :data:`DEFAULT_TASK_CORRELATION`): the prior of a new job's (:func:`fit_hyperparameters`). At most
     ``max_points`` observations of a one-type group are kept, twice that of a group with several types
@@ -314,7 +314,7 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_
     (:data:`SHARED_FIT_SIGNAL_SHARES`): where each configuration was measured once, noise and a residual
     that varies on a short scale explain the same data, and the likelihood has a mode for each (Gavel's
     clusters: noise ≈ 0 with a length scale of 0.6 doublings in the GPU count, or noise 0.008–0.018,
-    8–40 apart in log evidence, which one is higher turning on one job). The best is returned, the
+    9–43 apart in log evidence, which one is higher turning on one job). The best is returned, the
     others as its :attr:`~goodput.gp.HyperPrior.alternatives` (optima whose noise or signal variance differs
     by 2× or more), each with its log evidence relative to the best (the objective at the optimum).
     """
@@ -369,11 +369,31 @@ def fit_shared_hyperparameters(groups: Iterable[tuple[np.ndarray, ...]], *, max_
     return replace(best, alternatives=tuple((prior, best_value - value) for value, prior in others))
 
 
+def _restricted_nll(k: np.ndarray, y: np.ndarray, same: np.ndarray) -> tuple[float, np.ndarray]:
+    """The restricted likelihood (REML: Patterson & Thompson, *Biometrika* 58, 1971) of residuals ``y`` with a free
+    mean per GPU type (``same``: the same-type mask), ``½ yᵀΠy + ½ log|K| + ½ log|XᵀK⁻¹X|`` with ``X`` the types'
+    indicators and ``Π = K⁻¹ − K⁻¹X (XᵀK⁻¹X)⁻¹ XᵀK⁻¹`` (no 2π term), and its gradient in K, ``½ (Π − Πy yᵀΠ)``.
+    Invariant to each type's mean: the likelihood of residuals whose means were taken out, which the plain one
+    scores as if they had not been (it read their long-range variance as missing)."""
+    _, first = np.unique(same, axis=0, return_index=True)
+    x = same[np.sort(first)].T.astype(float)  # (n, T) one-hot of each point's type
+    chol = scipy.linalg.cholesky(k, lower=True, check_finite=False)
+    inverse = scipy.linalg.cho_solve((chol, True), np.eye(y.size), check_finite=False)
+    kx = inverse @ x
+    m = x.T @ kx
+    m_chol = scipy.linalg.cholesky(m, lower=True, check_finite=False)
+    proj = inverse - kx @ scipy.linalg.cho_solve((m_chol, True), kx.T, check_finite=False)
+    py = proj @ y
+    nll = 0.5 * y @ py + np.log(np.diag(chol)).sum() + np.log(np.diag(m_chol)).sum()
+    return float(nll), 0.5 * (proj - np.outer(py, py))
+
+
 def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                                     total: int) -> tuple[float, np.ndarray]:
     """The objective of :func:`fit_shared_hyperparameters` and its gradient in ``params`` = (log length scales,
     log signal variance, log noise, logit ρ): Σ over groups ``(squared feature differences, same-type mask,
-    residuals)`` of −log p(y_g) (without its constant) with the length scales' Gamma(2, ½) prior, per point.
+    residuals)`` of the restricted −log p(y_g) (:func:`_restricted_nll`, without its constant) with the length
+    scales' Gamma(2, ½) prior, per point.
     Length scales are clamped to :data:`LENGTHSCALE_BOUNDS` (no gradient beyond them)."""
     dims = params.size - 3
     raw_ls = np.exp(params[:dims])
@@ -386,7 +406,7 @@ def _shared_negative_log_likelihood(params: np.ndarray, groups: list[tuple[np.nd
         task = np.where(same, 1.0, rho)
         k = sig * matern * task
         k[np.diag_indices(y.size)] += noise + NOISE_FLOOR
-        nll, weight = _gaussian_nll(k, y)
+        nll, weight = _restricted_nll(k, y, same)
         loss += nll
         grad_sig += np.sum(weight * matern * task) * sig
         grad_noise += np.trace(weight) * noise

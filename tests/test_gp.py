@@ -359,6 +359,35 @@ def test_the_shared_fits_gradient_matches_finite_differences():
     assert grad[4] == 0.0 and grad[-1] != 0.0 and np.isfinite(value)
 
 
+def test_the_shared_fit_scores_residuals_whose_type_means_were_taken_out_by_their_restricted_likelihood():
+    """_restricted_nll is the likelihood of the contrasts free of each type's mean (REML, Patterson & Thompson 1971):
+    differences between covariances match a dense computation on an orthonormal basis of them, and shifting a
+    type's residuals changes nothing (the plain likelihood would)."""
+    from goodput.gp_fit import _restricted_nll
+
+    rng = np.random.default_rng(3)
+    t = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2])
+    same = t[:, None] == t[None, :]
+    y = rng.standard_normal(t.size)
+    basis = np.linalg.svd(np.eye(3)[t], full_matrices=True)[0][:, 3:]  # orthonormal, orthogonal to the type indicators
+
+    def covariance(scale: float) -> np.ndarray:
+        root = np.random.default_rng(4).standard_normal((t.size, t.size))
+        return scale * root @ root.T / t.size + np.eye(t.size)
+
+    def contrasts_nll(k: np.ndarray) -> float:
+        ck = basis.T @ k @ basis
+        z = basis.T @ y
+        return float(0.5 * z @ np.linalg.solve(ck, z) + 0.5 * np.linalg.slogdet(ck)[1])
+
+    k1, k2 = covariance(1.0), covariance(3.0)
+    assert _restricted_nll(k1, y, same)[0] - _restricted_nll(k2, y, same)[0] == pytest.approx(
+        contrasts_nll(k1) - contrasts_nll(k2), rel=1e-10)
+    shifted = y + np.array([4.0, -2.0, 7.0])[t]
+    assert _restricted_nll(k1, shifted, same)[0] == pytest.approx(_restricted_nll(k1, y, same)[0], rel=1e-10)
+    np.testing.assert_allclose(_restricted_nll(k1, shifted, same)[1], _restricted_nll(k1, y, same)[1], atol=1e-10)
+
+
 @pytest.mark.parametrize("rho", [0.2, 0.85])
 def test_the_shared_fit_learns_how_correlated_a_jobs_types_are(rho):
     """Jobs on three types whose residuals are one Hadamard process with correlation ρ between types: the cluster's
