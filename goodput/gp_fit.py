@@ -375,8 +375,8 @@ def _restricted_nll(k: np.ndarray, y: np.ndarray, same: np.ndarray) -> tuple[flo
     indicators and ``Π = K⁻¹ − K⁻¹X (XᵀK⁻¹X)⁻¹ XᵀK⁻¹`` (no 2π term), and its gradient in K, ``½ (Π − Πy yᵀΠ)``.
     Invariant to each type's mean: the likelihood of residuals whose means were taken out, which the plain one
     scores as if they had not been (it read their long-range variance as missing)."""
-    _, first = np.unique(same, axis=0, return_index=True)
-    x = same[np.sort(first)].T.astype(float)  # (n, T) one-hot of each point's type
+    labels = np.argmax(same, axis=1)  # each point's type, named by its first point
+    x = (labels[:, None] == np.unique(labels)[None, :]).astype(float)  # (n, T) one-hot
     chol = scipy.linalg.cholesky(k, lower=True, check_finite=False)
     inverse = scipy.linalg.cho_solve((chol, True), np.eye(y.size), check_finite=False)
     kx = inverse @ x
