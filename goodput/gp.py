@@ -162,7 +162,15 @@ def _matern_terms(sq_diff: np.ndarray, lengthscale: np.ndarray) -> tuple[np.ndar
 def _gaussian_nll(k: np.ndarray, y: np.ndarray, jitters: tuple[float, ...] = (0.0,)) -> tuple[float, np.ndarray]:
     """``½ yᵀK⁻¹y + ½ log|K|`` (no 2π term) and its gradient in K, ``½ (K⁻¹ − ααᵀ)`` (Rasmussen & Williams 2006,
     eq. 5.9); the absolute ``jitters`` are tried in turn until K factorises (else :class:`GPNumericalError`)."""
-    n = y.size
+    chol, inverse = _factor(k, jitters)
+    alpha = scipy.linalg.cho_solve((chol, True), y, check_finite=False)
+    return float(0.5 * y @ alpha + np.log(np.diag(chol)).sum()), 0.5 * (inverse - np.outer(alpha, alpha))
+
+
+def _factor(k: np.ndarray, jitters: tuple[float, ...] = (0.0,)) -> tuple[np.ndarray, np.ndarray]:
+    """The lower Cholesky factor of ``k`` and ``K⁻¹``, the absolute ``jitters`` tried in turn until K factorises
+    (else :class:`GPNumericalError`)."""
+    n = k.shape[0]
     for jitter in jitters:
         try:
             chol = scipy.linalg.cholesky(k + jitter * np.eye(n) if jitter else k, lower=True, check_finite=False)
@@ -171,9 +179,7 @@ def _gaussian_nll(k: np.ndarray, y: np.ndarray, jitters: tuple[float, ...] = (0.
             continue
     else:
         raise GPNumericalError(f"covariance not positive definite with jitter {jitters[-1]:g}")
-    alpha = scipy.linalg.cho_solve((chol, True), y, check_finite=False)
-    inverse = scipy.linalg.cho_solve((chol, True), np.eye(n), check_finite=False)
-    return float(0.5 * y @ alpha + np.log(np.diag(chol)).sum()), 0.5 * (inverse - np.outer(alpha, alpha))
+    return chol, scipy.linalg.cho_solve((chol, True), np.eye(n), check_finite=False)
 
 
 class GPNumericalError(ArithmeticError):

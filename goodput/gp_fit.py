@@ -30,7 +30,7 @@ import scipy.optimize
 import scipy.special
 
 from .gp import (CORRELATION_LOGIT_STD, CORRELATION_RANGE, DEFAULT_TASK_CORRELATION, LENGTHSCALE_BOUNDS, NOISE_FLOOR,
-                 NOISE_PRIOR, GPHyperparameters, HyperPrior, _gaussian_nll, _matern_terms)
+                 NOISE_PRIOR, GPHyperparameters, HyperPrior, _factor, _gaussian_nll, _matern_terms)
 
 __all__ = ["fit_hyperparameters", "fit_hyperparameters_over_modes", "fit_shared_hyperparameters", "gpytorch_posterior"]
 
@@ -377,8 +377,7 @@ def _restricted_nll(k: np.ndarray, y: np.ndarray, same: np.ndarray) -> tuple[flo
     scores as if they had not been (it read their long-range variance as missing)."""
     labels = np.argmax(same, axis=1)  # each point's type, named by its first point
     x = (labels[:, None] == np.unique(labels)[None, :]).astype(float)  # (n, T) one-hot
-    chol = scipy.linalg.cholesky(k, lower=True, check_finite=False)
-    inverse = scipy.linalg.cho_solve((chol, True), np.eye(y.size), check_finite=False)
+    chol, inverse = _factor(k)
     kx = inverse @ x
     m = x.T @ kx
     m_chol = scipy.linalg.cholesky(m, lower=True, check_finite=False)

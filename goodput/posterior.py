@@ -196,12 +196,9 @@ class JobPosterior:
         ``at`` as there); ``None`` without one, without a posterior, or where a step has no timestamp."""
         if self.posterior is None or len(self.window) != len(self.posterior) or any(o.timestamp is None for o in self.window):
             return None
-        post = self.posterior
-        if self.noise_dof > DEFAULT_NOISE_DOF:
-            # read with at least Pollux's tails: under near-Gaussian noise two stalled steps among the last three
-            # had read as a change to 3x the speed (tests/test_level_shift.py), an E-step toward ν = 6 weighs them down
-            weights = _gp_weights(post, DEFAULT_NOISE_DOF)
-            post = OnlinePosterior(post.hyper, post.x, post.t, post.s, post.y, extra_noise=post.hyper.noise * (1.0 / weights - 1.0))
+        # read with at least Pollux's tails: under near-Gaussian noise two stalled steps among the last three had read
+        # as a change to 3x the speed (tests/test_level_shift.py), an E-step toward ν = 6 weighs them down
+        post = self.posterior if self.noise_dof <= DEFAULT_NOISE_DOF else _reweighted(self.posterior, DEFAULT_NOISE_DOF)
         configs = [(o.gpu_type, o.num_nodes, o.num_replicas, o.local_bsz, o.accum_steps) for o in self.window]
         return find_level_shift(post.L, post.alpha, np.array([o.timestamp for o in self.window]), configs, at)
 
@@ -717,7 +714,7 @@ def build_posterior(
         if not math.isinf(dof):
             # the E-step again, at the GP's posterior: a residual the GP explains (the form's misfit, smooth over
             # configurations) is no outlier (Lange, Little & Taylor 1989; the GP's own latent variance counted)
-            state.posterior = _weighted_posterior(state.hyper, design, y, _gp_weights(state.posterior, dof))
+            state.posterior = _reweighted(state.posterior, dof)
     except GPNumericalError as exc:
         state.reason = f"GP not positive definite: {exc}"
     return state
@@ -726,6 +723,11 @@ def build_posterior(
 def _weighted_posterior(hyper: GPHyperparameters, design: Design, y: np.ndarray, weights: np.ndarray) -> OnlinePosterior:
     """The GP posterior of residuals ``y`` at ``design`` with each point's noise ``σ² / w`` (its E-step weight)."""
     return OnlinePosterior(hyper, design.x, design.t, design.s, y, extra_noise=hyper.noise * (1.0 / weights - 1.0))
+
+
+def _reweighted(post: OnlinePosterior, dof: float) -> OnlinePosterior:
+    """The posterior of the same points with each point's noise ``σ² / w`` at its E-step under it (:func:`_gp_weights`)."""
+    return OnlinePosterior(post.hyper, post.x, post.t, post.s, post.y, extra_noise=post.hyper.noise * (1.0 / _gp_weights(post, dof) - 1.0))
 
 
 def _gp_weights(post: OnlinePosterior, dof: float) -> np.ndarray:

@@ -69,3 +69,15 @@ def cluster(num_jobs: int, seed: int) -> dict[str, list[Observation]]:
         truth = draw_job(rng)
         out[f"job{j}"] = [o for t in TYPES for o in observe(f"job{j}", t, truth[t], SINGLE + SINGLE_NODE + MULTI_NODE, rng)]
     return out
+
+
+def t4_cluster(num_jobs: int, seed: int, noise_dof: float = np.inf) -> dict[str, list[Observation]]:
+    """``num_jobs`` jobs on T4 alone, every configuration at 16 batch sizes (8 to 128), the log's noise Student-t
+    with ``noise_dof`` (normal when infinite): a folder for the benchmarks' tests."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for j in range(num_jobs):
+        truth = draw_job(rng, ("t4",))["t4"]
+        out[f"job{j}"] = observe(f"job{j}", "t4", truth, SINGLE + SINGLE_NODE + MULTI_NODE, rng, bszs=tuple(range(8, 136, 8)),
+                                 noise_dof=noise_dof)
+    return out

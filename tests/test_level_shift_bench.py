@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from experiments.level_shift import main, shift_figures
@@ -14,13 +13,7 @@ from tests import hierarchy_jobs as hj
 
 
 def _cluster(num_jobs: int = 4) -> dict:
-    rng = np.random.default_rng(5)
-    out = {}
-    for j in range(num_jobs):
-        truth = hj.draw_job(rng, ("t4",))["t4"]
-        out[f"job{j}"] = hj.observe(f"job{j}", "t4", truth, hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE, rng,
-                                    bszs=tuple(range(8, 136, 8)))
-    return out
+    return hj.t4_cluster(num_jobs, seed=5)
 
 
 def test_a_change_is_read_and_none_is_invented():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from experiments.outliers import main, stall_figures
@@ -13,13 +12,7 @@ from tests import hierarchy_jobs as hj
 
 
 def _heavy_cluster(num_jobs: int = 4) -> dict:
-    rng = np.random.default_rng(12)
-    out = {}
-    for j in range(num_jobs):
-        truth = hj.draw_job(rng, ("t4",))["t4"]
-        out[f"job{j}"] = hj.observe(f"job{j}", "t4", truth, hj.SINGLE + hj.SINGLE_NODE + hj.MULTI_NODE, rng,
-                                    bszs=tuple(range(8, 136, 8)), noise_dof=3.0)
-    return out
+    return hj.t4_cluster(num_jobs, seed=12, noise_dof=3.0)
 
 
 def test_stalled_steps_cost_the_gaussian_model_more_than_the_heavy_tailed_one():
